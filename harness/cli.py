@@ -1,0 +1,148 @@
+"""The `kvbench` command line. Every user mistake ends in a one-line message and a documented
+exit code (see harness/errors.py), never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+
+from harness import __version__
+from harness.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError
+from harness.progress import stderr_console
+
+app = typer.Typer(
+    name="kvbench",
+    help="Measure how much a shared KV-cache storage tier speeds up LLM inference.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="\b\n" + EXIT_CODE_TABLE,
+)
+
+RUN_EXAMPLES = """\b
+Examples:
+  kvbench run scenarios/smoke.toml               # the embedded emulator: no server needed
+  kvbench run scenarios/redbooks-ttft-sweep.toml --time-scale 20
+  OPENAI_API_KEY=... kvbench run scenarios/redbooks-concurrency.toml \\
+      --endpoint http://gpu1:8000/v1 --arm cached
+"""
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"kvbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    pass
+
+
+@app.command(epilog=RUN_EXAMPLES)
+def run(
+    scenario: Annotated[Path, typer.Argument(help="Scenario file (TOML).", show_default=False)],
+    endpoint: Annotated[
+        str | None,
+        typer.Option(help="OpenAI base URL, e.g. http://host:8000/v1 (else $OPENAI_BASE_URL, else the "
+                          "scenario's endpoint.url, else the embedded emulator)."),
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Model name (default: the first from GET /v1/models).")] = None,
+    arm: Annotated[list[str] | None, typer.Option(help="Run only this arm (repeatable; default: all).")] = None,
+    out: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
+    time_scale: Annotated[
+        float | None,
+        typer.Option(help="Emulator only: run X times faster; results are recorded in model time."),
+    ] = None,
+    header: Annotated[list[str] | None, typer.Option(help="Extra request header 'Name: value' (repeatable).")] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option(help="Environment variable holding the API key (default: OPENAI_API_KEY).")
+    ] = None,
+) -> int:
+    """Run a scenario against an endpoint, or the embedded emulator when none is given."""
+    from harness.runner import RunOptions
+    from harness.runner import run as do_run
+
+    opts = RunOptions(
+        scenario=scenario, endpoint=endpoint, model=model, arms=tuple(arm or ()), out=out,
+        time_scale=time_scale, headers=tuple(header or ()), api_key_env=api_key_env,
+    )
+    return do_run(opts, stderr_console())
+
+
+@app.command()
+def validate(
+    scenarios: Annotated[list[Path], typer.Argument(help="Scenario files to check.", show_default=False)],
+) -> int:
+    """Check scenario files without running them (exit 2 at the first bad one)."""
+    from harness.scenario import load
+
+    for path in scenarios:
+        sc = load(path)
+        print(f"{path}: ok ({sc.workload.kind}, arms: {', '.join(a.name for a in sc.arms)}, hash {sc.digest()})")
+    return ExitCode.OK
+
+
+@app.command()
+def emulator(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 8000,
+    profile: Annotated[str, typer.Option(help="Emulator profile: redbooks-g4 or recompute.")] = "redbooks-g4",
+    time_scale: Annotated[float, typer.Option(help="Run X times faster than the modelled hardware.")] = 1.0,
+    api_key_env: Annotated[
+        str | None, typer.Option(help="Require 'Authorization: Bearer <value of this variable>'.")
+    ] = None,
+    timing_log: Annotated[
+        Path | None, typer.Option(help="Append each request's server-side times (monotonic ns) to this JSONL file.")
+    ] = None,
+    embedded: Annotated[bool, typer.Option(hidden=True)] = False,
+) -> int:
+    """Serve the emulated KV-tiered endpoint for other tools (Ctrl-C to stop)."""
+    import os
+
+    from harness.emulator.profiles import profiles
+    from harness.emulator.serve import serve
+    from harness.errors import InputError
+
+    if profile not in profiles():
+        raise InputError(f"--profile: expected one of {', '.join(sorted(profiles()))}, got {profile!r}")
+    if time_scale <= 0:
+        raise InputError(f"--time-scale: expected a number > 0, got {time_scale}")
+    key = None
+    if api_key_env is not None:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise InputError(f"--api-key-env: environment variable {api_key_env} is not set or empty")
+    try:
+        serve(host, port, profile, time_scale, key, timing_log, embedded)
+    except OSError as e:
+        from harness.errors import EndpointError
+
+        raise EndpointError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return ExitCode.OK
+
+
+def main() -> None:
+    console = stderr_console()
+    try:
+        code = app(standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(ExitCode.INVALID_INPUT)
+    except click.exceptions.Abort:
+        sys.exit(ExitCode.INTERRUPTED)
+    except KvbenchError as e:
+        console.print(f"[red]error:[/] {e}", highlight=False)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(ExitCode.INTERRUPTED)
+    sys.exit(int(code) if isinstance(code, int) else 0)

@@ -1,0 +1,138 @@
+"""The streaming HTTP client: thin I/O around `sse.SSEDecoder` and `stream.StreamState`.
+
+One shared aiohttp session whose connector is sized for the run's concurrency. The response is
+read with `iter_any()` (no line or chunk limits) and each read is stamped with
+`time.perf_counter_ns()` as soon as it arrives, before any parsing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from harness.emulator.server import SENT_HEADER
+from harness.scenario import Timeouts
+from harness.sse import SSEDecoder
+from harness.stream import StreamState
+
+
+@dataclass
+class Exchange:
+    """One request as the client saw it; times are monotonic ns.
+
+    `start_ns` is when the request line and headers had been written to the socket: kvbench's
+    own preparation before that (building the request object, taking a pooled connection) is
+    not the server's latency. A request that never got that far keeps the time of the call."""
+
+    start_ns: int
+    end_ns: int = 0
+    headers_ns: int | None = None
+    http_status: int | None = None
+    state: StreamState = field(default_factory=StreamState)
+    error: str | None = None
+    error_kind: str | None = None  # "connect", "http", "timeout", "stream"
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+async def _on_headers_sent(
+    _session: aiohttp.ClientSession, ctx: Any, _params: aiohttp.TraceRequestHeadersSentParams
+) -> None:
+    if isinstance(ctx.trace_request_ctx, Exchange):  # other calls on the session carry none
+        ctx.trace_request_ctx.start_ns = time.perf_counter_ns()
+
+
+class StreamingClient:
+    def __init__(
+        self, concurrency: int, timeouts: Timeouts, headers: dict[str, str], send_clock: bool = False
+    ) -> None:
+        self.timeouts = timeouts
+        self.send_clock = send_clock  # tell the embedded emulator when each request left (see its _arrival)
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
+        # The default connector caps at 100 connections; size it for the run instead.
+        connector = aiohttp.TCPConnector(limit=concurrency + 4, limit_per_host=0, ttl_dns_cache=None)
+        trace = aiohttp.TraceConfig()
+        trace.on_request_headers_sent.append(_on_headers_sent)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            trace_configs=[trace],
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s),
+            read_bufsize=1 << 20,
+            auto_decompress=False,
+        )
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def __aenter__(self) -> StreamingClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    async def stream(self, url: str, body: bytes, request_id: str) -> Exchange:
+        t = self.timeouts
+        loop = asyncio.get_running_loop()
+        total_deadline = loop.time() + t.total_s
+        ex = Exchange(start_ns=time.perf_counter_ns())
+        headers = {**self.headers, "X-Request-Id": request_id}
+        if self.send_clock:
+            headers[SENT_HEADER] = str(ex.start_ns)
+        try:
+            async with asyncio.timeout(min(t.first_token_s, t.total_s)) as deadline:
+                async with self.session.post(
+                    url, data=body, headers=headers, trace_request_ctx=ex
+                ) as resp:
+                    ex.headers_ns = time.perf_counter_ns()
+                    ex.http_status = resp.status
+                    if resp.status != 200:
+                        text = (await resp.content.read(65536)).decode("utf-8", "replace")
+                        ex.error, ex.error_kind = f"HTTP {resp.status}: {text.strip()[:1000]}", "http"
+                        return ex
+                    await self._read(resp, ex, deadline, total_deadline)
+        except TimeoutError:
+            if ex.state.first_token_ns is None:
+                ex.error = f"timeout: no first token within {min(t.first_token_s, t.total_s):g} s"
+            else:
+                ex.error = f"timeout: stream not finished within {t.total_s:g} s"
+            ex.error_kind = "timeout"
+        except aiohttp.ServerTimeoutError:
+            ex.error, ex.error_kind = f"timeout: no data for {t.idle_s:g} s (idle_s)", "timeout"
+        except aiohttp.ClientConnectorError as e:
+            ex.error, ex.error_kind = f"connection failed: {e}", "connect"
+        except (aiohttp.ClientError, ConnectionError) as e:
+            ex.error, ex.error_kind = f"{type(e).__name__}: {e}", "connect" if ex.http_status is None else "stream"
+        finally:
+            ex.end_ns = time.perf_counter_ns()
+        return ex
+
+    @staticmethod
+    async def _read(
+        resp: aiohttp.ClientResponse, ex: Exchange, deadline: asyncio.Timeout, total_deadline: float
+    ) -> None:
+        decoder = SSEDecoder()
+        state = ex.state
+        rescheduled = False
+        async for chunk in resp.content.iter_any():
+            now = time.perf_counter_ns()
+            state.on_bytes(now)
+            for event in decoder.feed(chunk):
+                state.on_event(event, now)
+            if state.first_token_ns is not None and not rescheduled:
+                deadline.reschedule(total_deadline)
+                rescheduled = True
+            if state.done or state.error:
+                break
+        else:
+            for event in decoder.close():
+                state.on_event(event, time.perf_counter_ns())
+        if state.error:
+            ex.error, ex.error_kind = f"error in stream: {state.error}", "stream"
+        elif not state.done and state.finish_reason is None:
+            ex.error, ex.error_kind = "stream ended before [DONE]", "stream"

@@ -1,0 +1,161 @@
+"""Talking to the endpoint about everything but the measured requests: URLs, the model list,
+token counting for exact-length prompts, and arm hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+
+from harness import prompts
+from harness.errors import EndpointError, InputError
+from harness.prompts import Counter
+from harness.scenario import Hook
+
+_UNITS_RE = re.compile(r"\w+|[^\w\s]")
+
+
+def check_url(url: str, where: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(f"{where}: expected an http(s) URL such as http://host:8000/v1, got {url!r}")
+    return url.rstrip("/")
+
+
+def redact(url: str) -> str:
+    """The URL without credentials or query string: safe for results, logs and reports."""
+    p = urlsplit(url)
+    host = p.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{p.port}" if p.port else host
+    return urlunsplit((p.scheme, netloc, p.path, "", ""))
+
+
+def root(base: str) -> str:
+    """Server root of an OpenAI base URL: vLLM serves /tokenize and /metrics beside /v1."""
+    return re.sub(r"/v1/?$", "", base.rstrip("/"))
+
+
+async def list_models(session: aiohttp.ClientSession, base: str, headers: dict[str, str]) -> list[str]:
+    url = f"{base}/models"
+    shown = redact(url)
+    try:
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            if resp.status in (401, 403):
+                raise EndpointError(
+                    f"HTTP {resp.status} from {shown}: the endpoint wants an API key; put it in OPENAI_API_KEY "
+                    "(or name another variable with --api-key-env)"
+                )
+            if resp.status != 200:
+                text = (await resp.text(errors="replace"))[:300]
+                raise EndpointError(f"HTTP {resp.status} from {shown}: {text}")
+            data = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        raise EndpointError(f"cannot reach {shown}: {e or type(e).__name__}") from None
+    except ValueError:
+        raise EndpointError(f"{shown} did not answer with JSON: is this an OpenAI-compatible base URL?") from None
+    ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)] if isinstance(data, dict) else []
+    if not ids:
+        raise EndpointError(f"{shown} lists no models")
+    return [str(i) for i in ids]
+
+
+def _tokenize_payload(text: str, model: str, api: str) -> dict[str, object]:
+    if api == "chat":
+        return {"model": model, "messages": [{"role": "user", "content": text}], "add_generation_prompt": True}
+    return {"model": model, "prompt": text}
+
+
+async def server_counter(
+    session: aiohttp.ClientSession, base: str, model: str, api: str, headers: dict[str, str]
+) -> Counter | None:
+    """vLLM's POST /tokenize (chat template applied for chat), or None when the server has none."""
+    url = f"{root(base)}/tokenize"
+
+    async def count(text: str) -> int:
+        async with session.post(url, json=_tokenize_payload(text, model, api), headers=headers) as resp:
+            if resp.status != 200:
+                raise EndpointError(f"HTTP {resp.status} from {redact(url)} while counting prompt tokens")
+            data = await resp.json(content_type=None)
+        if isinstance(data.get("count"), int):
+            return int(data["count"])
+        return len(data["tokens"])
+
+    try:
+        await count("probe")
+    except (EndpointError, aiohttp.ClientError, ValueError, KeyError, TypeError):
+        return None
+    return count
+
+
+async def usage_counter(
+    session: aiohttp.ClientSession, base: str, model: str, api: str, headers: dict[str, str]
+) -> Counter:
+    """An estimate calibrated on `usage.prompt_tokens` of two probe requests. The probes carry a
+    lead of their own, so they warm nothing that the run will later measure as cold."""
+    path = "/chat/completions" if api == "chat" else "/completions"
+    points: list[tuple[int, int]] = []
+    salt = random.randrange(10**prompts.LEAD_DIGITS)
+    for words in (400, 1600):
+        text = prompts.lead(salt + words) + "[kvbench calibration] " + " ".join(
+            prompts.body_words(salt, "calibration", words)
+        )
+        body: dict[str, object] = {"model": model, "max_tokens": 1, "stream": False}
+        if api == "chat":
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            body["prompt"] = text
+        async with session.post(base + path, json=body, headers=headers) as resp:
+            data = await resp.json(content_type=None) if resp.status == 200 else {}
+        n = (data.get("usage") or {}).get("prompt_tokens") if isinstance(data, dict) else None
+        if not isinstance(n, int):
+            raise EndpointError(
+                f"{redact(base)} has no /tokenize and reports no usage.prompt_tokens: cannot size prompts"
+            )
+        points.append((len(_UNITS_RE.findall(text)), n))
+    (u1, n1), (u2, n2) = points
+    ratio = (n2 - n1) / (u2 - u1)
+    offset = n1 - ratio * u1
+
+    async def count(text: str) -> int:
+        return round(offset + ratio * len(_UNITS_RE.findall(text)))
+
+    return count
+
+
+async def run_hook(
+    hook: Hook, arm: str, base: str, session: aiohttp.ClientSession, headers: dict[str, str]
+) -> str:
+    """Run an arm's `before` hook; returns what it did, raises EndpointError when it fails."""
+    if hook.http:
+        method, target = hook.http.split(" ", 1)
+        url = target if target.startswith(("http://", "https://")) else root(base) + target
+        try:
+            async with session.request(
+                method, url, headers=headers, timeout=aiohttp.ClientTimeout(total=120)
+            ) as resp:
+                text = (await resp.text(errors="replace"))[:300]
+                if resp.status >= 300:
+                    raise EndpointError(f"arm {arm}: before hook {method} {redact(url)}: HTTP {resp.status}: {text}")
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise EndpointError(f"arm {arm}: before hook {method} {redact(url)}: {e or type(e).__name__}") from None
+        return f"{method} {redact(url)}"
+    assert hook.command is not None
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *hook.command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=600)
+    except (OSError, TimeoutError) as e:
+        raise EndpointError(f"arm {arm}: before hook {json.dumps(list(hook.command))}: {e}") from None
+    if proc.returncode != 0:
+        tail = err.decode("utf-8", "replace").strip()[-500:]
+        raise EndpointError(
+            f"arm {arm}: before hook {json.dumps(list(hook.command))} exited with {proc.returncode}: {tail}"
+        )
+    return "command " + json.dumps(list(hook.command))

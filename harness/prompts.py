@@ -1,0 +1,136 @@
+"""Prompts of exact length, as the server counts them.
+
+Layout of every synthetic prompt:
+
+    [LEAD] SHARED-PREFIX [kvbench prompt ID] BODY
+
+- LEAD is 12 decimal digits in brackets, right after whatever the chat template puts first. In
+  a "reuse" arm it is derived from a random per-run salt and the prompt's id (or, with a shared
+  prefix, from the salt alone, so that the pool shares it), so fixed-seed prompts never find a
+  previous run's KV and two prompts never share a KV block. A "bust" arm gives each request a
+  lead of its own, so nothing can come from a cache. Decimal digits of a fixed width tokenize to
+  the same number of tokens in common tokenizers, so swapping them keeps the length; every
+  request's real length is recorded anyway.
+- SHARED-PREFIX (only when `shared_prefix_tokens` > 0) is the same text for all prompts of a pool.
+- The identifier names the prompt in the text, for whoever reads a server log.
+- BODY is deterministic text from the seed, trimmed or extended word by word until the server's
+  count (chat template included) hits the target.
+
+The count comes from a `Counter` (an async function text -> tokens): the server's /tokenize when
+it has one, else an estimate calibrated on `usage.prompt_tokens` (see endpoint.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from harness.errors import EndpointError
+
+Counter = Callable[[str], Awaitable[int]]
+
+LEAD_DIGITS = 12
+_MAX_ROUNDS = 12
+_VOCAB = (
+    "storage cache token layer block memory tier network bandwidth latency prefill decode request "
+    "context window model server client answer question document section report figure table "
+    "value system cluster node disk flash volume file path record batch queue thread process "
+    "signal stream packet buffer vector matrix kernel tensor weight head query key attention "
+    "river mountain forest garden window kitchen library market harbor bridge village island "
+    "morning evening winter summer season weather cloud light shadow colour sound voice story "
+    "history science nature energy motion balance pattern measure number letter method result "
+    "careful quiet rapid gentle simple narrow broad early late bright heavy steady certain "
+    "build carry gather follow measure compare record explain observe repeat divide connect"
+).split()
+
+
+def lead(n: int) -> str:
+    return f"[{n % 10**LEAD_DIGITS:0{LEAD_DIGITS}d}] "
+
+
+def body_words(seed: int, key: str, count: int) -> list[str]:
+    """Deterministic words for one prompt; a sentence ends every 12 words."""
+    rng = random.Random(f"{seed}/{key}")
+    words = rng.choices(_VOCAB, k=count)
+    for i in range(11, count, 12):
+        words[i] += "."
+    return words
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    lead: str  # the lead of a reuse request
+    rest: str  # everything after the lead
+    target_tokens: int | None
+    tokens: int | None  # as counted while building (None: not counted)
+
+    def text(self, lead_text: str | None = None) -> str:
+        return (self.lead if lead_text is None else lead_text) + self.rest
+
+
+class PromptBuilder:
+    """Builds prompts of an exact token count, learning the tokens-per-word ratio as it goes so
+    that most prompts need only one or two counts."""
+
+    def __init__(self, count: Counter, seed: int, tolerance: float, run_salt: int) -> None:
+        self._count = count
+        self.seed = seed
+        self.tolerance = tolerance
+        self.run_salt = run_salt
+        self._ratio = 1.0  # tokens per body word, refined by every count
+        # Tokens the chat template adds around any prompt: a cold request may legitimately find
+        # the template's fixed opening in cache (it is the same for every prompt).
+        self.template_tokens = 0
+
+    def reuse_lead(self, key: str) -> str:
+        digest = hashlib.blake2b(f"{self.run_salt}/{key}".encode(), digest_size=8).digest()
+        return lead(int.from_bytes(digest, "big"))
+
+    async def shared_prefix(self, tokens: int) -> str:
+        """About `tokens` tokens of shared text (counted with the lead and the chat template)."""
+        if tokens <= 0:
+            return ""
+        prompt = await self.build("shared", tokens, key="shared-prefix", header="")
+        return prompt.rest
+
+    async def build(self, prompt_id: str, target: int, shared: str = "", key: str | None = None,
+                    header: str | None = None) -> Prompt:
+        if not self.template_tokens:
+            self.template_tokens = await self._count("")
+        head = shared + (f"[kvbench prompt {prompt_id}] " if header is None else header)
+        words = body_words(self.seed, key or prompt_id, max(16, int(target / self._ratio * 1.1)))
+        reuse = self.reuse_lead("shared-prefix" if shared or header == "" else prompt_id)
+
+        def text(k: int) -> str:
+            return reuse + head + " ".join(words[:k])
+
+        base = await self._count(text(0))
+        if base > target:
+            raise EndpointError(
+                f"prompt {prompt_id}: the fixed parts alone are {base} tokens, more than the target {target}"
+            )
+        k = max(0, round((target - base) / self._ratio))
+        best: tuple[int, int, int] | None = None  # (|error|, k, count)
+        for _ in range(_MAX_ROUNDS):
+            while k > len(words):
+                words += body_words(self.seed, f"{key or prompt_id}/{len(words)}", len(words))
+            n = await self._count(text(k))
+            if k > 0 and n > base:
+                self._ratio = (n - base) / k
+            if best is None or abs(n - target) < best[0]:
+                best = (abs(n - target), k, n)
+            if n == target:
+                break
+            step = round((target - n) / self._ratio)
+            k = max(0, k + (step if step else (1 if n < target else -1)))
+        assert best is not None
+        _, k, counted = best
+        return Prompt(prompt_id, reuse, text(k)[len(reuse):], target, counted)
+
+    def within_tolerance(self, prompt: Prompt) -> bool:
+        return prompt.tokens is None or prompt.target_tokens is None or (
+            abs(prompt.tokens - prompt.target_tokens) <= self.tolerance * prompt.target_tokens
+        )

@@ -1,0 +1,419 @@
+"""Scenario files: strict TOML into frozen dataclasses.
+
+Unknown keys and wrong types are errors that name the file, the key path and what was expected.
+Every key is documented in scenarios/README.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.errors import InputError
+
+SCHEMA_VERSION = 1
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HTTP_HOOK_RE = re.compile(r"^(GET|POST|PUT|DELETE) (\S+)$")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect_s: float = 10.0
+    first_token_s: float = 900.0
+    idle_s: float = 300.0
+    total_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class EndpointCfg:
+    api: Literal["chat", "completions"] = "chat"
+    max_tokens: int = 16
+    temperature: float = 0.0
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    url: str | None = None
+    model: str | None = None
+    send_cache_salt: Literal["auto", "always", "never"] = "auto"
+    timeouts: Timeouts = Timeouts()
+
+
+@dataclass(frozen=True)
+class PromptsCfg:
+    source: Literal["synthetic", "file"] = "synthetic"
+    seed: int = 42
+    path: str | None = None
+    tolerance: float = 0.005
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A prompt length: fixed, or drawn (seeded) per pooled prompt."""
+
+    kind: Literal["fixed", "uniform", "normal"]
+    value: int = 0
+    min: int = 0
+    max: int = 0
+    mean: float = 0.0
+    stddev: float = 0.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    kind: Literal["sweep", "closed_loop"]
+    lengths: tuple[int, ...] = ()
+    warm_repeats: int = 1
+    repetitions: int = 1
+    requests: int = 0
+    concurrency: int = 1
+    pool: int = 0
+    prompt_tokens: Distribution | None = None
+    shared_prefix_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Hook:
+    http: str | None = None  # "METHOD path-or-URL"
+    command: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    cache: Literal["reuse", "bust"] = "reuse"
+    endpoint: str | None = None
+    before: Hook | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class EmulatorCfg:
+    profile: str = "redbooks-g4"
+    time_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class ModelCfg:
+    kv_bytes_per_token: int = 73728
+
+
+@dataclass(frozen=True)
+class Scenario:
+    schema_version: int
+    name: str
+    description: str
+    endpoint: EndpointCfg
+    prompts: PromptsCfg
+    workload: Workload
+    arms: tuple[Arm, ...]
+    emulator: EmulatorCfg
+    model: ModelCfg
+    path: str = field(default="", compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("path")
+        return d
+
+    def digest(self) -> str:
+        """Hash of the scenario as run: what makes two runs comparable."""
+        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise InputError(f"{self.path}: no arm named {name!r} (arms: {', '.join(a.name for a in self.arms)})")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+class _Table:
+    """Reads one TOML table, remembering which keys were used, so leftovers can be refused."""
+
+    def __init__(self, file: str, path: str, data: Any) -> None:
+        self.file, self.path = file, path
+        if not isinstance(data, dict):
+            self.fail("", "expected a table", data)
+        self.data: dict[str, Any] = data
+        self.used: set[str] = set()
+
+    def key(self, k: str) -> str:
+        return f"{self.path}.{k}" if self.path else k
+
+    def fail(self, k: str, expected: str, got: Any) -> None:
+        where = self.key(k) if k else (self.path or "(top level)")
+        raise InputError(f"{self.file}: {where}: {expected}, got {_describe(got)}")
+
+    def get(self, k: str) -> Any:
+        self.used.add(k)
+        return self.data.get(k)
+
+    def has(self, k: str) -> bool:
+        return k in self.data
+
+    def required(self, k: str, what: str) -> Any:
+        if k not in self.data:
+            raise InputError(f"{self.file}: {self.key(k)}: missing; expected {what}")
+        return self.get(k)
+
+    def text(self, k: str, default: str | None = None, choices: tuple[str, ...] = (), required: bool = False) -> Any:
+        v = self.required(k, "a string") if required else self.get(k)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            self.fail(k, "expected a string", v)
+        if choices and v not in choices:
+            self.fail(k, "expected one of " + ", ".join(json.dumps(c) for c in choices), v)
+        return v
+
+    def integer(self, k: str, default: int | None = None, minimum: int | None = None, what: str = "an integer",
+            required: bool = False) -> Any:
+        v = self.required(k, what) if required else self.get(k)
+        if v is None:
+            return default
+        return self.check_int(k, v, minimum, what)
+
+    def check_int(self, k: str, v: Any, minimum: int | None, what: str) -> int:
+        if not isinstance(v, int) or isinstance(v, bool):
+            self.fail(k, f"expected {what}", v)
+        if minimum is not None and v < minimum:
+            self.fail(k, f"expected {what} >= {minimum}", v)
+        return int(v)
+
+    def number(self, k: str, default: float, minimum: float | None = None, positive: bool = False) -> float:
+        v = self.get(k)
+        if v is None:
+            return default
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            self.fail(k, "expected a number", v)
+        if positive and v <= 0:
+            self.fail(k, "expected a number > 0", v)
+        if minimum is not None and v < minimum:
+            self.fail(k, f"expected a number >= {minimum}", v)
+        return float(v)
+
+    def sub(self, k: str) -> _Table:
+        v = self.get(k)
+        return _Table(self.file, self.key(k), {} if v is None else v)
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            known = ", ".join(sorted(self.used))
+            raise InputError(f"{self.file}: {self.key(unknown[0])}: unknown key (known here: {known})")
+
+
+def load(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such scenario file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{p}: cannot read: {e}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"{p}: invalid TOML: {e}") from None
+    return parse(data, str(p))
+
+
+def parse(data: dict[str, Any], file: str) -> Scenario:
+    top = _Table(file, "", data)
+    version = top.integer("schema_version", required=True, what=f"the schema version ({SCHEMA_VERSION})")
+    if version != SCHEMA_VERSION:
+        top.fail("schema_version", f"expected {SCHEMA_VERSION} (the only version this kvbench reads)", version)
+    name = top.text("name", required=True)
+    if not _NAME_RE.match(name):
+        top.fail("name", "expected letters, digits, '.', '_' or '-' (it names the results folder)", name)
+    scenario = Scenario(
+        schema_version=version,
+        name=name,
+        description=top.text("description", ""),
+        endpoint=_endpoint(top.sub("endpoint")),
+        prompts=_prompts(top.sub("prompts")),
+        workload=_workload(top.sub("workload")),
+        arms=_arms(top, file),
+        emulator=_emulator(top.sub("emulator")),
+        model=_model(top.sub("model")),
+        path=file,
+    )
+    top.done()
+    if scenario.prompts.source == "file" and scenario.workload.kind == "sweep":
+        raise InputError(f"{file}: prompts.source: a sweep builds its own prompts; \"file\" works with closed_loop")
+    return scenario
+
+
+def _endpoint(t: _Table) -> EndpointCfg:
+    extra = t.get("extra_body")
+    if extra is not None and not isinstance(extra, dict):
+        t.fail("extra_body", "expected a table (merged into every request body)", extra)
+    tt = t.sub("timeouts")
+    timeouts = Timeouts(
+        connect_s=tt.number("connect_s", Timeouts.connect_s, positive=True),
+        first_token_s=tt.number("first_token_s", Timeouts.first_token_s, positive=True),
+        idle_s=tt.number("idle_s", Timeouts.idle_s, positive=True),
+        total_s=tt.number("total_s", Timeouts.total_s, positive=True),
+    )
+    tt.done()
+    cfg = EndpointCfg(
+        api=t.text("api", "chat", ("chat", "completions")),
+        max_tokens=t.integer("max_tokens", 16, minimum=1, what="an integer number of output tokens"),
+        temperature=t.number("temperature", 0.0, minimum=0.0),
+        extra_body=dict(extra or {}),
+        url=t.text("url"),
+        model=t.text("model"),
+        send_cache_salt=t.text("send_cache_salt", "auto", ("auto", "always", "never")),
+        timeouts=timeouts,
+    )
+    t.done()
+    return cfg
+
+
+def _prompts(t: _Table) -> PromptsCfg:
+    cfg = PromptsCfg(
+        source=t.text("source", "synthetic", ("synthetic", "file")),
+        seed=t.integer("seed", 42, minimum=0),
+        path=t.text("path"),
+        tolerance=t.number("tolerance", 0.005, minimum=0.0),
+    )
+    if cfg.source == "file" and not cfg.path:
+        raise InputError(f"{t.file}: prompts.path: missing; expected a JSONL file (source = \"file\")")
+    t.done()
+    return cfg
+
+
+def _distribution(t: _Table, k: str) -> Distribution:
+    v = t.get(k)
+    what = "an integer number of tokens or a table {distribution = \"uniform\"|\"normal\", ...}"
+    if v is None:
+        raise InputError(f"{t.file}: {t.key(k)}: missing; expected {what}")
+    if isinstance(v, int) and not isinstance(v, bool):
+        return Distribution("fixed", value=t.check_int(k, v, 1, "an integer number of tokens"))
+    if not isinstance(v, dict):
+        t.fail(k, f"expected {what}", v)
+    d = _Table(t.file, t.key(k), v)
+    kind = d.text("distribution", None, ("uniform", "normal"), required=True)
+    if kind == "uniform":
+        lo = d.integer("min", required=True, minimum=1, what="an integer number of tokens")
+        hi = d.integer("max", required=True, minimum=lo, what="an integer number of tokens")
+        dist = Distribution("uniform", min=lo, max=hi)
+    else:
+        mean = d.number("mean", 0.0, positive=True)
+        dist = Distribution(
+            "normal",
+            mean=mean,
+            stddev=d.number("stddev", 0.0, minimum=0.0),
+            min=d.integer("min", 1, minimum=1, what="an integer number of tokens"),
+            max=d.integer("max", 131072, minimum=1, what="an integer number of tokens"),
+        )
+    d.done()
+    return dist
+
+
+def _workload(t: _Table) -> Workload:
+    kind = t.text("kind", None, ("sweep", "closed_loop"), required=True)
+    if kind == "sweep":
+        lengths = t.required("lengths", "a list of prompt lengths in tokens")
+        if not isinstance(lengths, list) or not lengths:
+            t.fail("lengths", "expected a non-empty list of prompt lengths in tokens", lengths)
+        w = Workload(
+            kind="sweep",
+            lengths=tuple(
+                t.check_int(f"lengths[{i}]", v, 1, "an integer number of tokens") for i, v in enumerate(lengths)
+            ),
+            warm_repeats=t.integer("warm_repeats", 1, minimum=0),
+            repetitions=t.integer("repetitions", 1, minimum=1),
+        )
+    else:
+        w = Workload(
+            kind="closed_loop",
+            requests=t.integer("requests", required=True, minimum=1, what="an integer number of requests"),
+            concurrency=t.integer("concurrency", required=True, minimum=1, what="an integer number of connections"),
+            pool=t.integer("pool", required=True, minimum=1, what="an integer number of distinct prompts"),
+            prompt_tokens=_distribution(t, "prompt_tokens"),
+            shared_prefix_tokens=t.integer("shared_prefix_tokens", 0, minimum=0, what="an integer number of tokens"),
+        )
+        smallest = _smallest(w.prompt_tokens)
+        if w.shared_prefix_tokens and w.shared_prefix_tokens >= smallest:
+            t.fail("shared_prefix_tokens", f"expected fewer tokens than the shortest prompt ({smallest})",
+                   w.shared_prefix_tokens)
+    t.done()
+    return w
+
+
+def _smallest(d: Distribution | None) -> int:
+    if d is None:
+        return 0
+    return d.value if d.kind == "fixed" else d.min
+
+
+def _arms(top: _Table, file: str) -> tuple[Arm, ...]:
+    raw = top.get("arms")
+    if raw is None:
+        return (Arm("default"),)
+    if not isinstance(raw, list) or not raw:
+        top.fail("arms", "expected one or more [[arms]] tables", raw)
+    arms: list[Arm] = []
+    for i, item in enumerate(raw):
+        t = _Table(file, f"arms[{i}]", item)
+        name = t.text("name", required=True)
+        if not _NAME_RE.match(name):
+            t.fail("name", "expected letters, digits, '.', '_' or '-' (it names the results folder)", name)
+        if any(a.name == name for a in arms):
+            t.fail("name", "expected a name not used by another arm", name)
+        arms.append(
+            Arm(
+                name=name,
+                cache=t.text("cache", "reuse", ("reuse", "bust")),
+                endpoint=t.text("endpoint"),
+                before=_hook(t.sub("before")) if t.has("before") else None,
+                description=t.text("description", ""),
+            )
+        )
+        t.done()
+    return tuple(arms)
+
+
+def _hook(t: _Table) -> Hook:
+    http, command = t.get("http"), t.get("command")
+    if (http is None) == (command is None):
+        t.fail("", "expected exactly one of http = \"POST /path\" or command = [\"argv\", ...]", t.data)
+    t.done()
+    if http is not None:
+        if not isinstance(http, str) or not _HTTP_HOOK_RE.match(http):
+            t.fail("http", "expected \"METHOD /path\" or \"METHOD http://host/path\" (GET, POST, PUT, DELETE)", http)
+        return Hook(http=http)
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        t.fail("command", "expected a non-empty list of strings (argv; no shell)", command)
+    return Hook(command=tuple(command))
+
+
+def _emulator(t: _Table) -> EmulatorCfg:
+    from harness.emulator.profiles import profiles
+
+    cfg = EmulatorCfg(
+        profile=t.text("profile", "redbooks-g4", tuple(sorted(profiles()))),
+        time_scale=t.number("time_scale", 1.0, positive=True),
+    )
+    t.done()
+    return cfg
+
+
+def _model(t: _Table) -> ModelCfg:
+    cfg = ModelCfg(kv_bytes_per_token=t.integer("kv_bytes_per_token", 73728, minimum=1, what="an integer"))
+    t.done()
+    return cfg

@@ -1,0 +1,78 @@
+"""Incremental Server-Sent Events decoder (pure, no I/O).
+
+Bytes go in as they arrive from the socket, in pieces of any size; complete events come out.
+Lines may end in CRLF, LF or CR (the SSE spec allows all three), may be split anywhere, and
+may be of any length: nothing here has a line limit, unlike aiohttp's own readline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    data: bytes
+    event: str | None = None
+    id: str | None = None
+
+
+class SSEDecoder:
+    __slots__ = ("_buf", "_data", "_event", "_id", "_has_data")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._event: str | None = None
+        self._id: str | None = None
+        self._has_data = False
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Add bytes; return the events they complete (possibly none)."""
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            # A CR at the very end may be the first half of a CRLF: keep it until we know.
+            hold_cr = buf.endswith(b"\r")
+            if hold_cr:
+                buf = buf[:-1]
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            if hold_cr:
+                buf += b"\r"
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()
+        out: list[SSEEvent] = []
+        for line in lines:
+            self._line(line, out)
+        return out
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream: a final event without its blank line is still delivered."""
+        out: list[SSEEvent] = []
+        rest = self._buf.rstrip(b"\r")
+        self._buf = b""
+        if rest:
+            self._line(rest, out)
+        self._line(b"", out)
+        return out
+
+    def _line(self, line: bytes, out: list[SSEEvent]) -> None:
+        if not line:
+            if self._has_data:
+                out.append(SSEEvent(b"\n".join(self._data), self._event, self._id))
+            self._data = []
+            self._event = None
+            self._has_data = False
+            return
+        if line[0] == 0x3A:  # ":" comment, e.g. ": keep-alive"
+            return
+        field, sep, value = line.partition(b":")
+        if sep and value[:1] == b" ":
+            value = value[1:]
+        if field == b"data":
+            self._data.append(value)
+            self._has_data = True
+        elif field == b"event":
+            self._event = value.decode("utf-8", "replace")
+        elif field == b"id":
+            self._id = value.decode("utf-8", "replace")
+        # "retry" and unknown fields are ignored, as the spec says.

@@ -1,0 +1,116 @@
+"""What an OpenAI-compatible streaming response says, and when: the one place that decides
+which chunk is the first token.
+
+Pure logic: `StreamState.on_event(event, t_ns)` is fed every SSE event with the monotonic time
+at which the bytes carrying it arrived. The first token is the first chunk with a non-empty
+`content`, `reasoning`, `reasoning_content`, tool call, or completions `text`. A role-only
+chunk, an empty string and a usage chunk are not tokens and never move the first-token time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.sse import SSEEvent
+
+_REASONING_KEYS = ("reasoning_content", "reasoning")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTokens:
+    any_token: bool  # content, reasoning or tool call
+    content: bool  # visible content (or completions text)
+
+
+def chunk_tokens(obj: dict[str, Any]) -> ChunkTokens:
+    """Which kinds of token a parsed chunk carries."""
+    any_token = content = False
+    choices = obj.get("choices") or ()
+    if not isinstance(choices, list):
+        return ChunkTokens(False, False)
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        text = choice.get("text")
+        if isinstance(text, str) and text:
+            return ChunkTokens(True, True)
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            continue
+        c = delta.get("content")
+        if isinstance(c, str) and c:
+            return ChunkTokens(True, True)
+        if any(isinstance(delta.get(k), str) and delta.get(k) for k in _REASONING_KEYS):
+            any_token = True
+        if delta.get("tool_calls"):
+            any_token = True
+    return ChunkTokens(any_token, content)
+
+
+@dataclass(slots=True)
+class StreamState:
+    """Accumulates one streamed response. All times are monotonic nanoseconds."""
+
+    first_byte_ns: int | None = None
+    first_token_ns: int | None = None
+    first_content_ns: int | None = None
+    token_chunk_ns: list[int] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    error: str | None = None
+    done: bool = False
+    finish_reason: str | None = None
+
+    def on_bytes(self, t_ns: int) -> None:
+        if self.first_byte_ns is None:
+            self.first_byte_ns = t_ns
+
+    def on_event(self, event: SSEEvent, t_ns: int) -> None:
+        data = event.data
+        if data.strip() == b"[DONE]":
+            self.done = True
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            self.error = f"malformed SSE data: {data[:200]!r}"
+            return
+        if not isinstance(obj, dict):
+            return
+        if "error" in obj and obj["error"]:
+            self.error = _error_text(obj["error"])
+            return
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self._on_usage(usage)
+        tokens = chunk_tokens(obj)
+        if tokens.any_token:
+            if self.first_token_ns is None:
+                self.first_token_ns = t_ns
+            self.token_chunk_ns.append(t_ns)
+        if tokens.content and self.first_content_ns is None:
+            self.first_content_ns = t_ns
+        for choice in obj.get("choices") or ():
+            if isinstance(choice, dict) and choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+
+    def _on_usage(self, usage: dict[str, Any]) -> None:
+        # Later usage chunks (continuous usage stats) supersede earlier ones.
+        if isinstance(usage.get("prompt_tokens"), int):
+            self.prompt_tokens = usage["prompt_tokens"]
+        if isinstance(usage.get("completion_tokens"), int):
+            self.completion_tokens = usage["completion_tokens"]
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            self.cached_tokens = details["cached_tokens"]
+
+
+def _error_text(err: Any) -> str:
+    if isinstance(err, dict):
+        msg = err.get("message") or json.dumps(err)[:500]
+        code = err.get("code") or err.get("type")
+        return f"{code}: {msg}" if code else str(msg)
+    return str(err)[:500]
