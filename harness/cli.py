@@ -14,6 +14,17 @@ from harness import __version__
 from harness.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError
 from harness.progress import stderr_console
 
+# Newer typer releases carry their own copy of click; catch usage errors from either.
+_CLICK_ERRORS: tuple[type[Exception], ...] = (click.ClickException,)
+_ABORTS: tuple[type[BaseException], ...] = (click.exceptions.Abort,)
+try:
+    from typer._click import exceptions as _typer_click
+
+    _CLICK_ERRORS += (_typer_click.ClickException,)
+    _ABORTS += tuple(getattr(_typer_click, name) for name in ("Abort",) if hasattr(_typer_click, name))
+except ImportError:
+    pass
+
 app = typer.Typer(
     name="kvbench",
     help="Measure how much a shared KV-cache storage tier speeds up LLM inference.",
@@ -53,8 +64,10 @@ def run(
     scenario: Annotated[Path, typer.Argument(help="Scenario file (TOML).", show_default=False)],
     endpoint: Annotated[
         str | None,
-        typer.Option(help="OpenAI base URL, e.g. http://host:8000/v1 (else $OPENAI_BASE_URL, else the "
-                          "scenario's endpoint.url, else the embedded emulator)."),
+        typer.Option(
+            help="OpenAI base URL, e.g. http://host:8000/v1 (else $OPENAI_BASE_URL, else the "
+            "scenario's endpoint.url, else the embedded emulator)."
+        ),
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model name (default: the first from GET /v1/models).")] = None,
     arm: Annotated[list[str] | None, typer.Option(help="Run only this arm (repeatable; default: all).")] = None,
@@ -73,8 +86,14 @@ def run(
     from harness.runner import run as do_run
 
     opts = RunOptions(
-        scenario=scenario, endpoint=endpoint, model=model, arms=tuple(arm or ()), out=out,
-        time_scale=time_scale, headers=tuple(header or ()), api_key_env=api_key_env,
+        scenario=scenario,
+        endpoint=endpoint,
+        model=model,
+        arms=tuple(arm or ()),
+        out=out,
+        time_scale=time_scale,
+        headers=tuple(header or ()),
+        api_key_env=api_key_env,
     )
     return do_run(opts, stderr_console())
 
@@ -135,10 +154,10 @@ def main() -> None:
     console = stderr_console()
     try:
         code = app(standalone_mode=False)
-    except click.ClickException as e:
-        e.show()
+    except _CLICK_ERRORS as e:
+        e.show()  # type: ignore[attr-defined]
         sys.exit(ExitCode.INVALID_INPUT)
-    except click.exceptions.Abort:
+    except _ABORTS:
         sys.exit(ExitCode.INTERRUPTED)
     except KvbenchError as e:
         console.print(f"[red]error:[/] {e}", highlight=False)

@@ -49,9 +49,7 @@ async def _on_headers_sent(
 
 
 class StreamingClient:
-    def __init__(
-        self, concurrency: int, timeouts: Timeouts, headers: dict[str, str], send_clock: bool = False
-    ) -> None:
+    def __init__(self, concurrency: int, timeouts: Timeouts, headers: dict[str, str], send_clock: bool = False) -> None:
         self.timeouts = timeouts
         self.send_clock = send_clock  # tell the embedded emulator when each request left (see its _arrival)
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
@@ -86,9 +84,7 @@ class StreamingClient:
             headers[SENT_HEADER] = str(ex.start_ns)
         try:
             async with asyncio.timeout(min(t.first_token_s, t.total_s)) as deadline:
-                async with self.session.post(
-                    url, data=body, headers=headers, trace_request_ctx=ex
-                ) as resp:
+                async with self.session.post(url, data=body, headers=headers, trace_request_ctx=ex) as resp:
                     ex.headers_ns = time.perf_counter_ns()
                     ex.http_status = resp.status
                     if resp.status != 200:

@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import prompts, stats
+from harness import endpoint, prompts, stats
 from harness.client import Exchange, StreamingClient
 from harness.progress import RunProgress
 from harness.prompts import Prompt, PromptBuilder
@@ -77,7 +78,8 @@ class ArmRun:
 
     @property
     def url(self) -> str:
-        return self.base_url + ("/chat/completions" if self.scenario.endpoint.api == "chat" else "/completions")
+        path = "/chat/completions" if self.scenario.endpoint.api == "chat" else "/completions"
+        return endpoint.join(self.base_url, path)
 
     async def send(self, prompt: Prompt, phase: str, lead_text: str, **extra: Any) -> dict[str, Any]:
         self._seq += 1
@@ -127,7 +129,7 @@ class ArmRun:
             "first_content_s": since_start(st.first_content_ns),
             "headers_s": since_start(ex.headers_ns),
             "e2e_s": since_start(ex.end_ns),
-            "itl_s": [round((b - a) / 1e9 * scale, 7) for a, b in zip(chunks, chunks[1:], strict=False)],
+            "itl_s": [round((b - a) / 1e9 * scale, 7) for a, b in itertools.pairwise(chunks)],
             "ok": ex.ok,
             "error": ex.error,
             "error_kind": ex.error_kind,
@@ -204,6 +206,12 @@ def _draw_length(d: Distribution, rng: random.Random) -> int:
 
 async def build_pool(run: ArmRun) -> list[Prompt]:
     w = run.scenario.workload
+    if run.scenario.prompts.source == "file":
+        assert run.scenario.prompts.path is not None
+        found = prompts.load_file(run.scenario.prompts.path, run.builder)
+        if len(found) < w.pool:
+            run.warn(f"{run.scenario.prompts.path} holds {len(found)} prompts, fewer than the pool of {w.pool}")
+        return [found[i % len(found)] for i in range(w.pool)]
     assert w.prompt_tokens is not None
     rng = random.Random(f"{run.scenario.prompts.seed}/pool-lengths")
     lengths = [_draw_length(w.prompt_tokens, rng) for _ in range(w.pool)]

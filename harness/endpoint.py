@@ -36,13 +36,20 @@ def redact(url: str) -> str:
     return urlunsplit((p.scheme, netloc, p.path, "", ""))
 
 
+def join(base: str, suffix: str) -> str:
+    """`base` + path `suffix`, keeping any query string (e.g. an api-version) at the end."""
+    p = urlsplit(base)
+    return urlunsplit((p.scheme, p.netloc, p.path.rstrip("/") + suffix, p.query, ""))
+
+
 def root(base: str) -> str:
     """Server root of an OpenAI base URL: vLLM serves /tokenize and /metrics beside /v1."""
-    return re.sub(r"/v1/?$", "", base.rstrip("/"))
+    p = urlsplit(base)
+    return urlunsplit((p.scheme, p.netloc, re.sub(r"/v1/?$", "", p.path.rstrip("/")), p.query, ""))
 
 
 async def list_models(session: aiohttp.ClientSession, base: str, headers: dict[str, str]) -> list[str]:
-    url = f"{base}/models"
+    url = join(base, "/models")
     shown = redact(url)
     try:
         async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as resp:
@@ -75,7 +82,7 @@ async def server_counter(
     session: aiohttp.ClientSession, base: str, model: str, api: str, headers: dict[str, str]
 ) -> Counter | None:
     """vLLM's POST /tokenize (chat template applied for chat), or None when the server has none."""
-    url = f"{root(base)}/tokenize"
+    url = join(root(base), "/tokenize")
 
     async def count(text: str) -> int:
         async with session.post(url, json=_tokenize_payload(text, model, api), headers=headers) as resp:
@@ -102,15 +109,17 @@ async def usage_counter(
     points: list[tuple[int, int]] = []
     salt = random.randrange(10**prompts.LEAD_DIGITS)
     for words in (400, 1600):
-        text = prompts.lead(salt + words) + "[kvbench calibration] " + " ".join(
-            prompts.body_words(salt, "calibration", words)
+        text = (
+            prompts.lead(salt + words)
+            + "[kvbench calibration] "
+            + " ".join(prompts.body_words(salt, "calibration", words))
         )
         body: dict[str, object] = {"model": model, "max_tokens": 1, "stream": False}
         if api == "chat":
             body["messages"] = [{"role": "user", "content": text}]
         else:
             body["prompt"] = text
-        async with session.post(base + path, json=body, headers=headers) as resp:
+        async with session.post(join(base, path), json=body, headers=headers) as resp:
             data = await resp.json(content_type=None) if resp.status == 200 else {}
         n = (data.get("usage") or {}).get("prompt_tokens") if isinstance(data, dict) else None
         if not isinstance(n, int):
@@ -128,17 +137,13 @@ async def usage_counter(
     return count
 
 
-async def run_hook(
-    hook: Hook, arm: str, base: str, session: aiohttp.ClientSession, headers: dict[str, str]
-) -> str:
+async def run_hook(hook: Hook, arm: str, base: str, session: aiohttp.ClientSession, headers: dict[str, str]) -> str:
     """Run an arm's `before` hook; returns what it did, raises EndpointError when it fails."""
     if hook.http:
         method, target = hook.http.split(" ", 1)
-        url = target if target.startswith(("http://", "https://")) else root(base) + target
+        url = target if target.startswith(("http://", "https://")) else join(root(base), target)
         try:
-            async with session.request(
-                method, url, headers=headers, timeout=aiohttp.ClientTimeout(total=120)
-            ) as resp:
+            async with session.request(method, url, headers=headers, timeout=aiohttp.ClientTimeout(total=120)) as resp:
                 text = (await resp.text(errors="replace"))[:300]
                 if resp.status >= 300:
                     raise EndpointError(f"arm {arm}: before hook {method} {redact(url)}: HTTP {resp.status}: {text}")
@@ -150,7 +155,7 @@ async def run_hook(
         proc = await asyncio.create_subprocess_exec(
             *hook.command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=600)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=600)
     except (OSError, TimeoutError) as e:
         raise EndpointError(f"arm {arm}: before hook {json.dumps(list(hook.command))}: {e}") from None
     if proc.returncode != 0:

@@ -34,16 +34,121 @@ Counter = Callable[[str], Awaitable[int]]
 LEAD_DIGITS = 12
 _MAX_ROUNDS = 12
 _VOCAB = (
-    "storage cache token layer block memory tier network bandwidth latency prefill decode request "
-    "context window model server client answer question document section report figure table "
-    "value system cluster node disk flash volume file path record batch queue thread process "
-    "signal stream packet buffer vector matrix kernel tensor weight head query key attention "
-    "river mountain forest garden window kitchen library market harbor bridge village island "
-    "morning evening winter summer season weather cloud light shadow colour sound voice story "
-    "history science nature energy motion balance pattern measure number letter method result "
-    "careful quiet rapid gentle simple narrow broad early late bright heavy steady certain "
-    "build carry gather follow measure compare record explain observe repeat divide connect"
-).split()
+    "storage",
+    "cache",
+    "token",
+    "layer",
+    "block",
+    "memory",
+    "tier",
+    "network",
+    "bandwidth",
+    "latency",
+    "prefill",
+    "decode",
+    "request",
+    "context",
+    "window",
+    "model",
+    "server",
+    "client",
+    "answer",
+    "question",
+    "document",
+    "section",
+    "report",
+    "figure",
+    "table",
+    "value",
+    "system",
+    "cluster",
+    "node",
+    "disk",
+    "flash",
+    "volume",
+    "file",
+    "path",
+    "record",
+    "batch",
+    "queue",
+    "thread",
+    "process",
+    "signal",
+    "stream",
+    "packet",
+    "buffer",
+    "vector",
+    "matrix",
+    "kernel",
+    "tensor",
+    "weight",
+    "head",
+    "query",
+    "key",
+    "attention",
+    "river",
+    "mountain",
+    "forest",
+    "garden",
+    "window",
+    "kitchen",
+    "library",
+    "market",
+    "harbor",
+    "bridge",
+    "village",
+    "island",
+    "morning",
+    "evening",
+    "winter",
+    "summer",
+    "season",
+    "weather",
+    "cloud",
+    "light",
+    "shadow",
+    "colour",
+    "sound",
+    "voice",
+    "story",
+    "history",
+    "science",
+    "nature",
+    "energy",
+    "motion",
+    "balance",
+    "pattern",
+    "measure",
+    "number",
+    "letter",
+    "method",
+    "result",
+    "careful",
+    "quiet",
+    "rapid",
+    "gentle",
+    "simple",
+    "narrow",
+    "broad",
+    "early",
+    "late",
+    "bright",
+    "heavy",
+    "steady",
+    "certain",
+    "build",
+    "carry",
+    "gather",
+    "follow",
+    "measure",
+    "compare",
+    "record",
+    "explain",
+    "observe",
+    "repeat",
+    "divide",
+    "connect",
+)
 
 
 def lead(n: int) -> str:
@@ -96,16 +201,17 @@ class PromptBuilder:
         prompt = await self.build("shared", tokens, key="shared-prefix", header="")
         return prompt.rest
 
-    async def build(self, prompt_id: str, target: int, shared: str = "", key: str | None = None,
-                    header: str | None = None) -> Prompt:
+    async def build(
+        self, prompt_id: str, target: int, shared: str = "", key: str | None = None, header: str | None = None
+    ) -> Prompt:
         if not self.template_tokens:
             self.template_tokens = await self._count("")
         head = shared + (f"[kvbench prompt {prompt_id}] " if header is None else header)
         words = body_words(self.seed, key or prompt_id, max(16, int(target / self._ratio * 1.1)))
         reuse = self.reuse_lead("shared-prefix" if shared or header == "" else prompt_id)
 
-        def text(k: int) -> str:
-            return reuse + head + " ".join(words[:k])
+        def text(k: int, filler: int = 0) -> str:
+            return reuse + head + " ".join(words[:k] + ["and"] * filler)
 
         base = await self._count(text(0))
         if base > target:
@@ -113,7 +219,8 @@ class PromptBuilder:
                 f"prompt {prompt_id}: the fixed parts alone are {base} tokens, more than the target {target}"
             )
         k = max(0, round((target - base) / self._ratio))
-        best: tuple[int, int, int] | None = None  # (|error|, k, count)
+        best: tuple[int, int, int, int] | None = None  # (|error|, k, filler, count)
+        below: tuple[int, int] | None = None  # the longest body found short of the target: (k, count)
         for _ in range(_MAX_ROUNDS):
             while k > len(words):
                 words += body_words(self.seed, f"{key or prompt_id}/{len(words)}", len(words))
@@ -121,16 +228,56 @@ class PromptBuilder:
             if k > 0 and n > base:
                 self._ratio = (n - base) / k
             if best is None or abs(n - target) < best[0]:
-                best = (abs(n - target), k, n)
+                best = (abs(n - target), k, 0, n)
+            if n < target and (below is None or n > below[1]):
+                below = (k, n)
             if n == target:
                 break
             step = round((target - n) / self._ratio)
             k = max(0, k + (step if step else (1 if n < target else -1)))
         assert best is not None
-        _, k, counted = best
-        return Prompt(prompt_id, reuse, text(k)[len(reuse):], target, counted)
+        if best[0] and below is not None:
+            # Words with punctuation cost two tokens, so a target can fall between two word
+            # counts: close the gap with short filler words, usually one token each.
+            kb, nb = below
+            n = await self._count(text(kb, target - nb))
+            if abs(n - target) < best[0]:
+                best = (abs(n - target), kb, target - nb, n)
+        _, k, filler, counted = best
+        return Prompt(prompt_id, reuse, text(k, filler)[len(reuse) :], target, counted)
 
     def within_tolerance(self, prompt: Prompt) -> bool:
-        return prompt.tokens is None or prompt.target_tokens is None or (
-            abs(prompt.tokens - prompt.target_tokens) <= self.tolerance * prompt.target_tokens
+        return (
+            prompt.tokens is None
+            or prompt.target_tokens is None
+            or (abs(prompt.tokens - prompt.target_tokens) <= self.tolerance * prompt.target_tokens)
         )
+
+
+def load_file(path: str, builder: PromptBuilder) -> list[Prompt]:
+    """Prompts from a JSONL file, one `{"id": ..., "prompt": ...}` per line, used as they are
+    (their length is whatever the server counts; it is recorded per request)."""
+    import json
+    from pathlib import Path
+
+    from harness.errors import InputError
+
+    out: list[Prompt] = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"prompts.path: cannot read {path}: {e}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise InputError(f"{path}:{n}: not JSON: {e}") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise InputError(f'{path}:{n}: expected an object with a string "prompt"')
+        pid = str(obj.get("id", f"line{n}"))
+        out.append(Prompt(pid, builder.reuse_lead(pid), obj["prompt"], None, None))
+    if not out:
+        raise InputError(f"{path}: no prompts")
+    return out

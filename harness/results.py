@@ -15,7 +15,7 @@ import json
 import os
 import platform
 import subprocess
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -56,7 +56,10 @@ def git_commit() -> str | None:
     try:
         out = subprocess.run(
             ["git", "-C", str(here), "describe", "--always", "--dirty", "--abbrev=12"],
-            capture_output=True, text=True, timeout=5, check=False,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return None

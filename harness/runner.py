@@ -119,8 +119,10 @@ async def _run(
         interrupts += 1
         stop.set()
         if interrupts == 1:
-            console.print("[yellow]Interrupted:[/] no new requests; in-flight ones get a few seconds "
-                          "(Ctrl-C again to stop at once).")
+            console.print(
+                "[yellow]Interrupted:[/] no new requests; in-flight ones get a few seconds "
+                "(Ctrl-C again to stop at once)."
+            )
         elif main_task:
             main_task.cancel()
 
@@ -161,13 +163,25 @@ async def _run(
             if arm.before:
                 hook_done = await endpoint.run_hook(arm.before, arm.name, arm_base, client.session, headers)
             folder = _new_folder(opts.out / sc.name, f"{stamp}-{arm.name}")
-            writer = RunWriter(folder, _meta(sc, arm, arm_base, model, emulated_scale, headers, counting,
-                                             hook_done, stamp))
-            run = ArmRun(
-                scenario=sc, arm=arm, client=client, base_url=arm_base, model=model, builder=builder,
-                writer=writer, progress=progress, stop=stop, t0_ns=time.perf_counter_ns(), time_scale=scale,
-                run_id=stamp, rng=random.Random(f"{stamp}/{arm.name}/{random.SystemRandom().random()}"),
+            writer = RunWriter(
+                folder, _meta(sc, arm, arm_base, model, emulated_scale, headers, counting, hook_done, stamp)
             )
+            run = ArmRun(
+                scenario=sc,
+                arm=arm,
+                client=client,
+                base_url=arm_base,
+                model=model,
+                builder=builder,
+                writer=writer,
+                progress=progress,
+                stop=stop,
+                t0_ns=time.perf_counter_ns(),
+                time_scale=scale,
+                run_id=stamp,
+                rng=random.Random(f"{stamp}/{arm.name}/{random.SystemRandom().random()}"),
+            )
+            progress.label = arm.name
             try:
                 if w.kind == "closed_loop" and pool is None:
                     pool = await drivers.build_pool(run)
@@ -179,8 +193,9 @@ async def _run(
                 interrupted = True
             except BaseException as e:
                 progress.stop()
-                writer.finish("failed", ended=iso(datetime.now(UTC)), error=f"{type(e).__name__}: {e}",
-                              warnings=run.warnings)
+                writer.finish(
+                    "failed", ended=iso(datetime.now(UTC)), error=f"{type(e).__name__}: {e}", warnings=run.warnings
+                )
                 raise
             finally:
                 progress.stop()
@@ -255,8 +270,7 @@ def _meta(
         "emulated": emulated_scale is not None,
         "emulator": {"profile": sc.emulator.profile, "time_scale": emulated_scale} if emulated_scale else None,
         "time_scale": emulated_scale or 1.0,
-        "times": "model time: wall-clock x time_scale" if emulated_scale and emulated_scale != 1
-        else "wall-clock",
+        "times": "model time: wall-clock x time_scale" if emulated_scale and emulated_scale != 1 else "wall-clock",
         "clock": "time.perf_counter_ns (monotonic)",
         "event_loop": aio.loop_name(),
         "request_header_names": sorted(k for k in headers if k.lower() != "authorization"),

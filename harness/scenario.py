@@ -179,8 +179,14 @@ class _Table:
             self.fail(k, "expected one of " + ", ".join(json.dumps(c) for c in choices), v)
         return v
 
-    def integer(self, k: str, default: int | None = None, minimum: int | None = None, what: str = "an integer",
-            required: bool = False) -> Any:
+    def integer(
+        self,
+        k: str,
+        default: int | None = None,
+        minimum: int | None = None,
+        what: str = "an integer",
+        required: bool = False,
+    ) -> Any:
         v = self.required(k, what) if required else self.get(k)
         if v is None:
             return default
@@ -253,7 +259,7 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
     )
     top.done()
     if scenario.prompts.source == "file" and scenario.workload.kind == "sweep":
-        raise InputError(f"{file}: prompts.source: a sweep builds its own prompts; \"file\" works with closed_loop")
+        raise InputError(f'{file}: prompts.source: a sweep builds its own prompts; "file" works with closed_loop')
     return scenario
 
 
@@ -291,14 +297,14 @@ def _prompts(t: _Table) -> PromptsCfg:
         tolerance=t.number("tolerance", 0.005, minimum=0.0),
     )
     if cfg.source == "file" and not cfg.path:
-        raise InputError(f"{t.file}: prompts.path: missing; expected a JSONL file (source = \"file\")")
+        raise InputError(f'{t.file}: prompts.path: missing; expected a JSONL file (source = "file")')
     t.done()
     return cfg
 
 
 def _distribution(t: _Table, k: str) -> Distribution:
     v = t.get(k)
-    what = "an integer number of tokens or a table {distribution = \"uniform\"|\"normal\", ...}"
+    what = 'an integer number of tokens or a table {distribution = "uniform"|"normal", ...}'
     if v is None:
         raise InputError(f"{t.file}: {t.key(k)}: missing; expected {what}")
     if isinstance(v, int) and not isinstance(v, bool):
@@ -349,8 +355,11 @@ def _workload(t: _Table) -> Workload:
         )
         smallest = _smallest(w.prompt_tokens)
         if w.shared_prefix_tokens and w.shared_prefix_tokens >= smallest:
-            t.fail("shared_prefix_tokens", f"expected fewer tokens than the shortest prompt ({smallest})",
-                   w.shared_prefix_tokens)
+            t.fail(
+                "shared_prefix_tokens",
+                f"expected fewer tokens than the shortest prompt ({smallest})",
+                w.shared_prefix_tokens,
+            )
     t.done()
     return w
 
@@ -391,11 +400,11 @@ def _arms(top: _Table, file: str) -> tuple[Arm, ...]:
 def _hook(t: _Table) -> Hook:
     http, command = t.get("http"), t.get("command")
     if (http is None) == (command is None):
-        t.fail("", "expected exactly one of http = \"POST /path\" or command = [\"argv\", ...]", t.data)
+        t.fail("", 'expected exactly one of http = "POST /path" or command = ["argv", ...]', t.data)
     t.done()
     if http is not None:
         if not isinstance(http, str) or not _HTTP_HOOK_RE.match(http):
-            t.fail("http", "expected \"METHOD /path\" or \"METHOD http://host/path\" (GET, POST, PUT, DELETE)", http)
+            t.fail("http", 'expected "METHOD /path" or "METHOD http://host/path" (GET, POST, PUT, DELETE)', http)
         return Hook(http=http)
     if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
         t.fail("command", "expected a non-empty list of strings (argv; no shell)", command)

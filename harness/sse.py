@@ -18,7 +18,7 @@ class SSEEvent:
 
 
 class SSEDecoder:
-    __slots__ = ("_buf", "_data", "_event", "_id", "_has_data")
+    __slots__ = ("_buf", "_data", "_event", "_has_data", "_id")
 
     def __init__(self) -> None:
         self._buf = b""

@@ -92,9 +92,7 @@ def summary(records: Sequence[Record], kind: str) -> dict[str, Any]:
     else:
         out["req_per_s"] = req_per_s(records)
         done_tokens = sum(r.get("completion_tokens") or 0 for r in ok)
-        span = (
-            max(r["start_s"] + r["e2e_s"] for r in ok) - min(r["start_s"] for r in records) if ok else 0.0
-        )
+        span = max(r["start_s"] + r["e2e_s"] for r in ok) - min(r["start_s"] for r in records) if ok else 0.0
         out["output_tokens_per_s"] = done_tokens / span if span > 0 else None
         out["duration_s"] = span or None
     return out

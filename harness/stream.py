@@ -80,7 +80,7 @@ class StreamState:
             return
         if not isinstance(obj, dict):
             return
-        if "error" in obj and obj["error"]:
+        if obj.get("error"):
             self.error = _error_text(obj["error"])
             return
         usage = obj.get("usage")

@@ -86,8 +86,11 @@ class KVCache:
         A tier that served the whole matched prefix already holds it (and lookup refreshed it)."""
         matched = match.cached_tokens // self.block_tokens if match else 0
         for tier in self.tiers:
-            served = match.g1_blocks if match and tier.name == "G1" else (match.load_blocks.get(tier.name, 0)
-                                                                          if match else 0)
+            served = (
+                match.g1_blocks
+                if match and tier.name == "G1"
+                else (match.load_blocks.get(tier.name, 0) if match else 0)
+            )
             for h in hashes[matched if served == matched else 0 :]:
                 if tier.put(h):
                     tier.offloaded_blocks += 1

@@ -78,11 +78,19 @@ def render(c: Counters, cache: KVCache, model: str) -> str:
 
     kvbm = (
         ("kvbm_offload_blocks_d2h", "Blocks offloaded from GPU to host memory (G2).", ("G2",), "offloaded_blocks"),
-        ("kvbm_offload_blocks_d2d", "Blocks offloaded from GPU to disk or storage (G3, G4).", ("G3", "G4"),
-         "offloaded_blocks"),
+        (
+            "kvbm_offload_blocks_d2d",
+            "Blocks offloaded from GPU to disk or storage (G3, G4).",
+            ("G3", "G4"),
+            "offloaded_blocks",
+        ),
         ("kvbm_onboard_blocks_h2d", "Blocks onboarded from host memory (G2) to GPU.", ("G2",), "onboarded_blocks"),
-        ("kvbm_onboard_blocks_d2d", "Blocks onboarded from disk or storage (G3, G4) to GPU.", ("G3", "G4"),
-         "onboarded_blocks"),
+        (
+            "kvbm_onboard_blocks_d2d",
+            "Blocks onboarded from disk or storage (G3, G4) to GPU.",
+            ("G3", "G4"),
+            "onboarded_blocks",
+        ),
     )
     for name, help_, names, attr in kvbm:
         metric(name, "counter", help_, [("", blocks(*names, attr=attr))])

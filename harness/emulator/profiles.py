@@ -68,10 +68,7 @@ class Profile:
 
     def make_tiers(self) -> list[Tier]:
         block_bytes = self.block_tokens * self.kv_bytes_per_token
-        return [
-            Tier(t.name, int(t.capacity_bytes // block_bytes), t.read_bytes_per_s, t.latency_s)
-            for t in self.tiers
-        ]
+        return [Tier(t.name, int(t.capacity_bytes // block_bytes), t.read_bytes_per_s, t.latency_s) for t in self.tiers]
 
 
 def _solve2(a1: float, b1: float, c1: float, a2: float, b2: float, c2: float) -> tuple[float, float]:

@@ -79,20 +79,36 @@ def serve(
 class EmbeddedEmulator:
     """The emulator as a child process on an ephemeral 127.0.0.1 port."""
 
-    def __init__(self, profile: str, time_scale: float, timing_log: Path | None = None) -> None:
+    def __init__(
+        self, profile: str, time_scale: float, timing_log: Path | None = None, api_key_env: str | None = None
+    ) -> None:
         self.profile = profile
         self.time_scale = time_scale
         self.timing_log = timing_log
+        self.api_key_env = api_key_env
         self.base_url = ""
         self._proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> EmbeddedEmulator:
         cmd = [
-            sys.executable, "-m", "harness", "emulator", "--host", "127.0.0.1", "--port", "0",
-            "--profile", self.profile, "--time-scale", repr(self.time_scale), "--embedded",
+            sys.executable,
+            "-m",
+            "harness",
+            "emulator",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--profile",
+            self.profile,
+            "--time-scale",
+            repr(self.time_scale),
+            "--embedded",
         ]
         if self.timing_log:
             cmd += ["--timing-log", str(self.timing_log)]
+        if self.api_key_env:
+            cmd += ["--api-key-env", self.api_key_env]
         # Its own session: a Ctrl-C meant for the client must not kill the server mid-request.
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
@@ -102,7 +118,7 @@ class EmbeddedEmulator:
         if not line.startswith(READY_PREFIX):
             self.__exit__(None, None, None)
             raise RuntimeError(f"the embedded emulator did not start (said: {line.strip()!r})")
-        self.base_url = line[len(READY_PREFIX):].split()[0]
+        self.base_url = line[len(READY_PREFIX) :].split()[0]
         return self
 
     def __exit__(self, *_exc: object) -> None:

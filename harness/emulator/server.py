@@ -261,7 +261,8 @@ class Emulator:
             return _error(
                 400,
                 f"This model's maximum context length is {self.profile.max_model_len} tokens. "
-                f"However, you requested {n + max_tokens} tokens ({n} in the messages, {max_tokens} in the completion).",
+                f"However, you requested {n + max_tokens} tokens ({n} in the messages, "
+                f"{max_tokens} in the completion).",
             )
         stream_opts = body.get("stream_options")
         include_usage = isinstance(stream_opts, dict) and bool(stream_opts.get("include_usage"))
@@ -378,10 +379,16 @@ class _Output:
         words = [self._word(i) for i in range(completion)]
         base = {"id": self.rid, "created": self.created, "model": self.emu.model, "usage": usage}
         if not self.chat:
-            return {**base, "object": "text_completion",
-                    "choices": [{"index": 0, "text": "".join(words), "finish_reason": "length"}]}
+            return {
+                **base,
+                "object": "text_completion",
+                "choices": [{"index": 0, "text": "".join(words), "finish_reason": "length"}],
+            }
         reasoning = "".join(w for i, w in enumerate(words) if self._is_reasoning(i))
         content = "".join(w for i, w in enumerate(words) if not self._is_reasoning(i))
         message = {"role": "assistant", "content": content, self.emu.profile.reasoning_field: reasoning or None}
-        return {**base, "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "finish_reason": "length"}]}
+        return {
+            **base,
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": "length"}],
+        }

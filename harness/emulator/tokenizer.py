@@ -22,19 +22,14 @@ def message_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(
-            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
     return ""
 
 
 def render_chat(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
     """A harmony-like template: each message costs 16 tokens beyond its content (the role is one
     of them), and the generation prompt 6 more."""
-    parts = [
-        f"<|start|>{m.get('role', 'user')}<|message|>{message_text(m.get('content'))}<|end|>"
-        for m in messages
-    ]
+    parts = [f"<|start|>{m.get('role', 'user')}<|message|>{message_text(m.get('content'))}<|end|>" for m in messages]
     if add_generation_prompt:
         parts.append("<|start|>assistant")
     return "\n".join(parts)

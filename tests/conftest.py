@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.emulator.serve import EmbeddedEmulator
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def emulator(tmp_path: Path) -> Iterator[EmbeddedEmulator]:
+    """A real emulator on an ephemeral port, 50x faster than modelled, logging its own times."""
+    with EmbeddedEmulator("redbooks-g4", 50.0, timing_log=tmp_path / "server-times.jsonl") as emu:
+        yield emu
+
+
+def kvbench(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=ROOT,
+    )
+
+
+def write_scenario(path: Path, body: str) -> Path:
+    path.write_text("schema_version = 1\n" + body, encoding="utf-8")
+    return path

@@ -1,0 +1,226 @@
+"""`kvbench run` end to end, as a user runs it: the CLI against a real emulator on an ephemeral port."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.emulator.serve import EmbeddedEmulator
+from harness.results import read_requests
+from tests.conftest import ROOT, kvbench, write_scenario
+
+
+def arm_folders(out: Path, scenario: str) -> dict[str, Path]:
+    return {p.name.split("-", 1)[1]: p for p in sorted((out / scenario).iterdir())}
+
+
+def test_smoke_sweep_on_the_embedded_emulator(tmp_path: Path) -> None:
+    r = kvbench("run", "scenarios/smoke.toml", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "embedded emulator" in r.stderr and "Traceback" not in r.stderr
+    (folder,) = arm_folders(tmp_path, "smoke").values()
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "completed" and meta["emulated"] is True
+    assert meta["time_scale"] == 10.0 and "model time" in meta["times"]
+    assert meta["prompt_counting"] == "server /tokenize" and meta["warnings"] == []
+    recs = read_requests(folder)
+    assert len(recs) == 2 * 2 * 3 == meta["summary"]["requests"]
+    for rec in recs:
+        assert rec["ok"] and rec["prompt_tokens"] == rec["target_tokens"]
+        assert rec["first_byte_s"] <= rec["ttft_s"] <= rec["e2e_s"]
+        assert rec["first_content_s"] is None  # gpt-oss reasons first: 4 tokens are all reasoning
+        if rec["phase"] == "cold":
+            assert rec["cached_tokens"] == 0
+        else:
+            assert rec["cached_tokens"] >= 0.99 * rec["prompt_tokens"]
+    by_len = {row["length"]: row for row in meta["summary"]["by_length"]}
+    assert by_len[8000]["speedup"] > 1.5  # loading 8K tokens from G4 beats recomputing them
+
+
+CLOSED = """
+name = "closed"
+[endpoint]
+max_tokens = 8
+[workload]
+kind = "closed_loop"
+requests = 84
+concurrency = 28
+pool = 10
+prompt_tokens = { distribution = "uniform", min = 1500, max = 2500 }
+[[arms]]
+name = "bust"
+cache = "bust"
+[[arms]]
+name = "reuse"
+before = { http = "POST /reset_prefix_cache" }
+[emulator]
+time_scale = 20.0
+"""
+
+
+def test_closed_loop_28_workers_bust_never_hits(tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "closed.toml", CLOSED)
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    arms = arm_folders(tmp_path / "out", "closed")
+    bust, reuse = read_requests(arms["bust"]), read_requests(arms["reuse"])
+    assert len(bust) == len(reuse) == 84
+    assert {rec["worker"] for rec in bust} == set(range(28))
+    assert all(rec["ok"] and rec["cached_tokens"] == 0 for rec in bust)
+    assert sum(rec["cached_tokens"] > 0 for rec in reuse) >= 84 - 10 - 28  # repeats of a pool of 10
+    assert sorted(rec["schedule_index"] for rec in reuse) == list(range(84))
+    lengths = {rec["prompt_id"]: rec["prompt_tokens"] for rec in reuse}
+    assert len(lengths) <= 10 and all(1500 <= n <= 2500 for n in lengths.values())
+    meta = json.loads((arms["reuse"] / "run.json").read_text())
+    assert meta["summary"]["req_per_s"] > 0 and meta["before_hook"].startswith("POST http://127.0.0.1")
+
+
+def test_client_first_token_matches_server_send_time(tmp_path: Path) -> None:
+    """At 28 connections on loopback the client's first-token stamp follows the server's own send
+    time closely. (How closely is measured by bench/ttft_accuracy.py; this checks the causality
+    and that nothing adds whole scheduling quanta.)"""
+    log = tmp_path / "server.jsonl"
+    sc = write_scenario(tmp_path / "closed.toml", CLOSED.replace("time_scale = 20.0", "time_scale = 1.0"))
+    with EmbeddedEmulator("redbooks-g4", 20.0, timing_log=log) as emu:
+        r = kvbench("run", str(sc), "--endpoint", emu.base_url, "--arm", "reuse", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    (folder,) = arm_folders(tmp_path / "o", "closed").values()
+    meta = json.loads((folder / "run.json").read_text())
+    server = {}
+    for line in log.read_text().splitlines():
+        d = json.loads(line)
+        server[d["request_id"]] = d
+    diffs = []
+    for rec in read_requests(folder):
+        s = server[f"{meta['run_id']}-reuse-{rec['id']}"]
+        client_ft = meta["t0_monotonic_ns"] + (rec["start_s"] + rec["ttft_s"]) * 1e9
+        diffs.append((client_ft - s["first_token_ns"]) / 1e6)
+        assert s["prompt_tokens"] == rec["prompt_tokens"] and s["cached_tokens"] == rec["cached_tokens"]
+    diffs.sort()
+    assert len(diffs) == 84
+    assert diffs[0] > -1.0  # never before the server sent it (clock rounding aside)
+    assert diffs[len(diffs) // 2] < 20.0
+
+
+def test_api_key_and_header_values_never_reach_results(tmp_path: Path) -> None:
+    env = {"EMU_KEY": "sekret-123", "OPENAI_API_KEY": "sekret-123"}
+    os.environ["EMU_KEY"] = "sekret-123"
+    try:
+        with EmbeddedEmulator("redbooks-g4", 50.0, api_key_env="EMU_KEY") as emu:
+            r = kvbench(
+                "run",
+                "scenarios/smoke.toml",
+                "--endpoint",
+                emu.base_url + "?k=q",
+                "--header",
+                "X-Team: hidden-value",
+                "--out",
+                str(tmp_path),
+                env=env,
+            )
+            no_key = kvbench("run", "scenarios/smoke.toml", "--endpoint", emu.base_url, "--out", str(tmp_path))
+    finally:
+        del os.environ["EMU_KEY"]
+    assert r.returncode == 0, r.stderr
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            text = path.read_text()
+            assert "sekret" not in text and "hidden-value" not in text and "k=q" not in text
+    assert "sekret" not in r.stdout + r.stderr
+    assert no_key.returncode == 3 and "HTTP 401" in no_key.stderr and "OPENAI_API_KEY" in no_key.stderr
+
+
+def test_exit_2_bad_scenario_names_file_and_key(tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "x.toml", 'name = "x"\n[workload]\nkind = "sweep"\nlengths = [10, "many"]\n')
+    for cmd in (("run", str(sc)), ("validate", str(sc))):
+        r = kvbench(*cmd)
+        assert r.returncode == 2
+        assert f'{sc}: workload.lengths[1]: expected an integer number of tokens, got "many"' in r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_exit_2_usage_errors(tmp_path: Path) -> None:
+    for args in (
+        ("run",),
+        ("run", "scenarios/smoke.toml", "--time-scale", "fast"),
+        ("run", "scenarios/smoke.toml", "--arm", "nope"),
+        ("run", "scenarios/smoke.toml", "--header", "bad"),
+        ("run", "scenarios/smoke.toml", "--endpoint", "localhost:8000"),
+        ("run", "scenarios/smoke.toml", "--endpoint", "http://127.0.0.1:9/v1", "--time-scale", "2"),
+        ("run", "scenarios/smoke.toml", "--api-key-env", "KVBENCH_UNSET_VAR"),
+        ("frobnicate",),
+    ):
+        r = kvbench(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Traceback" not in r.stderr and r.stderr.strip()
+
+
+def test_exit_3_unreachable_endpoint_names_the_url() -> None:
+    r = kvbench("run", "scenarios/smoke.toml", "--endpoint", "http://127.0.0.1:9/v1")
+    assert r.returncode == 3
+    assert "cannot reach http://127.0.0.1:9/v1/models" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_exit_3_wrong_model_and_failed_hook(tmp_path: Path, emulator: EmbeddedEmulator) -> None:
+    r = kvbench("run", "scenarios/smoke.toml", "--endpoint", emulator.base_url, "--model", "llama-9")
+    assert r.returncode == 3 and "'llama-9' is not served" in r.stderr
+    sc = write_scenario(
+        tmp_path / "h.toml",
+        'name = "h"\n[workload]\nkind = "sweep"\nlengths = [100]\n'
+        '[[arms]]\nname = "a"\nbefore = { command = ["false"] }\n',
+    )
+    r = kvbench("run", str(sc), "--endpoint", emulator.base_url, "--out", str(tmp_path))
+    assert r.returncode == 3 and 'before hook ["false"] exited with 1' in r.stderr
+
+
+def test_exit_4_when_requests_fail(tmp_path: Path) -> None:
+    # 140,000 tokens do not fit the emulated model's 131,072-token context: the server says 400.
+    sc = write_scenario(
+        tmp_path / "big.toml",
+        'name = "big"\n[workload]\nkind = "sweep"\nlengths = [1000, 140000]\n'
+        "warm_repeats = 0\n[emulator]\ntime_scale = 50.0\n",
+    )
+    r = kvbench("run", str(sc), "--out", str(tmp_path))
+    assert r.returncode == 4, r.stderr
+    assert "1 request(s) failed" in r.stderr
+    (folder,) = arm_folders(tmp_path, "big").values()
+    recs = read_requests(folder)
+    assert [rec["ok"] for rec in recs] == [True, False]
+    assert recs[1]["http_status"] == 400 and "maximum context length" in recs[1]["error"]
+
+
+def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "long.toml",
+        'name = "long"\n[endpoint]\nmax_tokens = 1\n[workload]\n'
+        'kind = "sweep"\nlengths = [1000, 2000, 100000, 120000]\nrepetitions = 3\n',
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(sc), "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        done = list(tmp_path.glob("long/*/requests.jsonl"))
+        if done and len(done[0].read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    (folder,) = arm_folders(tmp_path, "long").values()
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "interrupted"
+    recs = read_requests(folder)
+    assert 4 <= len(recs) < 24 and all(rec["ok"] for rec in recs)
+    assert "Traceback" not in err

@@ -1,0 +1,133 @@
+"""Scenario files: the shipped ones load; every mistake names the file, the key and what was expected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import scenario
+from harness.errors import InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP = """
+name = "t"
+[workload]
+kind = "sweep"
+lengths = [1000, 2000]
+"""
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_scenarios_load(path: Path) -> None:
+    sc = scenario.load(path)
+    assert sc.name == path.stem
+    assert len(sc.digest()) == 16
+
+
+def test_redbooks_concurrency_matches_the_paper() -> None:
+    sc = scenario.load(ROOT / "scenarios/redbooks-concurrency.toml")
+    w = sc.workload
+    assert (w.requests, w.concurrency, w.pool) == (200, 28, 100)
+    assert [a.name for a in sc.arms] == ["recompute", "cached"]
+    assert sc.arm("recompute").cache == "bust"
+    assert sc.arm("cached").before is not None
+
+
+def parse(text: str) -> scenario.Scenario:
+    import tomllib
+
+    return scenario.parse(tomllib.loads("schema_version = 1\n" + text), "scenarios/x.toml")
+
+
+def test_defaults() -> None:
+    sc = parse(SWEEP)
+    assert sc.endpoint.api == "chat" and sc.arms[0].name == "default" and sc.workload.warm_repeats == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            SWEEP.replace("[1000, 2000]", '[1000, "many"]'),
+            'scenarios/x.toml: workload.lengths[1]: expected an integer number of tokens, got "many"',
+        ),
+        (SWEEP.replace("[1000, 2000]", "[1000, 0]"), "workload.lengths[1]: expected an integer number of tokens >= 1"),
+        (SWEEP + "[endpoint]\nmax_token = 3\n", "scenarios/x.toml: endpoint.max_token: unknown key"),
+        ("colour = 1\n" + SWEEP, "scenarios/x.toml: colour: unknown key"),
+        (SWEEP + "colour = 1\n", "scenarios/x.toml: workload.colour: unknown key"),
+        (SWEEP + '[endpoint]\napi = "rest"\n', 'endpoint.api: expected one of "chat", "completions", got "rest"'),
+        (SWEEP + "[endpoint.timeouts]\ntotal_s = -1\n", "endpoint.timeouts.total_s: expected a number > 0, got -1"),
+        (SWEEP.replace('kind = "sweep"', 'kind = "open"'), 'workload.kind: expected one of "sweep", "closed_loop"'),
+        (SWEEP.replace('name = "t"', 'name = "a/b"'), "name: expected letters, digits"),
+        (SWEEP.replace('name = "t"\n', ""), "scenarios/x.toml: name: missing; expected a string"),
+        (SWEEP + '[[arms]]\nname = "a"\ncache = "maybe"\n', 'arms[0].cache: expected one of "reuse", "bust"'),
+        (SWEEP + '[[arms]]\nname = "a"\n[[arms]]\nname = "a"\n', "arms[1].name: expected a name not used"),
+        (SWEEP + '[[arms]]\nname = "a"\nbefore = { http = "RESET" }\n', 'arms[0].before.http: expected "METHOD /path"'),
+        (
+            SWEEP + '[[arms]]\nname = "a"\nbefore = { command = "rm -rf /" }\n',
+            "arms[0].before.command: expected a non-empty list of strings",
+        ),
+        (SWEEP + '[[arms]]\nname = "a"\nbefore = {}\n', "arms[0].before: expected exactly one of"),
+        (SWEEP + '[emulator]\nprofile = "fast"\n', 'emulator.profile: expected one of "recompute", "redbooks-g4"'),
+        (SWEEP + "[emulator]\ntime_scale = 0\n", "emulator.time_scale: expected a number > 0"),
+        (
+            'name = "t"\n[workload]\nkind = "closed_loop"\nrequests = 10\nconcurrency = 2\npool = 5\n',
+            "workload.prompt_tokens: missing",
+        ),
+        (
+            'name = "t"\n[workload]\nkind = "closed_loop"\nrequests = 10\nconcurrency = 2\npool = 5\n'
+            'prompt_tokens = { distribution = "uniform", min = 10 }\n',
+            "workload.prompt_tokens.max: missing",
+        ),
+        (
+            'name = "t"\n[workload]\nkind = "closed_loop"\nrequests = 10\nconcurrency = 2\npool = 5\n'
+            "prompt_tokens = 100\nshared_prefix_tokens = 100\n",
+            "workload.shared_prefix_tokens: expected fewer tokens than the shortest prompt (100), got 100",
+        ),
+        (
+            'name = "t"\n[workload]\nkind = "closed_loop"\nrequests = 1.5\nconcurrency = 2\npool = 5\n'
+            "prompt_tokens = 100\n",
+            "workload.requests: expected an integer number of requests, got 1.5",
+        ),
+        (SWEEP + "[endpoint]\nextra_body = 3\n", "endpoint.extra_body: expected a table"),
+        (SWEEP + '[prompts]\nsource = "file"\n', "prompts.path: missing"),
+    ],
+)
+def test_errors_name_file_key_and_expectation(text: str, message: str) -> None:
+    with pytest.raises(InputError) as e:
+        parse(text)
+    assert message in str(e.value)
+
+
+def test_schema_version(tmp_path: Path) -> None:
+    p = tmp_path / "v.toml"
+    p.write_text(SWEEP.replace('name = "t"', 'schema_version = 2\nname = "t"'))
+    with pytest.raises(InputError, match="schema_version: expected 1"):
+        scenario.load(p)
+    p.write_text(SWEEP)
+    with pytest.raises(InputError, match="schema_version: missing"):
+        scenario.load(p)
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such scenario file"):
+        scenario.load(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("schema_version = \n")
+    with pytest.raises(InputError, match=r"bad\.toml: invalid TOML"):
+        scenario.load(bad)
+
+
+def test_hash_changes_with_content_not_path() -> None:
+    a, b = parse(SWEEP), parse(SWEEP.replace("2000", "3000"))
+    assert a.digest() != b.digest()
+    assert a.digest() == scenario.parse(__import__("tomllib").loads("schema_version = 1\n" + SWEEP), "y").digest()
+
+
+def test_urls_are_redacted_and_joined() -> None:
+    from harness.endpoint import join, redact, root
+
+    assert redact("https://user:pw@host:8000/v1?key=s3cret#x") == "https://host:8000/v1"
+    assert join("http://h:1/v1?api-version=2", "/models") == "http://h:1/v1/models?api-version=2"
+    assert root("http://h:1/v1/") == "http://h:1"
