@@ -48,6 +48,7 @@ class ArmRun:
     aborted: str | None = None
     send_salt: bool = True
     said_no_cached: bool = False
+    off_target: set[str] = field(default_factory=set)
     _seq: int = 0
     _dead_streak: int = 0
 
@@ -98,6 +99,7 @@ class ArmRun:
             self.warn("the endpoint refuses `cache_salt`; bust requests rely on their unique leading text alone")
             ex = await self.client.stream(self.url, self._body(prompt.text(lead_text), None), request_id)
         record = self._record(seq, ex, prompt, phase, **extra)
+        self._check_length(record)
         self.writer.add(record)
         self.progress.advance(record)
         self._dead_streak = self._dead_streak + 1 if ex.error_kind == "connect" else 0
@@ -105,6 +107,14 @@ class ArmRun:
             self.aborted = f"{self._dead_streak} requests in a row could not connect: {ex.error}"
             self.stop.set()
         return record
+
+    def _check_length(self, r: dict[str, Any]) -> None:
+        """The server's own count of what was really sent (a bust lead can tokenize differently)."""
+        target, got = r["target_tokens"], r["prompt_tokens"]
+        off = target and got is not None and abs(got - target) > self.scenario.prompts.tolerance * target
+        if off and r["prompt_id"] not in self.off_target:
+            self.off_target.add(r["prompt_id"])
+            self.warn(f"request {r['id']} ({r['prompt_id']}): the server counted {got} prompt tokens, target {target}")
 
     def _record(self, seq: int, ex: Exchange, prompt: Prompt, phase: str, **extra: Any) -> dict[str, Any]:
         scale = self.time_scale

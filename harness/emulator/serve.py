@@ -21,6 +21,7 @@ from aiohttp import web
 from harness import aio
 from harness.emulator.profiles import get_profile
 from harness.emulator.server import Emulator
+from harness.errors import EndpointError
 
 READY_PREFIX = "kvbench emulator listening on "
 
@@ -117,7 +118,7 @@ class EmbeddedEmulator:
         line = self._proc.stdout.readline()  # "" if the child died
         if not line.startswith(READY_PREFIX):
             self.__exit__(None, None, None)
-            raise RuntimeError(f"the embedded emulator did not start (said: {line.strip()!r})")
+            raise EndpointError(f"the embedded emulator did not start (it said: {line.strip()!r})")
         self.base_url = line[len(READY_PREFIX) :].split()[0]
         return self
 
