@@ -36,9 +36,20 @@ def run_paired(scenario_toml: str, emulator_scale: float, profile: str = "redboo
         with EmbeddedEmulator(profile, emulator_scale, timing_log=log) as emu:
             pin(0)
             r = subprocess.run(
-                [sys.executable, "-m", "harness", "run", str(t / "s.toml"), "--endpoint", emu.base_url,
-                 "--out", str(t / "out")],
-                cwd=ROOT, capture_output=True, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "harness",
+                    "run",
+                    str(t / "s.toml"),
+                    "--endpoint",
+                    emu.base_url,
+                    "--out",
+                    str(t / "out"),
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
             )
             if r.returncode != 0:
                 raise SystemExit(r.stderr)

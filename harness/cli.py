@@ -3,27 +3,37 @@ exit code (see harness/errors.py), never a traceback."""
 
 from __future__ import annotations
 
-import sys
+import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-import click
 import typer
 
 from harness import __version__
 from harness.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError
 from harness.progress import stderr_console
 
-# Newer typer releases carry their own copy of click; catch usage errors from either.
-_CLICK_ERRORS: tuple[type[Exception], ...] = (click.ClickException,)
-_ABORTS: tuple[type[BaseException], ...] = (click.exceptions.Abort,)
-try:
-    from typer._click import exceptions as _typer_click
 
-    _CLICK_ERRORS += (_typer_click.ClickException,)
-    _ABORTS += tuple(getattr(_typer_click, name) for name in ("Abort",) if hasattr(_typer_click, name))
-except ImportError:
-    pass
+def _handled(fn: Callable[..., int]) -> Callable[..., int]:
+    """A user mistake ends in a one-line message and its exit code, never a traceback.
+    (Usage errors are typer's own: message and exit 2.)"""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        try:
+            code = fn(*args, **kwargs)
+        except KvbenchError as e:
+            stderr_console().print(f"[red]error:[/] {e}", highlight=False)
+            raise typer.Exit(int(e.exit_code)) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+        if code:
+            raise typer.Exit(int(code))
+        return 0
+
+    return wrapper
+
 
 app = typer.Typer(
     name="kvbench",
@@ -60,6 +70,7 @@ def _root(
 
 
 @app.command(epilog=RUN_EXAMPLES)
+@_handled
 def run(
     scenario: Annotated[Path, typer.Argument(help="Scenario file (TOML).", show_default=False)],
     endpoint: Annotated[
@@ -99,6 +110,7 @@ def run(
 
 
 @app.command()
+@_handled
 def validate(
     scenarios: Annotated[list[Path], typer.Argument(help="Scenario files to check.", show_default=False)],
 ) -> int:
@@ -112,6 +124,7 @@ def validate(
 
 
 @app.command()
+@_handled
 def emulator(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 8000,
@@ -151,17 +164,4 @@ def emulator(
 
 
 def main() -> None:
-    console = stderr_console()
-    try:
-        code = app(standalone_mode=False)
-    except _CLICK_ERRORS as e:
-        e.show()  # type: ignore[attr-defined]
-        sys.exit(ExitCode.INVALID_INPUT)
-    except _ABORTS:
-        sys.exit(ExitCode.INTERRUPTED)
-    except KvbenchError as e:
-        console.print(f"[red]error:[/] {e}", highlight=False)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(ExitCode.INTERRUPTED)
-    sys.exit(int(code) if isinstance(code, int) else 0)
+    app()
