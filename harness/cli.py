@@ -91,6 +91,7 @@ def run(
     api_key_env: Annotated[
         str | None, typer.Option(help="Environment variable holding the API key (default: OPENAI_API_KEY).")
     ] = None,
+    report: Annotated[bool, typer.Option("--report", help="Render the HTML report right after the run.")] = False,
 ) -> int:
     """Run a scenario against an endpoint, or the embedded emulator when none is given."""
     from harness.runner import RunOptions
@@ -106,7 +107,70 @@ def run(
         headers=tuple(header or ()),
         api_key_env=api_key_env,
     )
-    return do_run(opts, stderr_console())
+    console = stderr_console()
+    code, folders = do_run(opts, console)
+    if report and folders:
+        from harness.report.build import render
+        from harness.report.load import load_runs
+
+        runs = load_runs(folders)
+        out = Path("reports") / f"{runs[0].meta['scenario_name']}-{runs[0].meta['run_id']}.html"
+        console.print(f"Report: {render(runs, out)}")
+    return code
+
+
+@app.command()
+@_handled
+def report(
+    results: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Run folders, or scenario result folders (all arms of the newest run).", show_default=False
+        ),
+    ],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="HTML file to write (default: reports/<name>.html).")
+    ] = None,
+) -> int:
+    """Render one self-contained HTML report (no network, no JavaScript) from result folders."""
+    from harness.report.build import render
+    from harness.report.load import load_runs
+
+    runs = load_runs(results)
+    if output is None:
+        names = sorted({str(r.meta.get("scenario_name", "run")) for r in runs})
+        stamp = max(str(r.meta.get("run_id", "")) for r in runs)
+        output = Path("reports") / f"{'+'.join(names)}-{stamp}.html"
+    print(render(runs, output))
+    return ExitCode.OK
+
+
+@app.command()
+@_handled
+def compare(
+    base: Annotated[Path, typer.Argument(help="Baseline run or scenario result folder.", show_default=False)],
+    candidate: Annotated[Path, typer.Argument(help="Candidate run or scenario result folder.", show_default=False)],
+) -> int:
+    """Compare two runs figure by figure: both values, the ratio, and whether the change is significant."""
+    from rich.table import Table
+
+    from harness.compare import compare as do_compare
+    from harness.errors import InputError
+    from harness.report.build import _num
+    from harness.report.load import load_runs
+
+    rows = do_compare(load_runs([base]), load_runs([candidate]))
+    if not rows:
+        raise InputError("nothing to compare: no run (scenario/arm) appears in both")
+    table = Table(title=f"{base} -> {candidate}")
+    for col in ("run", "figure", "base", "candidate", "ratio", "verdict"):
+        table.add_column(col, justify="left" if col in ("run", "figure", "verdict") else "right")
+    for r in rows:
+        table.add_row(r.run, r.figure, _num(r.base, 4), _num(r.candidate, 4), _num(r.ratio), r.verdict)
+    from rich.console import Console
+
+    Console().print(table)
+    return ExitCode.OK
 
 
 @app.command()

@@ -49,7 +49,8 @@ class RunProgress:
         """A status line (e.g. while prompts are built)."""
         if self._progress is not None:
             self._progress.update(self._task, description=f"{self.label} ({text})")
-        else:
+        elif time.monotonic() - self._last_line >= 5:
+            self._last_line = time.monotonic()
             self.console.print(f"{self.label}: {text}")
 
     def advance(self, record: dict[str, Any]) -> None:

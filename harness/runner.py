@@ -60,7 +60,8 @@ def _api_key(env: str | None) -> str | None:
     return os.environ.get("OPENAI_API_KEY") or None
 
 
-def run(opts: RunOptions, console: Console) -> int:
+def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
+    """Returns the exit code and the result folders written."""
     sc = scenario.load(opts.scenario)
     headers = parse_headers(opts.headers)
     key = _api_key(opts.api_key_env)
@@ -108,7 +109,7 @@ async def _run(
     headers: dict[str, str],
     emulated_scale: float | None,
     console: Console,
-) -> int:
+) -> tuple[int, list[Path]]:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     main_task = asyncio.current_task()
@@ -137,6 +138,7 @@ async def _run(
     interrupted = False
     aborted = False
     pool: list[Prompt] | None = None
+    folders: list[Path] = []
     async with StreamingClient(
         concurrency, sc.endpoint.timeouts, headers, send_clock=emulated_scale is not None
     ) as client:
@@ -163,6 +165,7 @@ async def _run(
             if arm.before:
                 hook_done = await endpoint.run_hook(arm.before, arm.name, arm_base, client.session, headers)
             folder = _new_folder(opts.out / sc.name, f"{stamp}-{arm.name}")
+            folders.append(folder)
             writer = RunWriter(
                 folder, _meta(sc, arm, arm_base, model, emulated_scale, headers, counting, hook_done, stamp)
             )
@@ -214,11 +217,11 @@ async def _run(
             if interrupted or aborted:
                 break
     if interrupted:
-        return ExitCode.INTERRUPTED
+        return ExitCode.INTERRUPTED, folders
     if failed_requests or aborted:
         console.print(f"[red]{failed_requests} request(s) failed[/]; see the error field in requests.jsonl")
-        return ExitCode.REQUESTS_FAILED
-    return ExitCode.OK
+        return ExitCode.REQUESTS_FAILED, folders
+    return ExitCode.OK, folders
 
 
 async def _until_done_or_stopped(job: Any, stop: asyncio.Event) -> None:

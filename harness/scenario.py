@@ -101,6 +101,14 @@ class ModelCfg:
 
 
 @dataclass(frozen=True)
+class ReferenceCfg:
+    """Which published test this scenario reproduces, so reports put its figures beside."""
+
+    paper: Literal["redbooks-md260021"] = "redbooks-md260021"
+    test: Literal["ttft", "concurrency", "competing_traffic"] = "ttft"
+
+
+@dataclass(frozen=True)
 class Scenario:
     schema_version: int
     name: str
@@ -111,6 +119,7 @@ class Scenario:
     arms: tuple[Arm, ...]
     emulator: EmulatorCfg
     model: ModelCfg
+    reference: ReferenceCfg | None = None
     path: str = field(default="", compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,6 +264,7 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
         arms=_arms(top, file),
         emulator=_emulator(top.sub("emulator")),
         model=_model(top.sub("model")),
+        reference=_reference(top.sub("reference")) if top.has("reference") else None,
         path=file,
     )
     top.done()
@@ -417,6 +427,15 @@ def _emulator(t: _Table) -> EmulatorCfg:
     cfg = EmulatorCfg(
         profile=t.text("profile", "redbooks-g4", tuple(sorted(profiles()))),
         time_scale=t.number("time_scale", 1.0, positive=True),
+    )
+    t.done()
+    return cfg
+
+
+def _reference(t: _Table) -> ReferenceCfg:
+    cfg = ReferenceCfg(
+        paper=t.text("paper", "redbooks-md260021", ("redbooks-md260021",)),
+        test=t.text("test", None, ("ttft", "concurrency", "competing_traffic"), required=True),
     )
     t.done()
     return cfg

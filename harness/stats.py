@@ -96,3 +96,33 @@ def summary(records: Sequence[Record], kind: str) -> dict[str, Any]:
         out["output_tokens_per_s"] = done_tokens / span if span > 0 else None
         out["duration_s"] = span or None
     return out
+
+
+def mann_whitney_p(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Two-sided p-value of the Mann-Whitney U test (normal approximation with tie correction,
+    continuity-corrected); None when either sample has fewer than 2 values."""
+    n1, n2 = len(x), len(y)
+    if n1 < 2 or n2 < 2:
+        return None
+    pooled = sorted([(v, 0) for v in x] + [(v, 1) for v in y])
+    ranks = [0.0] * len(pooled)
+    ties = 0.0
+    i = 0
+    while i < len(pooled):
+        j = i
+        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[k] = (i + j) / 2 + 1
+        t = j - i + 1
+        ties += t**3 - t
+        i = j + 1
+    r1 = sum(r for r, (_, g) in zip(ranks, pooled, strict=True) if g == 0)
+    u = r1 - n1 * (n1 + 1) / 2
+    mu = n1 * n2 / 2
+    n = n1 + n2
+    sigma = math.sqrt(n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1))))
+    if sigma == 0:
+        return 1.0
+    z = (abs(u - mu) - 0.5) / sigma
+    return max(0.0, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))

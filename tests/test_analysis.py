@@ -1,0 +1,143 @@
+"""Analysis functions on hand-built tables with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import analysis, stats
+from harness.reference import redbooks
+
+
+def rec(**kw: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "ok": True,
+        "arm": "a",
+        "phase": "cold",
+        "target_tokens": 1000,
+        "prompt_tokens": 1000,
+        "cached_tokens": 0,
+        "completion_tokens": 1,
+        "start_s": 0.0,
+        "ttft_s": 1.0,
+        "e2e_s": 1.0,
+        "itl_s": [],
+        "first_byte_s": 0.1,
+    }
+    base.update(kw)
+    return base
+
+
+def test_speedup_and_interval() -> None:
+    recs = [rec(phase="cold", ttft_s=t) for t in (9.0, 10.0, 11.0)] + [
+        rec(phase="warm", ttft_s=t) for t in (0.9, 1.0, 1.1)
+    ]
+    row = analysis.speedup_table(analysis.frame(recs)).iloc[0]
+    assert row["speedup"] == pytest.approx(10.0)
+    assert row["speedup_ci_lo"] <= 10.0 <= row["speedup_ci_hi"]
+
+
+def test_drop_matches_the_paper_arithmetic() -> None:
+    d = analysis.drop(4.26, 3.6)
+    assert d["drop_pct"] == pytest.approx(15.49, abs=0.01)
+    assert d["ratio"] == pytest.approx(3.6 / 4.26)
+
+
+def test_closed_loop_req_per_s_as_the_paper_defines_it() -> None:
+    # 4 requests of 2 s each on 2 connections, back to back: 4 requests in 4 s.
+    recs = [rec(start_s=s, e2e_s=2.0, completion_tokens=10) for s in (0.0, 0.0, 2.0, 2.0)]
+    cl = analysis.closed_loop(analysis.frame(recs))
+    assert cl.req_per_s == pytest.approx(1.0)
+    assert cl.output_tok_per_s == pytest.approx(10.0)
+    assert cl.mean_concurrency == pytest.approx(2.0)
+    failed = analysis.closed_loop(analysis.frame([*recs, rec(ok=False, start_s=3.0, e2e_s=0.1)]))
+    assert failed.failed == 1 and failed.req_per_s == pytest.approx(1.0)
+
+
+def test_cost_fit_recovers_known_parameters() -> None:
+    a, b, c, s = 4e-5, 1.6e-9, 0.16, 3.1e-6
+    rng = np.random.default_rng(1)
+    recs = []
+    for n in (10_000, 20_000, 40_000, 60_000, 80_000, 100_000, 130_000):
+        for _ in range(3):
+            recs.append(
+                rec(phase="cold", target_tokens=n, prompt_tokens=n, ttft_s=(a * n + b * n * n) * rng.normal(1, 0.01))
+            )
+            recs.append(rec(phase="warm", target_tokens=n, prompt_tokens=n, ttft_s=(c + s * n) * rng.normal(1, 0.01)))
+    fit = analysis.fit_cost_model(analysis.frame(recs), 73728)
+    assert fit is not None
+    assert fit.a == pytest.approx(a, rel=0.1) and fit.b == pytest.approx(b, rel=0.05)
+    assert fit.c == pytest.approx(c, rel=0.05) and fit.s_per_token == pytest.approx(s, rel=0.05)
+    assert fit.bandwidth_gb_s == pytest.approx(73728 / s / 1e9, rel=0.05)
+    n = fit.break_even_tokens
+    assert n is not None and a * n + b * n * n == pytest.approx(c + s * n, rel=0.05)
+    assert len(fit.residuals) == 42
+
+
+def test_cache_verification() -> None:
+    recs = [
+        rec(phase="warm", prompt_tokens=1000, cached_tokens=992),
+        rec(phase="warm", prompt_tokens=1000, cached_tokens=16),
+        rec(phase="cold", cached_tokens=0),
+        rec(phase="cold", cached_tokens=500),
+    ]
+    v = analysis.cache_verification(analysis.frame(recs), template_allowance=64)
+    assert (v["warm_served_from_cache"], v["warm_reported"], v["cold_not_cold"]) == (1, 2, 1)
+
+
+def test_claims_audit_flags_the_18_percent() -> None:
+    claims = {c.name: c for c in analysis.claims_audit(redbooks(), {"traffic_drop_pct": 15.0})}
+    drop = claims["Throughput drop under competing traffic"]
+    assert drop.recomputed == pytest.approx(15.49, abs=0.01) and drop.flag and "18.9x" in drop.flag
+    assert drop.measured == 15.0
+    assert claims["TTFT speedup at 130K tokens"].recomputed == pytest.approx(56.4, abs=0.05)
+    assert claims["TTFT speedup at 130K tokens"].flag is None
+    assert claims["Concurrency speedup (cached vs recompute)"].recomputed == pytest.approx(22.4, abs=0.05)
+    assert claims["Competing traffic vs recompute"].recomputed == pytest.approx(18.9, abs=0.1)
+    assert [c.name for c in claims.values() if c.flag] == ["Throughput drop under competing traffic"]
+
+
+def test_bootstrap_covers_the_truth() -> None:
+    rng = np.random.default_rng(7)
+    covered = 0
+    for seed in range(100):
+        x = rng.normal(10.0, 2.0, size=60)
+        ci = analysis.bootstrap_ci(x, np.median, n_boot=500, seed=seed)
+        assert ci is not None
+        covered += ci[0] <= 10.0 <= ci[1]
+    assert covered >= 85  # nominal 95 %
+
+
+def test_group_stats() -> None:
+    recs = [rec(phase="warm", ttft_s=float(t), itl_s=[0.01, 0.02]) for t in range(1, 11)] + [
+        rec(phase="warm", ok=False)
+    ]
+    g = analysis.group_stats(analysis.frame(recs)).iloc[0]
+    assert (g["count"], g["errors"]) == (11, 1)
+    assert g["ttft_s_p50"] == pytest.approx(5.5) and g["itl_s_p50"] == pytest.approx(0.015)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0.01, 100), min_size=2, max_size=30), st.lists(st.floats(0.01, 100), min_size=2, max_size=30))
+def test_mann_whitney_is_a_probability_and_symmetric(x: list[float], y: list[float]) -> None:
+    p = stats.mann_whitney_p(x, y)
+    assert p is not None and 0.0 <= p <= 1.0
+    assert p == pytest.approx(stats.mann_whitney_p(y, x))
+
+
+def test_mann_whitney_detects_a_shift_and_not_noise() -> None:
+    rng = np.random.default_rng(3)
+    x = list(rng.lognormal(0, 0.2, 200))
+    assert stats.mann_whitney_p(x, [v * 1.3 for v in rng.lognormal(0, 0.2, 200)]) < 1e-6  # type: ignore[operator]
+    alarms = sum(
+        stats.mann_whitney_p(list(rng.lognormal(0, 0.2, 100)), list(rng.lognormal(0, 0.2, 100))) < 0.05  # type: ignore[operator]
+        for _ in range(200)
+    )
+    assert alarms <= 25  # ~5 % expected
+
+
+def test_frame_of_nothing() -> None:
+    assert isinstance(analysis.frame([]), pd.DataFrame)

@@ -1,0 +1,219 @@
+"""HTML reports: rendered for every kind of run, escaped, self-contained, and checked in a real
+browser (Debian's chromium, driven over the DevTools protocol)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from harness.report.build import render
+from harness.report.load import load_runs
+from tests.conftest import kvbench, write_scenario
+
+CLOSED = """
+name = "redbooks-concurrency"
+[endpoint]
+max_tokens = 8
+[workload]
+kind = "closed_loop"
+requests = 40
+concurrency = 8
+pool = 10
+prompt_tokens = 2000
+[[arms]]
+name = "recompute"
+cache = "bust"
+[[arms]]
+name = "cached"
+[emulator]
+time_scale = 20.0
+[reference]
+test = "concurrency"
+"""
+SWEEP = """
+name = "redbooks-ttft-sweep"
+[endpoint]
+max_tokens = 2
+[workload]
+kind = "sweep"
+lengths = [2000, 8000, 16000]
+repetitions = 2
+[emulator]
+time_scale = 20.0
+[reference]
+test = "ttft"
+"""
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("results")
+    for name, body in (("sweep", SWEEP), ("closed", CLOSED)):
+        r = kvbench("run", str(write_scenario(tmp / f"{name}.toml", body)), "--out", str(tmp / "out"))
+        assert r.returncode == 0, r.stderr
+    return tmp / "out"
+
+
+def edited_copy(src: Path, dst: Path, meta: dict[str, Any], records: list[dict[str, Any]] | None = None) -> Path:
+    shutil.copytree(src, dst)
+    m = json.loads((dst / "run.json").read_text())
+    m.update(meta)
+    (dst / "run.json").write_text(json.dumps(m))
+    if records is not None:
+        (dst / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return dst
+
+
+def one_run(results: Path, scenario: str) -> Path:
+    return sorted((results / scenario).iterdir())[0]
+
+
+def test_sweep_and_two_arm_closed_loop_render(results: Path, tmp_path: Path) -> None:
+    out = render(load_runs([results / "redbooks-ttft-sweep", results / "redbooks-concurrency"]), tmp_path / "r.html")
+    html = out.read_text()
+    assert "TTFT vs prompt length" in html and "Throughput (closed loop)" in html and "Claims audit" in html
+    assert html.count("<svg") >= 6
+    assert "Emulated results" in html
+    assert "32.14" in html and "4.26" in html  # published figures beside the measured
+    assert "published 18%" in html  # the flagged claim
+    assert not re.search(r"(src|href)\s*=\s*[\"'](https?:)?//", html)
+    assert "<script" not in html.lower()
+    assert len(html) < 5_000_000
+
+
+def test_errors_interrupted_single_request_and_escaping(results: Path, tmp_path: Path) -> None:
+    src = one_run(results, "redbooks-ttft-sweep")
+    recs = [json.loads(line) for line in (src / "requests.jsonl").read_text().splitlines()]
+    evil = "<script>alert('x')</script>"
+    bad = dict(recs[0], ok=False, error=f"HTTP 500: {evil}", ttft_s=None, http_status=500)
+    errors = edited_copy(src, tmp_path / "a" / "s" / "errors", {"model": evil, "warnings": [evil]}, [*recs, bad])
+    partial = edited_copy(src, tmp_path / "b" / "s" / "partial", {"status": "interrupted"}, recs[:3])
+    single = edited_copy(src, tmp_path / "c" / "s" / "single", {}, recs[:1])
+    empty = edited_copy(src, tmp_path / "d" / "s" / "empty", {"status": "running"}, [])
+    for folders in ([errors], [partial], [single], [empty], [errors, partial, single, empty]):
+        html = render(load_runs(folders), tmp_path / "r.html").read_text()
+        assert evil not in html and "<script" not in html.lower()
+    html = render(load_runs([errors, partial]), tmp_path / "r.html").read_text()
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in html
+    assert "Partial results" in html and "interrupted" in html
+
+
+def test_cli_report_and_run_report(results: Path, tmp_path: Path) -> None:
+    r = kvbench("report", str(results / "redbooks-ttft-sweep"), "-o", str(tmp_path / "x.html"))
+    assert r.returncode == 0 and Path(r.stdout.strip()) == tmp_path / "x.html"
+    r = kvbench("report", str(tmp_path / "nothing-here"))
+    assert r.returncode == 2 and "no such result folder" in r.stderr
+    r = kvbench("compare", str(results / "redbooks-ttft-sweep"), str(results / "redbooks-ttft-sweep"))
+    assert r.returncode == 0 and "within noise" in r.stdout
+
+
+# --- a real browser ------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture
+def browser() -> Iterator[str]:
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it with apt-get)")
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.Popen(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stderr is not None
+        drain = threading.Thread(target=proc.stderr.read, daemon=True)
+        try:
+            for line in proc.stderr:
+                if m := re.search(r"DevTools listening on ws://([\d.]+:\d+)/", line):
+                    # Keep draining its log so chromium never blocks on a full pipe.
+                    drain.start()
+                    yield m.group(1)
+                    break
+            else:
+                pytest.fail("chromium did not start its DevTools endpoint")
+        finally:
+            proc.kill()
+            proc.wait()
+            if drain.is_alive():
+                drain.join(timeout=10)
+            proc.stderr.close()
+
+
+async def inspect_page(host: str, url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s:
+        async with s.put(f"http://{host}/json/new?about:blank") as r:
+            target = await r.json(content_type=None)
+        async with s.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+            seq = 0
+            events: list[dict[str, Any]] = []
+
+            async def call(method: str, **params: Any) -> dict[str, Any]:
+                nonlocal seq
+                seq += 1
+                await ws.send_json({"id": seq, "method": method, "params": params})
+                async for msg in ws:
+                    data = json.loads(msg.data)
+                    if data.get("id") == seq:
+                        return data.get("result", {})
+                    events.append(data)
+                raise AssertionError("DevTools connection closed")
+
+            for domain in ("Page", "Network", "Runtime", "Log"):
+                await call(f"{domain}.enable")
+            await call("Page.navigate", url=url)
+            while not any(e.get("method") == "Page.loadEventFired" for e in events):
+                events.append(json.loads((await ws.receive(timeout=30)).data))
+            sizes = await call(
+                "Runtime.evaluate",
+                returnByValue=True,
+                expression=(
+                    "Array.from(document.querySelectorAll('figure svg')).map(s => {"
+                    "const r = s.getBoundingClientRect(); return [r.width, r.height]; })"
+                ),
+            )
+            shot = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+            return {"events": events, "sizes": sizes["result"]["value"], "png": base64.b64decode(shot["data"])}
+
+
+def test_report_in_a_real_browser(results: Path, tmp_path: Path, browser: str) -> None:
+    page = render(load_runs([results / "redbooks-ttft-sweep", results / "redbooks-concurrency"]), tmp_path / "r.html")
+    got = asyncio.run(inspect_page(browser, page.as_uri()))
+    requests = [e["params"]["request"]["url"] for e in got["events"] if e.get("method") == "Network.requestWillBeSent"]
+    assert requests == [page.as_uri()]  # the page itself, nothing else
+    problems = [
+        e
+        for e in got["events"]
+        if e.get("method") in ("Runtime.exceptionThrown", "Runtime.consoleAPICalled")
+        or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+    ]
+    assert problems == []
+    assert len(got["sizes"]) >= 6 and all(w > 200 and h > 100 for w, h in got["sizes"])
+    (tmp_path / "report.png").write_bytes(got["png"])
+    assert got["png"][:8] == b"\x89PNG\r\n\x1a\n" and len(got["png"]) > 50_000
