@@ -34,12 +34,34 @@ def fake_run(folder: Path, n: int, concurrency: int = 28) -> None:
             e2e = ttft + float(rng.uniform(3, 6))
             free[w] = start + e2e
             itl = [round(float(x), 6) for x in rng.normal(0.02, 0.002, 8)]
-            f.write(json.dumps({
-                "id": i + 1, "arm": "cached", "phase": "run", "prompt_id": f"p{i % 100:05d}", "target_tokens": 45800,
-                "prompt_tokens": 45800, "cached_tokens": 45184, "completion_tokens": 240, "start_s": start,
-                "ttft_s": ttft, "first_byte_s": 0.001, "first_content_s": ttft + 0.3, "headers_s": 0.001,
-                "e2e_s": e2e, "itl_s": itl, "ok": True, "error": None, "error_kind": None, "http_status": 200,
-                "worker": w, "schedule_index": i}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": i + 1,
+                        "arm": "cached",
+                        "phase": "run",
+                        "prompt_id": f"p{i % 100:05d}",
+                        "target_tokens": 45800,
+                        "prompt_tokens": 45800,
+                        "cached_tokens": 45184,
+                        "completion_tokens": 240,
+                        "start_s": start,
+                        "ttft_s": ttft,
+                        "first_byte_s": 0.001,
+                        "first_content_s": ttft + 0.3,
+                        "headers_s": 0.001,
+                        "e2e_s": e2e,
+                        "itl_s": itl,
+                        "ok": True,
+                        "error": None,
+                        "error_kind": None,
+                        "http_status": 200,
+                        "worker": w,
+                        "schedule_index": i,
+                    }
+                )
+                + "\n"
+            )
 
 
 def main() -> None:

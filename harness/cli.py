@@ -173,6 +173,65 @@ def compare(
     return ExitCode.OK
 
 
+GATE_EXAMPLES = """\b
+Examples:
+  kvbench gate results/smoke --baseline baselines/smoke.json --junit gate.xml
+  kvbench gate results/redbooks-concurrency --rules gate.toml --markdown gate.md --json gate.json
+"""
+
+
+@app.command(epilog=GATE_EXAMPLES)
+@_handled
+def gate(
+    result: Annotated[
+        Path, typer.Argument(help="Run folder, or a scenario's results folder (all arms).", show_default=False)
+    ],
+    baseline: Annotated[Path | None, typer.Option(help="Baseline JSON (kvbench baseline save).")] = None,
+    rules: Annotated[Path | None, typer.Option(help="TOML file with a [gate] table; wins over the scenario's.")] = None,
+    junit: Annotated[Path | None, typer.Option(help="Write JUnit XML: one testcase per rule.")] = None,
+    markdown: Annotated[Path | None, typer.Option(help="Write the table as Markdown.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write machine-readable verdicts.")] = None,
+) -> int:
+    """Fail (exit 1) when TTFT or req/s break a threshold or regress beyond a limit, noise-aware."""
+    from harness.gate_cmd import run_gate
+
+    return run_gate(result, baseline, rules, junit, markdown, json_out, stderr_console())
+
+
+baseline_app = typer.Typer(help="Baselines for `kvbench gate`.", no_args_is_help=True)
+app.add_typer(baseline_app, name="baseline")
+
+
+@baseline_app.command("save")
+@_handled
+def baseline_save(
+    results: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Run folders or scenario results folders; several runs "
+            "of the same scenario record its run-to-run spread.",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Default: baselines/<scenario>.json.")] = None,
+) -> int:
+    """Save a compact baseline (samples and summaries per group, run-level figures per run)."""
+    from harness import baseline as bl
+    from harness.errors import InputError
+    from harness.report.load import load_runs
+
+    runs = load_runs(results)
+    names = {r.meta.get("scenario_name") for r in runs}
+    if len(names) != 1:
+        raise InputError(f"a baseline holds one scenario; got {', '.join(sorted(map(str, names)))}")
+    hashes = {r.meta.get("scenario_hash") for r in runs}
+    if len(hashes) != 1:
+        raise InputError("these runs ran different versions of the scenario (scenario_hash differs)")
+    out = output or Path("baselines") / f"{names.pop()}.json"
+    print(bl.save(runs, out))
+    return ExitCode.OK
+
+
 @app.command()
 @_handled
 def validate(
@@ -200,6 +259,9 @@ def emulator(
     timing_log: Annotated[
         Path | None, typer.Option(help="Append each request's server-side times (monotonic ns) to this JSONL file.")
     ] = None,
+    slowdown: Annotated[
+        float, typer.Option(help="Stretch every modelled delay by this factor (e.g. to check that a gate fails).")
+    ] = 1.0,
     embedded: Annotated[bool, typer.Option(hidden=True)] = False,
 ) -> int:
     """Serve the emulated KV-tiered endpoint for other tools (Ctrl-C to stop)."""
@@ -213,13 +275,15 @@ def emulator(
         raise InputError(f"--profile: expected one of {', '.join(sorted(profiles()))}, got {profile!r}")
     if time_scale <= 0:
         raise InputError(f"--time-scale: expected a number > 0, got {time_scale}")
+    if slowdown <= 0:
+        raise InputError(f"--slowdown: expected a number > 0, got {slowdown}")
     key = None
     if api_key_env is not None:
         key = os.environ.get(api_key_env)
         if not key:
             raise InputError(f"--api-key-env: environment variable {api_key_env} is not set or empty")
     try:
-        serve(host, port, profile, time_scale, key, timing_log, embedded)
+        serve(host, port, profile, time_scale, key, timing_log, embedded, slowdown)
     except OSError as e:
         from harness.errors import EndpointError
 

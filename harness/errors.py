@@ -14,6 +14,7 @@ class ExitCode(IntEnum):
     GATE_FAILED = 1  # reserved for `kvbench gate`
     INVALID_INPUT = 2  # scenario file, CLI usage
     ENDPOINT = 3  # endpoint / infrastructure failure before any result, or a failed arm hook
+    MISSING_DATA = 3  # kvbench gate: a metric a rule needs is absent
     REQUESTS_FAILED = 4  # the run finished (or was aborted) with failed requests
     INTERRUPTED = 130  # Ctrl-C; partial results kept
 
@@ -22,8 +23,9 @@ EXIT_CODE_TABLE = """\
 Exit codes:
   0    ok
   1    a gate rule failed (kvbench gate)
-  2    invalid input: scenario file, CLI usage
-  3    endpoint failure before any result (unreachable, wrong model, HTTP 401, failed hook)
+  2    invalid input: scenario file, CLI usage, bad gate rule, incompatible baseline
+  3    endpoint failure before any result (unreachable, wrong model, HTTP 401, failed hook);
+       kvbench gate: data a rule needs is missing
   4    the run finished but some requests failed (the count is printed)
   130  interrupted (Ctrl-C); partial results are kept and marked "interrupted"
 """

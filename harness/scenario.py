@@ -120,6 +120,7 @@ class Scenario:
     emulator: EmulatorCfg
     model: ModelCfg
     reference: ReferenceCfg | None = None
+    gate: dict[str, Any] | None = None  # the [gate] table, checked by harness.gate.parse_rules
     path: str = field(default="", compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,8 +129,12 @@ class Scenario:
         return d
 
     def digest(self) -> str:
-        """Hash of the scenario as run: what makes two runs comparable."""
-        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """Hash of the scenario as run: what makes two runs comparable (gate rules, names and
+        descriptions excluded: they change no measurement)."""
+        d = self.to_dict()
+        for k in ("gate", "description"):
+            d.pop(k, None)
+        canon = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
     def arm(self, name: str) -> Arm:
@@ -265,6 +270,7 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
         emulator=_emulator(top.sub("emulator")),
         model=_model(top.sub("model")),
         reference=_reference(top.sub("reference")) if top.has("reference") else None,
+        gate=_gate(top, file),
         path=file,
     )
     top.done()
@@ -430,6 +436,18 @@ def _emulator(t: _Table) -> EmulatorCfg:
     )
     t.done()
     return cfg
+
+
+def _gate(top: _Table, file: str) -> dict[str, Any] | None:
+    raw = top.get("gate")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        top.fail("gate", "expected a table with thresholds and/or regression", raw)
+    from harness.gate import parse_rules
+
+    parse_rules(raw, file)
+    return raw
 
 
 def _reference(t: _Table) -> ReferenceCfg:

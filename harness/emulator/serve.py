@@ -34,8 +34,9 @@ async def _serve(
     api_key: str | None,
     timing_log: Path | None,
     embedded: bool,
+    slowdown: float,
 ) -> None:
-    emu = Emulator(get_profile(profile), time_scale, api_key=api_key, timing_log=timing_log)
+    emu = Emulator(get_profile(profile), time_scale, api_key=api_key, timing_log=timing_log, slowdown=slowdown)
     runner = web.AppRunner(emu.app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
@@ -43,7 +44,8 @@ async def _serve(
     bound = runner.addresses[0][1]
     print(
         f"{READY_PREFIX}http://{host}:{bound}/v1 (profile {profile}, time scale {time_scale:g}, "
-        f"model {emu.model}; emulated, not real hardware)",
+        + (f"slowed down {slowdown:g}x, " if slowdown != 1 else "")
+        + f"model {emu.model}; emulated, not real hardware)",
         flush=True,
     )
     loop = asyncio.get_running_loop()
@@ -73,16 +75,23 @@ def serve(
     api_key: str | None = None,
     timing_log: Path | None = None,
     embedded: bool = False,
+    slowdown: float = 1.0,
 ) -> None:
-    aio.run(_serve(host, port, profile, time_scale, api_key, timing_log, embedded))
+    aio.run(_serve(host, port, profile, time_scale, api_key, timing_log, embedded, slowdown))
 
 
 class EmbeddedEmulator:
     """The emulator as a child process on an ephemeral 127.0.0.1 port."""
 
     def __init__(
-        self, profile: str, time_scale: float, timing_log: Path | None = None, api_key_env: str | None = None
+        self,
+        profile: str,
+        time_scale: float,
+        timing_log: Path | None = None,
+        api_key_env: str | None = None,
+        slowdown: float = 1.0,
     ) -> None:
+        self.slowdown = slowdown
         self.profile = profile
         self.time_scale = time_scale
         self.timing_log = timing_log
@@ -110,6 +119,8 @@ class EmbeddedEmulator:
             cmd += ["--timing-log", str(self.timing_log)]
         if self.api_key_env:
             cmd += ["--api-key-env", self.api_key_env]
+        if self.slowdown != 1:
+            cmd += ["--slowdown", repr(self.slowdown)]
         # Its own session: a Ctrl-C meant for the client must not kill the server mid-request.
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True

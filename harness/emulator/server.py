@@ -103,12 +103,14 @@ class Emulator:
         api_key: str | None = None,
         timing_log: Path | None = None,
         model: str | None = None,
+        slowdown: float = 1.0,
     ) -> None:
-        if time_scale <= 0:
-            raise ValueError("time_scale must be > 0")
+        if time_scale <= 0 or slowdown <= 0:
+            raise ValueError("time_scale and slowdown must be > 0")
         self.profile = profile
         self.model = model or profile.model_id
-        self.engine = Engine(profile, time_scale)
+        # A slowdown stretches every modelled delay (a regression on purpose, to test gates).
+        self.engine = Engine(profile, time_scale / slowdown)
         self.counters = Counters()
         self._api_key = api_key
         self._timing: IO[str] | None = timing_log.open("a", encoding="utf-8") if timing_log else None

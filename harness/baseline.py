@@ -1,0 +1,177 @@
+"""Gate data: `Figures` from result folders, and baselines (compact JSON) saved from them.
+
+A baseline keeps, per (arm, phase, length), up to MAX_SAMPLES per-request values of each metric
+(a seeded uniform subsample beyond that, enough for the significance test) plus summaries, and
+per arm the run-level figures of every run it was made from. It also keeps what makes runs
+comparable (scenario name and hash, concurrency, lengths, time scale) so that the gate refuses
+to compare runs of different tests.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness import __version__, analysis
+from harness.errors import InputError
+from harness.gate import PER_REQUEST, Figures
+from harness.report.load import LoadedRun
+
+SCHEMA_VERSION = 1
+MAX_SAMPLES = 5000
+
+
+def _length(v: Any) -> int | None:
+    return None if v is None or (isinstance(v, float) and np.isnan(v)) else int(v)
+
+
+def _request_values(df: pd.DataFrame, metric: str) -> np.ndarray:
+    ok = df[df["ok"] == True]  # noqa: E712
+    if metric not in ok:
+        return np.array([])
+    if metric == "itl_s":
+        return np.array([v for lst in ok[metric] if isinstance(lst, list) for v in lst], dtype=float)
+    return ok[metric].dropna().to_numpy(dtype=float)
+
+
+def figures(runs: list[LoadedRun]) -> Figures:
+    fig = Figures()
+    for run in runs:
+        df = run.df
+        if df.empty:
+            continue
+        arm = str(run.meta.get("arm"))
+        for (phase, length), g in df.groupby([df["phase"], df["target_tokens"].astype(object)], dropna=False):
+            key = (arm, str(phase), _length(length))
+            entry = fig.samples.setdefault(key, {})
+            for m in PER_REQUEST:
+                entry[m] = np.concatenate([entry.get(m, np.array([])), _request_values(g, m)])
+            failed, total = fig.errors.get(key, (0, 0))
+            fig.errors[key] = (failed + int((g["ok"] != True).sum()), total + len(g))  # noqa: E712
+        for metric, value in _run_level(run).items():
+            fig.run_values.setdefault((arm, metric[0], metric[1]), []).append(value)
+    return fig
+
+
+def _run_level(run: LoadedRun) -> dict[tuple[str, int | None], float]:
+    out: dict[tuple[str, int | None], float] = {}
+    df = run.df
+    if run.kind == "closed_loop":
+        cl = analysis.closed_loop(df)
+        for name, v in (
+            ("req_per_s", cl.req_per_s),
+            ("steady_req_per_s", cl.steady_req_per_s),
+            ("output_tokens_per_s", cl.output_tok_per_s),
+        ):
+            if v is not None:
+                out[(name, None)] = v
+    else:
+        for row in analysis.speedup_table(df).to_dict("records"):
+            if row["speedup"]:
+                out[("speedup", int(row["length"]))] = float(row["speedup"])
+    return out
+
+
+def identity(runs: list[LoadedRun]) -> dict[str, Any]:
+    """What must match between a baseline and a candidate."""
+    metas = [r.meta for r in runs]
+    sc = metas[0].get("scenario", {})
+    w = sc.get("workload", {})
+    return {
+        "scenario_name": metas[0].get("scenario_name"),
+        "scenario_hash": sorted({m.get("scenario_hash") for m in metas}),
+        "kind": w.get("kind"),
+        "concurrency": w.get("concurrency"),
+        "lengths": w.get("lengths") or [],
+        "prompt_tokens": w.get("prompt_tokens"),
+        "time_scale": sorted({float(m.get("time_scale", 1.0)) for m in metas}),
+        "arms": sorted({str(m.get("arm")) for m in metas}),
+    }
+
+
+def check_compatible(base: dict[str, Any], cand: dict[str, Any]) -> None:
+    """Refuse to compare runs of different tests; say what differs."""
+    diffs = [
+        f"{k}: baseline {base.get(k)!r}, candidate {cand.get(k)!r}"
+        for k in ("scenario_name", "scenario_hash", "kind", "concurrency", "lengths", "prompt_tokens", "time_scale")
+        if base.get(k) != cand.get(k)
+    ]
+    missing = sorted(set(cand.get("arms", [])) - set(base.get("arms", [])))
+    if missing:
+        diffs.append(f"arms {missing} are not in the baseline")
+    if diffs:
+        raise InputError("incompatible baseline: " + "; ".join(diffs))
+
+
+def save(runs: list[LoadedRun], path: Path) -> Path:
+    fig = figures(runs)
+    rng = np.random.default_rng(0)
+    groups = []
+    for (arm, phase, length), metrics in sorted(
+        fig.samples.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)
+    ):
+        entry: dict[str, Any] = {
+            "arm": arm,
+            "phase": phase,
+            "length": length,
+            "errors": fig.errors[(arm, phase, length)],
+        }
+        for m, x in metrics.items():
+            if len(x) == 0:
+                continue
+            kept = np.sort(rng.choice(x, MAX_SAMPLES, replace=False)) if len(x) > MAX_SAMPLES else np.sort(x)
+            entry[m] = {
+                "count": len(x),
+                "mean": float(x.mean()),
+                "p50": float(np.percentile(x, 50)),
+                "p99": float(np.percentile(x, 99)),
+                "samples": [round(float(v), 7) for v in kept],
+            }
+        groups.append(entry)
+    first = runs[0].meta
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "kvbench-baseline",
+        "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "kvbench": __version__,
+        "identity": identity(runs),
+        "runs": sorted({str(r.meta.get("run_id")) for r in runs}),
+        "endpoint": first.get("endpoint"),
+        "model": first.get("model"),
+        "emulated": first.get("emulated"),
+        "client": first.get("client"),
+        "groups": groups,
+        "run_values": [
+            {"arm": a, "metric": m, "length": n, "values": v}
+            for (a, m, n), v in sorted(fig.run_values.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0))
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def load(path: Path) -> tuple[dict[str, Any], Figures]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such baseline file") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: not a readable baseline: {e}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "kvbench-baseline":
+        raise InputError(f"{path}: not a kvbench baseline (make one with `kvbench baseline save`)")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise InputError(f"{path}: baseline schema_version {doc.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    fig = Figures()
+    for g in doc["groups"]:
+        key = (g["arm"], g["phase"], g["length"])
+        fig.samples[key] = {m: np.array(g[m]["samples"], dtype=float) for m in PER_REQUEST if m in g}
+        fig.errors[key] = (int(g["errors"][0]), int(g["errors"][1]))
+    for rv in doc["run_values"]:
+        fig.run_values[(rv["arm"], rv["metric"], rv["length"])] = [float(v) for v in rv["values"]]
+    return doc, fig

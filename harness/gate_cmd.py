@@ -1,0 +1,110 @@
+"""`kvbench gate`: load the candidate, the rules and the baseline; judge; write every output."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from harness import baseline as bl
+from harness import gate, gate_output
+from harness.errors import ExitCode, InputError
+from harness.report.load import load_runs
+
+STEP_SUMMARY_LIMIT = 1 << 20
+
+
+def load_rules_file(path: Path) -> gate.Rules:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such rules file") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise InputError(f"{path}: cannot read rules: {e}") from None
+    table = data.get("gate", data)
+    if not isinstance(table, dict):
+        raise InputError(f"{path}: expected a [gate] table")
+    return gate.parse_rules(table, str(path))
+
+
+def run_gate(
+    result: Path,
+    baseline: Path | None,
+    rules_file: Path | None,
+    junit: Path | None,
+    markdown: Path | None,
+    json_out: Path | None,
+    console: Console,
+) -> int:
+    runs = load_runs([result])
+    scenario = runs[0].meta.get("scenario", {})
+    where = str(runs[0].meta.get("scenario_file", result))
+    rules = gate.parse_rules(scenario["gate"], where) if scenario.get("gate") else gate.Rules()
+    if rules_file is not None:
+        rules = gate.merge(rules, load_rules_file(rules_file))
+    if not rules:
+        raise InputError("no gate rules: add a [gate] table to the scenario or give --rules FILE")
+    cand_identity = bl.identity(runs)
+    base_fig = None
+    if baseline is not None:
+        doc, base_fig = bl.load(baseline)
+        bl.check_compatible(doc["identity"], cand_identity)
+    verdicts = gate.evaluate(rules, bl.figures(runs), base_fig)
+    incomplete = [r.label for r in runs if r.meta.get("status") != "completed"]
+    if incomplete:
+        console.print(f"[yellow]warning:[/] not completed: {', '.join(incomplete)}; judging partial results")
+    if any(v.verdict == "fail" for v in verdicts):
+        code = ExitCode.GATE_FAILED
+    elif any(v.verdict == "missing" for v in verdicts) or incomplete:
+        code = ExitCode.MISSING_DATA
+    else:
+        code = ExitCode.OK
+
+    title = f"kvbench gate: {cand_identity['scenario_name']}" + (f" vs {baseline}" if baseline else "")
+    table = Table(title=title)
+    for col in (*gate_output.COLUMNS, "detail"):
+        table.add_column(col, overflow="fold")
+    colour = {"pass": "green", "fail": "bold red", "within noise": "yellow", "missing": "magenta"}
+    for v in verdicts:
+        c = gate_output.cells(v)
+        table.add_row(f"[{colour[v.verdict]}]{c[0]}[/]", *c[1:], v.detail)
+    Console(width=max(160, Console().width)).print(table)
+    failed = sum(v.verdict == "fail" for v in verdicts)
+    missing = sum(v.verdict == "missing" for v in verdicts)
+    console.print(
+        f"{len(verdicts)} rules: {len(verdicts) - failed - missing} held, {failed} failed, {missing} missing data"
+        f" -> exit {int(code)}"
+    )
+
+    md = gate_output.markdown(verdicts, title)
+    if markdown:
+        markdown.write_text(md, encoding="utf-8")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        _append_capped(Path(summary), md)
+    if junit:
+        junit.write_text(gate_output.junit(verdicts, str(cand_identity["scenario_name"])), encoding="utf-8")
+    if json_out:
+        meta = {
+            "scenario": cand_identity["scenario_name"],
+            "result": str(result),
+            "baseline": str(baseline) if baseline else None,
+        }
+        json_out.write_text(gate_output.as_json(verdicts, meta, int(code)), encoding="utf-8")
+    return code
+
+
+def _append_capped(path: Path, text: str) -> None:
+    """GitHub refuses step summaries over 1 MiB."""
+    used = path.stat().st_size if path.exists() else 0
+    room = STEP_SUMMARY_LIMIT - used - 200
+    if room <= 0:
+        return
+    data = text.encode()
+    if len(data) > room:
+        data = data[:room].rsplit(b"\n", 1)[0] + b"\n\n(table cut to keep the step summary under 1 MiB)\n"
+    with path.open("ab") as f:
+        f.write(data)
