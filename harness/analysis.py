@@ -205,7 +205,12 @@ def cache_verification(df: pd.DataFrame, template_allowance: int = 0) -> dict[st
     reported = warm[warm["cached_tokens"].notna() & warm["prompt_tokens"].notna()]
     share = reported["cached_tokens"].astype(float) / reported["prompt_tokens"].astype(float)
     cold_rep = cold[cold["cached_tokens"].notna()]
+    loop = ok[(ok["phase"] == "run") & ok["cached_tokens"].notna() & ok["prompt_tokens"].notna()]
+    loop_share = loop["cached_tokens"].astype(float) / loop["prompt_tokens"].astype(float)
     return {
+        "loop_requests": len(loop),
+        "loop_mean_cached_share": float(loop_share.mean()) if len(loop) else None,
+        "loop_hits": int((loop_share > 0).sum()),
         "warm_requests": len(warm),
         "warm_reported": len(reported),
         "warm_served_from_cache": int((share >= WARM_SERVED_SHARE).sum()),

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import random
@@ -55,6 +56,12 @@ class ArmRun:
     @property
     def bust(self) -> bool:
         return self.arm.cache == "bust"
+
+    def reuse_lead(self, prompt: Prompt) -> str:
+        """The prompt's lead, made this arm's own: arms are separate experiments, so one arm never
+        finds the KV another left behind (even where a cache reset leaves offloaded tiers full)."""
+        digest = hashlib.blake2b(f"{self.arm.name}/{prompt.lead}".encode(), digest_size=8).digest()
+        return prompts.lead(int.from_bytes(digest, "big"))
 
     def new_lead(self) -> str:
         return prompts.lead(self.rng.randrange(10**prompts.LEAD_DIGITS))
@@ -166,7 +173,7 @@ async def sweep(run: ArmRun) -> None:
                 return
             run.progress.note(f"building a {length}-token prompt")
             prompt = await run.build(f"L{length}-r{rep}", length)
-            lead = run.new_lead() if run.bust else prompt.lead
+            lead = run.new_lead() if run.bust else run.reuse_lead(prompt)
             cold = await run.send(prompt, "cold", lead, repeat=0)
             _check_cold(run, cold)
             for i in range(w.warm_repeats):
@@ -246,7 +253,7 @@ async def closed_loop(run: ArmRun, pool: list[Prompt]) -> None:
         for i, p in queue:
             if run.stop.is_set():
                 return
-            lead = run.new_lead() if run.bust else pool[p].lead
+            lead = run.new_lead() if run.bust else run.reuse_lead(pool[p])
             r = await run.send(pool[p], "run", lead, worker=n, schedule_index=i)
             if run.bust and r["ok"] and (r["cached_tokens"] or 0) > 0:
                 run.warn(f"request {r['id']} of bust arm {run.arm.name} hit the cache ({r['cached_tokens']} tokens)")

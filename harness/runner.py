@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harness import aio, drivers, endpoint, prompts, scenario
+from harness import aio, analysis, drivers, endpoint, prompts, scenario
 from harness.client import StreamingClient
 from harness.drivers import ArmRun
 from harness.emulator.serve import EmbeddedEmulator
@@ -25,6 +25,9 @@ from harness.errors import EndpointError, ExitCode, InputError
 from harness.progress import RunProgress
 from harness.prompts import Prompt, PromptBuilder
 from harness.results import RunWriter, iso, machine, read_requests, utc_stamp, versions
+from harness.traffic import make_driver
+from harness.traffic.base import TrafficResult
+from harness.units import human_bandwidth
 
 # After Ctrl-C, in-flight requests get this long (wall-clock) to finish before they are dropped.
 GRACE_S = 5.0
@@ -139,6 +142,7 @@ async def _run(
     aborted = False
     pool: list[Prompt] | None = None
     folders: list[Path] = []
+    by_traffic: dict[bool, float] = {}  # req/s of the arms run without / with competing traffic
     async with StreamingClient(
         concurrency, sc.endpoint.timeouts, headers, send_clock=emulated_scale is not None
     ) as client:
@@ -185,10 +189,17 @@ async def _run(
                 rng=random.Random(f"{stamp}/{arm.name}/{random.SystemRandom().random()}"),
             )
             progress.label = arm.name
+            load = None
+            t0_mono = time.monotonic()
             try:
                 if w.kind == "closed_loop" and pool is None:
                     pool = await drivers.build_pool(run)
-                run.t0_ns = time.perf_counter_ns()
+                if sc.traffic is not None and arm.traffic:
+                    load = make_driver(sc.traffic, folder, f"{stamp}-{arm.name}", arm_base, scale)
+                    progress.note(f"starting competing traffic ({sc.traffic.tool}, {sc.traffic.target})")
+                    await load.start()
+                    await asyncio.sleep(sc.traffic.start_before_s / scale)
+                run.t0_ns, t0_mono = time.perf_counter_ns(), time.monotonic()
                 writer.meta["t0_monotonic_ns"] = run.t0_ns
                 job = drivers.sweep(run) if w.kind == "sweep" else drivers.closed_loop(run, pool or [])
                 await _until_done_or_stopped(job, stop)
@@ -202,6 +213,8 @@ async def _run(
                 raise
             finally:
                 progress.stop()
+                if load is not None:
+                    writer.meta["traffic"] = _finish_traffic(await load.stop(t0_mono, scale), folder, run)
             records = read_requests(folder)
             summary = drivers.print_summary(run, records)
             interrupted = interrupted or (stop.is_set() and not run.aborted)
@@ -213,9 +226,17 @@ async def _run(
             writer.finish(status, **extra)
             console.print(f"Results: {folder} ({status}, {len(records)} requests)")
             failed_requests += summary["failed"]
+            if w.kind == "closed_loop" and summary.get("req_per_s"):
+                by_traffic[bool(sc.traffic is not None and arm.traffic)] = summary["req_per_s"]
             aborted = aborted or run.aborted is not None
             if interrupted or aborted:
                 break
+    if len(by_traffic) == 2:
+        d = analysis.drop(by_traffic[False], by_traffic[True])
+        console.print(
+            f"Competing traffic: {by_traffic[False]:.3g} -> {by_traffic[True]:.3g} req/s, a drop of "
+            f"{d['drop_pct']:.1f} % (published: 4.26 -> 3.6 req/s, 15.5 %; the paper says 18 %)"
+        )
     if interrupted:
         return ExitCode.INTERRUPTED, folders
     if failed_requests or aborted:
@@ -238,6 +259,30 @@ async def _until_done_or_stopped(job: Any, stop: asyncio.Event) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     task.result()
+
+
+def _finish_traffic(res: TrafficResult, folder: Path, run: ArmRun) -> dict[str, Any]:
+    if (problem := res.check()) is not None:
+        res.warnings.append(problem)
+        run.warn(problem)
+    for w in res.warnings:
+        if w != problem:
+            run.warn(f"traffic: {w}")
+    res.write(folder)
+    achieved = res.achieved_bytes_per_s()
+    if achieved is not None:
+        run.progress.console.print(
+            f"Competing traffic ({res.tool}): "
+            f"{human_bandwidth(achieved)} achieved"
+            + (f" of {human_bandwidth(res.target_bytes_per_s)} target" if res.target_bytes_per_s else "")
+        )
+    return {
+        "tool": res.tool,
+        "emulated": res.emulated,
+        "target_bytes_per_s": res.target_bytes_per_s,
+        "achieved_bytes_per_s": achieved,
+        "warnings": res.warnings,
+    }
 
 
 def _new_folder(parent: Path, name: str) -> Path:

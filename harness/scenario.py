@@ -12,7 +12,7 @@ import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from harness.errors import InputError
 
@@ -87,6 +87,29 @@ class Arm:
     endpoint: str | None = None
     before: Hook | None = None
     description: str = ""
+    traffic: bool = True  # run the scenario's [traffic] during this arm (when there is one)
+
+
+@dataclass(frozen=True)
+class TrafficCfg:
+    """Competing storage I/O during the measured phase (see harness/traffic/)."""
+
+    tool: Literal["fio", "builtin", "command", "emulated"]
+    target: str | None = None  # as written, e.g. "200GB/s"
+    target_bytes_per_s: float | None = None
+    rw: Literal["read", "write", "randread", "randwrite", "rw", "randrw"] = "read"
+    rwmixread: int = 50
+    block_size: int = 1 << 20
+    iodepth: int = 16
+    jobs_per_client: int = 4
+    direct: bool = True
+    file_size: int = 1 << 30
+    directory: str | None = None
+    allow_nonempty_directory: bool = False
+    clients: tuple[str, ...] = ()
+    fio_port: int = 8765
+    start_before_s: float = 5.0
+    command: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -120,21 +143,25 @@ class Scenario:
     emulator: EmulatorCfg
     model: ModelCfg
     reference: ReferenceCfg | None = None
+    traffic: TrafficCfg | None = None
     gate: dict[str, Any] | None = None  # the [gate] table, checked by harness.gate.parse_rules
     path: str = field(default="", compare=False)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)  # the file as written
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("path")
+        d.pop("raw")
         return d
 
     def digest(self) -> str:
-        """Hash of the scenario as run: what makes two runs comparable (gate rules, names and
-        descriptions excluded: they change no measurement)."""
-        d = self.to_dict()
-        for k in ("gate", "description"):
-            d.pop(k, None)
-        canon = json.dumps(d, sort_keys=True, separators=(",", ":"))
+        """Hash of the scenario as written: what makes two runs comparable. It covers the file's
+        own keys (so a later kvbench that adds optional keys keeps old hashes), not its gate
+        rules, reference or descriptions: they change no measurement."""
+        d = {k: v for k, v in self.raw.items() if k not in ("gate", "description", "reference")}
+        if isinstance(d.get("arms"), list):
+            d["arms"] = [{k: v for k, v in a.items() if k != "description"} for a in d["arms"] if isinstance(a, dict)]
+        canon = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
     def arm(self, name: str) -> Arm:
@@ -167,7 +194,7 @@ class _Table:
     def key(self, k: str) -> str:
         return f"{self.path}.{k}" if self.path else k
 
-    def fail(self, k: str, expected: str, got: Any) -> None:
+    def fail(self, k: str, expected: str, got: Any) -> NoReturn:
         where = self.key(k) if k else (self.path or "(top level)")
         raise InputError(f"{self.file}: {where}: {expected}, got {_describe(got)}")
 
@@ -225,6 +252,14 @@ class _Table:
             self.fail(k, f"expected a number >= {minimum}", v)
         return float(v)
 
+    def flag(self, k: str, default: bool) -> bool:
+        v = self.get(k)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            self.fail(k, "expected true or false", v)
+        return bool(v)
+
     def sub(self, k: str) -> _Table:
         v = self.get(k)
         return _Table(self.file, self.key(k), {} if v is None else v)
@@ -270,8 +305,10 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
         emulator=_emulator(top.sub("emulator")),
         model=_model(top.sub("model")),
         reference=_reference(top.sub("reference")) if top.has("reference") else None,
+        traffic=_traffic(top.sub("traffic")) if top.has("traffic") else None,
         gate=_gate(top, file),
         path=file,
+        raw=data,
     )
     top.done()
     if scenario.prompts.source == "file" and scenario.workload.kind == "sweep":
@@ -407,6 +444,7 @@ def _arms(top: _Table, file: str) -> tuple[Arm, ...]:
                 endpoint=t.text("endpoint"),
                 before=_hook(t.sub("before")) if t.has("before") else None,
                 description=t.text("description", ""),
+                traffic=t.flag("traffic", True),
             )
         )
         t.done()
@@ -435,6 +473,81 @@ def _emulator(t: _Table) -> EmulatorCfg:
         time_scale=t.number("time_scale", 1.0, positive=True),
     )
     t.done()
+    return cfg
+
+
+def _size(t: _Table, k: str, default: int) -> int:
+    from harness.units import parse_size
+
+    v = t.get(k)
+    if v is None:
+        return default
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
+    try:
+        if not isinstance(v, str):
+            raise ValueError('expected a size such as "1MiB" or a number of bytes')
+        n = int(parse_size(v))
+    except ValueError as e:
+        t.fail(k, str(e).split(", got")[0], v)
+    if n <= 0:
+        t.fail(k, "expected a size > 0", v)
+    return n
+
+
+def _traffic(t: _Table) -> TrafficCfg:
+    from harness.units import parse_bandwidth
+
+    tool = t.text("tool", None, ("fio", "builtin", "command", "emulated"), required=True)
+    target = t.text("target")
+    bps = None
+    if target is not None:
+        try:
+            bps = parse_bandwidth(target)
+        except ValueError as e:
+            t.fail("target", str(e).split(", got")[0], target)
+        if not bps or bps <= 0:
+            t.fail("target", "expected a bandwidth > 0", target)
+    elif tool != "command":
+        raise InputError(f'{t.file}: traffic.target: missing; expected an aggregate bandwidth such as "200GB/s"')
+    clients = t.get("clients")
+    if clients is not None and (not isinstance(clients, list) or not all(isinstance(c, str) and c for c in clients)):
+        t.fail("clients", "expected a list of host names running `fio --server`", clients)
+    command = t.get("command")
+    if command is not None and (
+        not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command)
+    ):
+        t.fail("command", "expected a non-empty list of strings (argv; no shell)", command)
+    cfg = TrafficCfg(
+        tool=tool,
+        target=target,
+        target_bytes_per_s=bps,
+        rw=t.text("rw", "read", ("read", "write", "randread", "randwrite", "rw", "randrw")),
+        rwmixread=t.integer("rwmixread", 50, minimum=0, what="a percentage of reads"),
+        block_size=_size(t, "block_size", 1 << 20),
+        iodepth=t.integer("iodepth", 16, minimum=1),
+        jobs_per_client=t.integer("jobs_per_client", 4, minimum=1),
+        direct=t.flag("direct", True),
+        file_size=_size(t, "file_size", 1 << 30),
+        directory=t.text("directory"),
+        allow_nonempty_directory=t.flag("allow_nonempty_directory", False),
+        clients=tuple(clients or ()),
+        fio_port=t.integer("fio_port", 8765, minimum=1),
+        start_before_s=t.number("start_before_s", 5.0, minimum=0.0),
+        command=tuple(command) if command else None,
+    )
+    t.done()
+    if cfg.rwmixread > 100:
+        t.fail("rwmixread", "expected a percentage of reads from 0 to 100", cfg.rwmixread)
+    if cfg.tool in ("fio", "builtin") and not cfg.directory:
+        raise InputError(
+            f"{t.file}: traffic.directory: missing; expected a directory on the storage under test "
+            f'(tool = "{cfg.tool}")'
+        )
+    if cfg.tool == "command" and not cfg.command:
+        raise InputError(f'{t.file}: traffic.command: missing; expected ["argv", ...] (tool = "command")')
+    if cfg.clients and cfg.tool != "fio":
+        t.fail("clients", 'expected no clients: only tool = "fio" spans hosts (fio --client)', list(cfg.clients))
     return cfg
 
 

@@ -56,6 +56,7 @@ class Engine:
         self._gpu = asyncio.Lock()  # FIFO
         self._gpu_free_at = 0.0
         self._link_free_at = {t.name: 0.0 for t in profile.tiers}
+        self.competing_bytes_per_s = 0.0  # set by kvbench's "emulated" traffic driver
 
     def wall(self, model_s: float) -> float:
         return model_s / self.scale
@@ -85,7 +86,7 @@ class Engine:
 
     def _reserve_load(self, tier: str, blocks: int, start: float) -> float:
         spec = self._specs[tier]
-        transfer = self.wall(self.profile.load_s(spec, blocks) - spec.latency_s)
+        transfer = self.wall(self.profile.load_s(spec, blocks, self.competing_bytes_per_s) - spec.latency_s)
         begin = max(start, self._link_free_at[tier])
         self._link_free_at[tier] = begin + transfer
         return begin + transfer + self.wall(spec.latency_s)
@@ -126,6 +127,8 @@ class Emulator:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/health", self.health)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        app.router.add_get("/kvbench/traffic", self.traffic)
+        app.router.add_post("/kvbench/traffic", self.traffic)
         app.on_cleanup.append(self._close)
         return app
 
@@ -239,6 +242,24 @@ class Emulator:
     async def health(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def traffic(self, request: web.Request) -> web.Response:
+        """Competing storage traffic (bytes/s) that the G4 model shares its bandwidth with."""
+        if request.method == "POST":
+            body = await self._json(request)
+            if isinstance(body, web.Response):
+                return body
+            bps = body.get("bytes_per_s")
+            if not isinstance(bps, int | float) or isinstance(bps, bool) or bps < 0:
+                return _error(400, "'bytes_per_s' must be a number >= 0.")
+            self.engine.competing_bytes_per_s = float(bps)
+        g4 = next((t for t in self.profile.tiers if t.name == "G4"), None)
+        return web.json_response(
+            {
+                "bytes_per_s": self.engine.competing_bytes_per_s,
+                "g4_effective_read_bytes_per_s": g4.effective_read(self.engine.competing_bytes_per_s) if g4 else None,
+            }
+        )
+
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         if (denied := self._unauthorised(request)) is not None:
             return denied
@@ -302,7 +323,10 @@ class Emulator:
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:  # the client went away (e.g. Ctrl-C): nothing to answer
+            self.counters.request_errors += 1
+            return resp if resp is not None else web.Response(status=499)
+        except asyncio.CancelledError:
             self.counters.request_errors += 1
             raise
         finally:

@@ -22,7 +22,8 @@ from harness.report.load import LoadedRun
 CLAIM_KEYS = {
     ("concurrency", "recompute"): "recompute_req_per_s",
     ("concurrency", "cached"): "cached_req_per_s",
-    ("competing_traffic", "cached"): "traffic_req_per_s",
+    ("competing_traffic", "traffic"): "traffic_req_per_s",
+    ("competing_traffic", "clean"): "cached_req_per_s",
 }
 MAX_TIMELINES = 8
 
@@ -36,8 +37,10 @@ def _published_req_per_s(run: LoadedRun) -> float | None:
     test, arm = run.reference_test, run.meta.get("arm")
     if test == "concurrency" and arm in ("recompute", "cached"):
         return float(ref["concurrency"][arm]["req_per_s"])
-    if test == "competing_traffic" and arm == "cached":
+    if test == "competing_traffic" and arm == "traffic":
         return float(ref["competing_traffic"]["cached"]["req_per_s"])
+    if test == "competing_traffic" and arm == "clean":
+        return float(ref["concurrency"]["cached"]["req_per_s"])
     return None
 
 
@@ -152,7 +155,7 @@ def _measured_claims(
         if cl is None:
             continue
         key = CLAIM_KEYS.get((run.reference_test or "", str(run.meta.get("arm"))))
-        if key:
+        if key and key not in m:
             m[key] = cl.req_per_s
     rec, cac, tra = m.get("recompute_req_per_s"), m.get("cached_req_per_s"), m.get("traffic_req_per_s")
     if rec and cac:
@@ -212,7 +215,21 @@ def build_context(runs: list[LoadedRun]) -> dict[str, Any]:
                     g["end_s"].to_numpy(dtype=float),
                 )
             )
-        timelines.append({"label": r.label, "n": len(df), "svg": Markup(plots.timeline(groups))})
+        traffic = None
+        if r.traffic_rows:
+            per_t: dict[float, float] = {}
+            for row in r.traffic_rows:
+                per_t[row["t_s"]] = per_t.get(row["t_s"], 0.0) + (row["read_bps"] + row["write_bps"]) / 1e9
+            ts = sorted(per_t)
+            traffic = (np.array(ts), np.array([per_t[t] for t in ts]))
+        timelines.append(
+            {
+                "label": r.label,
+                "n": len(df),
+                "svg": Markup(plots.timeline(groups, traffic)),
+                "traffic": traffic is not None,
+            }
+        )
     cache_rows = []
     for r in runs:
         if r.df.empty:
@@ -229,6 +246,25 @@ def build_context(runs: list[LoadedRun]) -> dict[str, Any]:
     for r in runs:
         if not r.df.empty:
             group_tables.append({"label": r.label, "rows": analysis.group_stats(r.df).to_dict("records")})
+    traffic_rows = []
+    for r in runs:
+        if r.traffic:
+            t = r.traffic
+            share = t.get("achieved_share")
+            traffic_rows.append(
+                {
+                    "label": r.label,
+                    "tool": t.get("tool"),
+                    "emulated": t.get("emulated"),
+                    "target": t.get("target_bytes_per_s"),
+                    "achieved": t.get("achieved_bytes_per_s"),
+                    "share": share,
+                    "low": share is not None and share < 0.9,
+                    "clients": t.get("per_client") or {},
+                    "warnings": t.get("warnings") or [],
+                    "note": t.get("note", ""),
+                }
+            )
     emulated = any(x["emulated"] for x in rows)
     cards = _cards(measured, loop_rows, sweeps)
     return {
@@ -248,6 +284,7 @@ def build_context(runs: list[LoadedRun]) -> dict[str, Any]:
         if e2e_series
         else None,
         "timelines": timelines,
+        "traffic": traffic_rows,
         "timelines_omitted": max(0, len([r for r in runs if not r.df.empty]) - MAX_TIMELINES),
         "cache_rows": cache_rows,
         "errors": errors,

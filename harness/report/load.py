@@ -19,6 +19,8 @@ class LoadedRun:
     folder: Path
     meta: dict[str, Any]
     df: pd.DataFrame
+    traffic: dict[str, Any] | None = None  # traffic.json
+    traffic_rows: list[dict[str, Any]] | None = None  # traffic.jsonl
 
     @property
     def label(self) -> str:
@@ -63,5 +65,13 @@ def load_runs(paths: list[Path]) -> list[LoadedRun]:
             if meta.get("schema_version") != 1:
                 raise InputError(f"{f / 'run.json'}: schema_version {meta.get('schema_version')!r}, expected 1")
             records = read_requests(f) if (f / "requests.jsonl").exists() else []
-            out.append(LoadedRun(f, meta, frame(records)))
+            run = LoadedRun(f, meta, frame(records))
+            if (f / "traffic.json").exists():
+                run.traffic = json.loads((f / "traffic.json").read_text(encoding="utf-8"))
+                run.traffic_rows = (
+                    [json.loads(line) for line in (f / "traffic.jsonl").read_text().splitlines() if line.strip()]
+                    if (f / "traffic.jsonl").exists()
+                    else []
+                )
+            out.append(run)
     return out

@@ -118,7 +118,7 @@ def bars(
         ax.annotate("-" if v is None else f"{v:.3g}", (xi - 0.2, v or 0), ha="center", va="bottom", fontsize=8)
     for xi, v in zip(x, published, strict=True):
         ax.annotate("-" if v is None else f"{v:.3g}", (xi + 0.2, v or 0), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(x, labels)
+    ax.set_xticks(x, [label.replace("/", "/\n") for label in labels], fontsize=8)
     ax.set_ylabel(ylabel)
     ax.legend()
     ax.grid(True, axis="y", alpha=0.3)

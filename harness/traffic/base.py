@@ -1,0 +1,165 @@
+"""What every traffic driver shares: the safety rules for directories, and the result files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness.errors import InputError
+from harness.scenario import TrafficCfg
+from harness.units import human_bandwidth
+
+# Below this share of the target the run did not apply the load it claims.
+ACHIEVED_WARN_SHARE = 0.9
+_FORBIDDEN = (
+    Path("/dev"),
+    Path("/proc"),
+    Path("/sys"),
+    Path("/boot"),
+    Path("/etc"),
+    Path("/bin"),
+    Path("/sbin"),
+    Path("/usr"),
+    Path("/lib"),
+)
+
+
+def prepare_directory(directory: str, allow_nonempty: bool, run_name: str) -> tuple[Path, Path | None]:
+    """Check `directory` and make kvbench's own working folder inside it.
+    Returns (working folder, `directory` itself if kvbench created it, so it can be removed)."""
+    raw = Path(directory)
+    if not raw.is_absolute():
+        raw = Path.cwd() / raw
+    path = raw.resolve()
+    if path == Path("/") or any(path == f or f in path.parents for f in _FORBIDDEN):
+        raise InputError(f"traffic.directory: refusing {directory!r}: a system path, not a storage mount")
+    created = None
+    if path.exists():
+        mode = path.stat().st_mode
+        if stat.S_ISBLK(mode) or stat.S_ISCHR(mode):
+            raise InputError(f"traffic.directory: refusing {directory!r}: a device, not a directory")
+        if not path.is_dir():
+            raise InputError(f"traffic.directory: {directory!r} is not a directory")
+        if any(path.iterdir()) and not allow_nonempty:
+            raise InputError(
+                f"traffic.directory: {directory!r} is not empty and kvbench did not create it; point it at an "
+                "empty folder on the storage under test, or set traffic.allow_nonempty_directory = true "
+                "(kvbench then works only inside a folder of its own there)"
+            )
+    else:
+        path.mkdir(parents=True)
+        created = path
+    work = path / f"kvbench-traffic-{run_name}"
+    work.mkdir()
+    return work, created
+
+
+def cleanup_directory(work: Path, created: Path | None) -> None:
+    shutil.rmtree(work, ignore_errors=True)
+    if created is not None:
+        with contextlib.suppress(OSError):
+            created.rmdir()  # only if empty: never remove anything kvbench did not write
+
+
+@dataclass
+class TrafficResult:
+    tool: str
+    settings: dict[str, Any]
+    target_bytes_per_s: float | None
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # t_s, client, read_bps, write_bps
+    totals: dict[str, dict[str, float]] = field(default_factory=dict)  # client -> read/write bytes, seconds
+    warnings: list[str] = field(default_factory=list)
+    emulated: bool = False
+    note: str = ""
+
+    def achieved_bytes_per_s(self) -> float | None:
+        """Mean aggregate rate over the seconds all clients ran (from the per-second timeline)."""
+        if not self.timeline:
+            return None
+        per_t: dict[float, float] = {}
+        for row in self.timeline:
+            per_t[row["t_s"]] = per_t.get(row["t_s"], 0.0) + row["read_bps"] + row["write_bps"]
+        return sum(per_t.values()) / len(per_t)
+
+    def check(self) -> str | None:
+        got = self.achieved_bytes_per_s()
+        if self.target_bytes_per_s and got is not None and got < ACHIEVED_WARN_SHARE * self.target_bytes_per_s:
+            target = human_bandwidth(self.target_bytes_per_s)
+            return (
+                f"competing traffic reached only {human_bandwidth(got)} of the {target}"
+                f" target ({got / self.target_bytes_per_s:.0%}): this run did not apply the load it claims "
+                "(add clients or jobs, or lower the target)"
+            )
+        return None
+
+    def write(self, folder: Path) -> None:
+        achieved = self.achieved_bytes_per_s()
+        doc = {
+            "schema_version": 1,
+            "tool": self.tool,
+            "emulated": self.emulated,
+            "settings": self.settings,
+            "target_bytes_per_s": self.target_bytes_per_s,
+            "achieved_bytes_per_s": achieved,
+            "achieved_share": achieved / self.target_bytes_per_s if achieved and self.target_bytes_per_s else None,
+            "per_client": self.totals,
+            "warnings": self.warnings,
+            "note": self.note,
+        }
+        (folder / "traffic.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        with (folder / "traffic.jsonl").open("w", encoding="utf-8") as f:
+            for row in self.timeline:
+                f.write(json.dumps(row) + "\n")
+
+
+class TrafficDriver(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self, t0_mono: float, scale: float) -> TrafficResult:
+        """Stop the load (idempotent enough to call on any exit path) and say what it achieved.
+        Timeline times are seconds since `t0_mono` (the arm's start), times `scale`."""
+        ...
+
+
+def settings_of(cfg: TrafficCfg) -> dict[str, Any]:
+    d = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
+    d["clients"] = list(cfg.clients)
+    d["command"] = list(cfg.command) if cfg.command else None
+    return d
+
+
+def die_with_parent() -> None:
+    """preexec_fn: on Linux the child gets SIGTERM if kvbench dies, even by SIGKILL, so that no
+    load generator outlives the run."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def stop_process(proc: Any, grace_s: float = 10.0) -> None:
+    """SIGINT (fio then writes its final statistics), then SIGTERM, then SIGKILL."""
+    import signal
+    import subprocess
+
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,76 @@
+"""Competing traffic for the embedded emulator: kvbench tells the emulator the load instead of
+doing I/O, and the emulator's G4 model shares its storage bandwidth between KV loads and it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from harness import endpoint
+from harness.errors import EndpointError
+from harness.scenario import TrafficCfg
+from harness.traffic.base import TrafficResult, settings_of
+
+PATH = "/kvbench/traffic"
+
+
+class EmulatedDriver:
+    def __init__(self, cfg: TrafficCfg, base_url: str, scale: float) -> None:
+        self.cfg = cfg
+        self.url = endpoint.join(endpoint.root(base_url), PATH)
+        self.scale = scale
+        self.samples: list[tuple[float, float]] = []
+        self.task: asyncio.Task[None] | None = None
+        self.started_mono = 0.0
+
+    async def _set(self, bps: float) -> float:
+        try:
+            async with aiohttp.ClientSession() as s, s.post(self.url, json={"bytes_per_s": bps}) as r:
+                if r.status != 200:
+                    raise EndpointError(
+                        f'traffic.tool = "emulated" needs the kvbench emulator; '
+                        f"{endpoint.redact(self.url)} answered HTTP {r.status}"
+                    )
+                return float((await r.json())["bytes_per_s"])
+        except (aiohttp.ClientError, OSError) as e:
+            raise EndpointError(f"{endpoint.redact(self.url)}: {e}") from None
+
+    async def start(self) -> None:
+        applied = await self._set(self.cfg.target_bytes_per_s or 0.0)
+        self.started_mono = time.monotonic()
+
+        async def sample() -> None:  # one point per model second
+            while True:
+                self.samples.append((time.monotonic(), applied))
+                await asyncio.sleep(1.0 / self.scale)
+
+        self.task = asyncio.create_task(sample())
+
+    async def stop(self, t0_mono: float, scale: float) -> TrafficResult:
+        if self.task is not None:
+            self.task.cancel()
+        await self._set(0.0)
+        rows = [
+            {"t_s": round((t - t0_mono) * scale, 3), "client": "emulated", "read_bps": bps, "write_bps": 0.0}
+            for t, bps in self.samples
+        ]
+        end = time.monotonic()
+        total = (end - self.started_mono) * scale
+        res = TrafficResult(
+            "emulated",
+            settings_of(self.cfg),
+            self.cfg.target_bytes_per_s,
+            rows,
+            {
+                "emulated": {
+                    "read_bytes": (self.cfg.target_bytes_per_s or 0) * total,
+                    "write_bytes": 0.0,
+                    "seconds": total,
+                }
+            },
+            emulated=True,
+            note="emulated: the emulator's storage model carried this load; no I/O was done",
+        )
+        return res
