@@ -92,6 +92,12 @@ def run(
         str | None, typer.Option(help="Environment variable holding the API key (default: OPENAI_API_KEY).")
     ] = None,
     report: Annotated[bool, typer.Option("--report", help="Render the HTML report right after the run.")] = False,
+    metrics_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Prometheus endpoint to scrape around each phase (repeatable; default: the endpoint's /metrics)."
+        ),
+    ] = None,
 ) -> int:
     """Run a scenario against an endpoint, or the embedded emulator when none is given."""
     from harness.runner import RunOptions
@@ -106,6 +112,7 @@ def run(
         time_scale=time_scale,
         headers=tuple(header or ()),
         api_key_env=api_key_env,
+        metrics_urls=tuple(metrics_url or ()),
     )
     console = stderr_console()
     code, folders = do_run(opts, console)

@@ -22,6 +22,7 @@ from harness.progress import RunProgress
 from harness.prompts import Prompt, PromptBuilder
 from harness.results import RunWriter
 from harness.scenario import Arm, Distribution, Scenario
+from harness.scrape import Scraper
 
 # A run stops early after this many consecutive requests that could not connect.
 _DEAD_ENDPOINT_STREAK = 10
@@ -49,6 +50,8 @@ class ArmRun:
     aborted: str | None = None
     send_salt: bool = True
     said_no_cached: bool = False
+    scraper: Scraper | None = None  # sweeps: server counters around every request
+    server: str = "openai"  # "vllm", "llama.cpp", ...: what the endpoint turned out to be
     off_target: set[str] = field(default_factory=set)
     _seq: int = 0
     _dead_streak: int = 0
@@ -82,6 +85,8 @@ class ArmRun:
             body["prompt"] = text
         if salt is not None and self.send_salt:
             body["cache_salt"] = salt
+        if self.bust and self.server == "llama.cpp":
+            body["cache_prompt"] = False  # llama.cpp: do not reuse (or keep) this prompt's KV
         return json.dumps(body).encode()
 
     @property
@@ -95,6 +100,7 @@ class ArmRun:
         salt = lead_text.strip(" []") if self.bust and self.scenario.endpoint.send_cache_salt != "never" else None
         body = self._body(prompt.text(lead_text), salt)
         request_id = f"{self.run_id}-{self.arm.name}-{seq}"
+        before = await self.scraper.snapshot() if self.scraper else None
         ex = await self.client.stream(self.url, body, request_id)
         if (
             salt is not None
@@ -106,6 +112,8 @@ class ArmRun:
             self.warn("the endpoint refuses `cache_salt`; bust requests rely on their unique leading text alone")
             ex = await self.client.stream(self.url, self._body(prompt.text(lead_text), None), request_id)
         record = self._record(seq, ex, prompt, phase, **extra)
+        if self.scraper is not None:
+            self.scraper.record(phase, before, await self.scraper.snapshot(), [record])
         self._check_length(record)
         self.writer.add(record)
         self.progress.advance(record)

@@ -80,24 +80,43 @@ def _tokenize_payload(text: str, model: str, api: str) -> dict[str, object]:
 
 async def server_counter(
     session: aiohttp.ClientSession, base: str, model: str, api: str, headers: dict[str, str]
-) -> Counter | None:
-    """vLLM's POST /tokenize (chat template applied for chat), or None when the server has none."""
+) -> tuple[Counter, str] | None:
+    """The server's own token count, chat template included: vLLM's POST /tokenize (`prompt` or
+    `messages`), or llama.cpp's (`content`, after POST /apply-template for chat). Returns the
+    counter and which server answered, or None when there is neither."""
     url = join(root(base), "/tokenize")
 
-    async def count(text: str) -> int:
-        async with session.post(url, json=_tokenize_payload(text, model, api), headers=headers) as resp:
+    async def post(target: str, payload: dict[str, object]) -> dict[str, object]:
+        async with session.post(target, json=payload, headers=headers) as resp:
             if resp.status != 200:
-                raise EndpointError(f"HTTP {resp.status} from {redact(url)} while counting prompt tokens")
+                raise EndpointError(f"HTTP {resp.status} from {redact(target)} while counting prompt tokens")
             data = await resp.json(content_type=None)
-        if isinstance(data.get("count"), int):
-            return int(data["count"])
-        return len(data["tokens"])
+        if not isinstance(data, dict):
+            raise EndpointError(f"{redact(target)}: unexpected answer while counting prompt tokens")
+        return data
 
-    try:
-        await count("probe")
-    except (EndpointError, aiohttp.ClientError, ValueError, KeyError, TypeError):
-        return None
-    return count
+    async def vllm(text: str) -> int:
+        data = await post(url, _tokenize_payload(text, model, api))
+        count = data.get("count")
+        return int(count) if isinstance(count, int) else len(data["tokens"])  # type: ignore[arg-type]
+
+    async def llamacpp(text: str) -> int:
+        content = text
+        if api == "chat":
+            templated = await post(
+                join(root(base), "/apply-template"), {"messages": [{"role": "user", "content": text}]}
+            )
+            content = str(templated["prompt"])
+        data = await post(url, {"content": content, "add_special": True, "parse_special": True})
+        return len(data["tokens"])  # type: ignore[arg-type]
+
+    for flavor, count in (("vllm", vllm), ("llama.cpp", llamacpp)):
+        try:
+            if await count("hello world") > 0:
+                return count, flavor
+        except (EndpointError, aiohttp.ClientError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 async def usage_counter(

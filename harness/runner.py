@@ -25,6 +25,7 @@ from harness.errors import EndpointError, ExitCode, InputError
 from harness.progress import RunProgress
 from harness.prompts import Prompt, PromptBuilder
 from harness.results import RunWriter, iso, machine, read_requests, utc_stamp, versions
+from harness.scrape import Scraper
 from harness.traffic import make_driver
 from harness.traffic.base import TrafficResult
 from harness.units import human_bandwidth
@@ -43,6 +44,7 @@ class RunOptions:
     time_scale: float | None = None
     headers: tuple[str, ...] = ()
     api_key_env: str | None = None
+    metrics_urls: tuple[str, ...] = ()
 
 
 def parse_headers(raw: tuple[str, ...]) -> dict[str, str]:
@@ -80,6 +82,8 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
     scale = (opts.time_scale or sc.emulator.time_scale) if emulated else 1.0
     if url is not None:
         url = endpoint.check_url(url, "--endpoint" if opts.endpoint else "endpoint URL")
+    for m in opts.metrics_urls:
+        endpoint.check_url(m, "--metrics-url")
     for arm in arms:
         if arm.endpoint:
             endpoint.check_url(arm.endpoint, f"{sc.path}: arms.{arm.name}.endpoint")
@@ -152,9 +156,11 @@ async def _run(
             raise EndpointError(
                 f"model {model!r} is not served by {endpoint.redact(base)}; it serves: {', '.join(models)}"
             )
-        counter = await endpoint.server_counter(client.session, base, model, sc.endpoint.api, headers)
-        counting = "server /tokenize"
-        if counter is None:
+        found = await endpoint.server_counter(client.session, base, model, sc.endpoint.api, headers)
+        server = found[1] if found else "openai"
+        if found:
+            counter, counting = found[0], f"server /tokenize ({server} format)"
+        else:
             counting = "estimate calibrated on usage.prompt_tokens (no /tokenize)"
             counter = await endpoint.usage_counter(client.session, base, model, sc.endpoint.api, headers)
         run_salt = random.SystemRandom().randrange(10**prompts.LEAD_DIGITS)
@@ -187,7 +193,18 @@ async def _run(
                 time_scale=scale,
                 run_id=stamp,
                 rng=random.Random(f"{stamp}/{arm.name}/{random.SystemRandom().random()}"),
+                server=server,
             )
+            scraper = None
+            if sc.metrics.enabled:
+                urls = list(
+                    opts.metrics_urls or sc.metrics.urls or [endpoint.join(endpoint.root(arm_base), "/metrics")]
+                )
+                scraper = Scraper(client.session, urls + list(sc.metrics.extra_urls), headers)
+                if w.kind == "sweep":
+                    run.scraper = scraper
+            arm_before = None
+            sampler: asyncio.Task[None] | None = None
             progress.label = arm.name
             load = None
             t0_mono = time.monotonic()
@@ -199,8 +216,12 @@ async def _run(
                     progress.note(f"starting competing traffic ({sc.traffic.tool}, {sc.traffic.target})")
                     await load.start()
                     await asyncio.sleep(sc.traffic.start_before_s / scale)
+                if scraper is not None and w.kind == "closed_loop":
+                    arm_before = await scraper.snapshot()
                 run.t0_ns, t0_mono = time.perf_counter_ns(), time.monotonic()
                 writer.meta["t0_monotonic_ns"] = run.t0_ns
+                if scraper is not None and sc.metrics.interval_s > 0:
+                    sampler = asyncio.create_task(scraper.sample_every(sc.metrics.interval_s / scale, t0_mono, scale))
                 job = drivers.sweep(run) if w.kind == "sweep" else drivers.closed_loop(run, pool or [])
                 await _until_done_or_stopped(job, stop)
             except asyncio.CancelledError:
@@ -213,9 +234,15 @@ async def _run(
                 raise
             finally:
                 progress.stop()
+                if sampler is not None:
+                    sampler.cancel()
                 if load is not None:
                     writer.meta["traffic"] = _finish_traffic(await load.stop(t0_mono, scale), folder, run)
             records = read_requests(folder)
+            if scraper is not None:
+                if w.kind == "closed_loop":
+                    scraper.record("run", arm_before, await scraper.snapshot(), records)
+                writer.meta["server_metrics"] = _finish_metrics(scraper, folder, run)
             summary = drivers.print_summary(run, records)
             interrupted = interrupted or (stop.is_set() and not run.aborted)
             status = "interrupted" if interrupted else "failed" if run.aborted else "completed"
@@ -259,6 +286,25 @@ async def _until_done_or_stopped(job: Any, stop: asyncio.Event) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     task.result()
+
+
+def _finish_metrics(scraper: Scraper, folder: Path, run: ArmRun) -> dict[str, Any]:
+    doc, warnings = scraper.write(folder)
+    for w in warnings:
+        run.warn(w)
+    if doc["unreachable"] and not any(p["raw_deltas"] for p in doc["phases"].values()):
+        where = ", ".join(f"{u} ({why})" for u, why in doc["unreachable"].items())
+        run.warn(
+            f"no server metrics from {where}: server-side cache verification skipped "
+            "(vLLM serves /metrics by default; llama.cpp needs --metrics; or give --metrics-url)"
+        )
+    if doc["verdict"]:
+        run.progress.console.print(f"Server counters: {doc['verdict']}")
+    return {
+        "verdict": doc["verdict"],
+        "urls": doc["urls"],
+        "hit_ratio_by_phase": {k: v["server_hit_ratio"] for k, v in doc["phases"].items()},
+    }
 
 
 def _finish_traffic(res: TrafficResult, folder: Path, run: ArmRun) -> dict[str, Any]:

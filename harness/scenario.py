@@ -124,6 +124,16 @@ class ModelCfg:
 
 
 @dataclass(frozen=True)
+class MetricsCfg:
+    """The server's Prometheus endpoint(s), scraped around every phase."""
+
+    enabled: bool = True
+    urls: tuple[str, ...] = ()  # default: the endpoint's server root + /metrics
+    extra_urls: tuple[str, ...] = ()  # e.g. Dynamo KVBM's own port (6880)
+    interval_s: float = 0.0  # > 0: also a time series every interval_s seconds
+
+
+@dataclass(frozen=True)
 class ReferenceCfg:
     """Which published test this scenario reproduces, so reports put its figures beside."""
 
@@ -144,6 +154,7 @@ class Scenario:
     model: ModelCfg
     reference: ReferenceCfg | None = None
     traffic: TrafficCfg | None = None
+    metrics: MetricsCfg = MetricsCfg()
     gate: dict[str, Any] | None = None  # the [gate] table, checked by harness.gate.parse_rules
     path: str = field(default="", compare=False)
     raw: dict[str, Any] = field(default_factory=dict, compare=False)  # the file as written
@@ -306,6 +317,7 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
         model=_model(top.sub("model")),
         reference=_reference(top.sub("reference")) if top.has("reference") else None,
         traffic=_traffic(top.sub("traffic")) if top.has("traffic") else None,
+        metrics=_metrics(top.sub("metrics")),
         gate=_gate(top, file),
         path=file,
         raw=data,
@@ -548,6 +560,26 @@ def _traffic(t: _Table) -> TrafficCfg:
         raise InputError(f'{t.file}: traffic.command: missing; expected ["argv", ...] (tool = "command")')
     if cfg.clients and cfg.tool != "fio":
         t.fail("clients", 'expected no clients: only tool = "fio" spans hosts (fio --client)', list(cfg.clients))
+    return cfg
+
+
+def _url_list(t: _Table, k: str) -> tuple[str, ...]:
+    v = t.get(k)
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in v):
+        t.fail(k, "expected a list of http(s) URLs", v)
+    return tuple(v)
+
+
+def _metrics(t: _Table) -> MetricsCfg:
+    cfg = MetricsCfg(
+        enabled=t.flag("enabled", True),
+        urls=_url_list(t, "urls"),
+        extra_urls=_url_list(t, "extra_urls"),
+        interval_s=t.number("interval_s", 0.0, minimum=0.0),
+    )
+    t.done()
     return cfg
 
 

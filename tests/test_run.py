@@ -27,7 +27,7 @@ def test_smoke_sweep_on_the_embedded_emulator(tmp_path: Path) -> None:
     meta = json.loads((folder / "run.json").read_text())
     assert meta["status"] == "completed" and meta["emulated"] is True
     assert meta["time_scale"] == 10.0 and "model time" in meta["times"]
-    assert meta["prompt_counting"] == "server /tokenize" and meta["warnings"] == []
+    assert meta["prompt_counting"] == "server /tokenize (vllm format)" and meta["warnings"] == []
     recs = read_requests(folder)
     assert len(recs) == 2 * 2 * 3 == meta["summary"]["requests"]
     for rec in recs:
