@@ -50,6 +50,7 @@ class ArmRun:
     aborted: str | None = None
     send_salt: bool = True
     said_no_cached: bool = False
+    in_flight: int = 0
     scraper: Scraper | None = None  # sweeps: server counters around every request
     server: str = "openai"  # "vllm", "llama.cpp", ...: what the endpoint turned out to be
     off_target: set[str] = field(default_factory=set)
@@ -101,7 +102,11 @@ class ArmRun:
         body = self._body(prompt.text(lead_text), salt)
         request_id = f"{self.run_id}-{self.arm.name}-{seq}"
         before = await self.scraper.snapshot() if self.scraper else None
-        ex = await self.client.stream(self.url, body, request_id)
+        self.in_flight += 1
+        try:
+            ex = await self.client.stream(self.url, body, request_id)
+        finally:
+            self.in_flight -= 1
         if (
             salt is not None
             and self.scenario.endpoint.send_cache_salt == "auto"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import signal
@@ -26,6 +27,7 @@ from harness.progress import RunProgress
 from harness.prompts import Prompt, PromptBuilder
 from harness.results import RunWriter, iso, machine, read_requests, utc_stamp, versions
 from harness.scrape import Scraper
+from harness.selfcheck import LoopMonitor
 from harness.traffic import make_driver
 from harness.traffic.base import TrafficResult
 from harness.units import human_bandwidth
@@ -205,6 +207,7 @@ async def _run(
                     run.scraper = scraper
             arm_before = None
             sampler: asyncio.Task[None] | None = None
+            monitor = LoopMonitor(active=functools.partial(_busy, run))
             progress.label = arm.name
             load = None
             t0_mono = time.monotonic()
@@ -220,6 +223,7 @@ async def _run(
                     arm_before = await scraper.snapshot()
                 run.t0_ns, t0_mono = time.perf_counter_ns(), time.monotonic()
                 writer.meta["t0_monotonic_ns"] = run.t0_ns
+                monitor.start()
                 if scraper is not None and sc.metrics.interval_s > 0:
                     sampler = asyncio.create_task(scraper.sample_every(sc.metrics.interval_s / scale, t0_mono, scale))
                 job = drivers.sweep(run) if w.kind == "sweep" else drivers.closed_loop(run, pool or [])
@@ -234,6 +238,10 @@ async def _run(
                 raise
             finally:
                 progress.stop()
+                health = monitor.stop()
+                writer.meta["client_health"] = health
+                if health["warning"]:
+                    run.warn(health["warning"])
                 if sampler is not None:
                     sampler.cancel()
                 if load is not None:
@@ -286,6 +294,10 @@ async def _until_done_or_stopped(job: Any, stop: asyncio.Event) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     task.result()
+
+
+def _busy(run: ArmRun) -> bool:
+    return run.in_flight > 0
 
 
 def _finish_metrics(scraper: Scraper, folder: Path, run: ArmRun) -> dict[str, Any]:

@@ -69,6 +69,9 @@ def _run_row(run: LoadedRun) -> dict[str, Any]:
         "client": m.get("client") or {},
         "scenario_hash": m.get("scenario_hash"),
         "prompt_counting": m.get("prompt_counting"),
+        "lag_p99_ms": ((m.get("client_health") or {}).get("loop_lag_ms") or {}).get("p99"),
+        "cpu_mean": ((m.get("client_health") or {}).get("cpu_share_of_one_core") or {}).get("mean"),
+        "health_warning": (m.get("client_health") or {}).get("warning"),
     }
 
 
@@ -265,6 +268,30 @@ def build_context(runs: list[LoadedRun]) -> dict[str, Any]:
                     "note": t.get("note", ""),
                 }
             )
+    server_rows = []
+    for r in runs:
+        sm = r.server_metrics
+        if not sm:
+            continue
+        for phase, p in sm.get("phases", {}).items():
+            m = p.get("mapped", {})
+            ratio = p.get("server_hit_ratio")
+            server_rows.append(
+                {
+                    "label": r.label,
+                    "phase": phase,
+                    "requests": p.get("requests"),
+                    "hit_ratio": ratio,
+                    "low": phase == "warm" and ratio is not None and ratio < 0.5,
+                    "families": ", ".join(m.get("families", [])) or "unknown (raw deltas kept)",
+                    "external_hits": m.get("external_hit_tokens", m.get("kvbm_matched_tokens")),
+                    "onboarded": m.get("kvbm_onboard_blocks_d2d"),
+                    "offloaded": m.get("kvbm_offload_blocks_d2d"),
+                    "client_ttft": p.get("client_ttft_mean_s"),
+                    "server_ttft": p.get("server_ttft_mean_s"),
+                    "overhead": p.get("client_minus_server_ttft_s"),
+                }
+            )
     emulated = any(x["emulated"] for x in rows)
     cards = _cards(measured, loop_rows, sweeps)
     return {
@@ -285,6 +312,13 @@ def build_context(runs: list[LoadedRun]) -> dict[str, Any]:
         else None,
         "timelines": timelines,
         "traffic": traffic_rows,
+        "server_rows": server_rows,
+        "server_unreachable": [
+            (r.label, u, why)
+            for r in runs
+            if r.server_metrics
+            for u, why in (r.server_metrics.get("unreachable") or {}).items()
+        ],
         "timelines_omitted": max(0, len([r for r in runs if not r.df.empty]) - MAX_TIMELINES),
         "cache_rows": cache_rows,
         "errors": errors,

@@ -21,6 +21,7 @@ class LoadedRun:
     df: pd.DataFrame
     traffic: dict[str, Any] | None = None  # traffic.json
     traffic_rows: list[dict[str, Any]] | None = None  # traffic.jsonl
+    server_metrics: dict[str, Any] | None = None  # metrics.json
 
     @property
     def label(self) -> str:
@@ -66,6 +67,8 @@ def load_runs(paths: list[Path]) -> list[LoadedRun]:
                 raise InputError(f"{f / 'run.json'}: schema_version {meta.get('schema_version')!r}, expected 1")
             records = read_requests(f) if (f / "requests.jsonl").exists() else []
             run = LoadedRun(f, meta, frame(records))
+            if (f / "metrics.json").exists():
+                run.server_metrics = json.loads((f / "metrics.json").read_text(encoding="utf-8"))
             if (f / "traffic.json").exists():
                 run.traffic = json.loads((f / "traffic.json").read_text(encoding="utf-8"))
                 run.traffic_rows = (

@@ -1,0 +1,85 @@
+"""Is the client itself the bottleneck? Event-loop lag and CPU use, sampled during every run.
+
+Lag is measured as the time a callback waits in the loop's ready queue (scheduled with
+call_soon from a timer, then stamped when it runs): the delay every arriving chunk also waits
+before kvbench can stamp it. Timer granularity (about 1 ms) is not lag and is not counted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+LAG_P99_WARN_MS = 1.0
+MIN_LAG_SAMPLES = 200  # a p99 of fewer samples is one outlier, not a tendency
+CPU_WARN = 0.8
+
+
+def _stamp(fut: asyncio.Future[float]) -> None:
+    if not fut.done():
+        fut.set_result(time.perf_counter())
+
+
+@dataclass
+class LoopMonitor:
+    """Samples lag only while `active()` says requests are in flight: lag while kvbench builds
+    the next prompt between requests distorts nothing."""
+
+    active: Callable[[], bool] = field(default=lambda: True)
+    interval_s: float = 0.01
+    lags_ms: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # share of one core, per second
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_wall, last_cpu = time.monotonic(), time.process_time()
+        while True:
+            await asyncio.sleep(self.interval_s)
+            fut: asyncio.Future[float] = loop.create_future()
+            queued = time.perf_counter()
+            loop.call_soon(_stamp, fut)
+            ran = await fut
+            if self.active():
+                self.lags_ms.append((ran - queued) * 1e3)
+            now = time.monotonic()
+            if now - last_wall >= 1.0:
+                cpu_now = time.process_time()
+                self.cpu.append((cpu_now - last_cpu) / (now - last_wall))
+                last_wall, last_cpu = now, cpu_now
+
+    def stop(self) -> dict[str, Any]:
+        if self._task is not None:
+            self._task.cancel()
+        lags = sorted(self.lags_ms)
+
+        def pct(p: float) -> float | None:
+            return lags[min(len(lags) - 1, round((len(lags) - 1) * p))] if lags else None
+
+        cpu_mean = sum(self.cpu) / len(self.cpu) if self.cpu else None
+        summary: dict[str, Any] = {
+            "loop_lag_ms": {"p50": pct(0.5), "p99": pct(0.99), "max": lags[-1] if lags else None, "samples": len(lags)},
+            "cpu_share_of_one_core": {"mean": cpu_mean, "max": max(self.cpu) if self.cpu else None},
+            "cores": os.cpu_count(),
+        }
+        problems = []
+        p99 = summary["loop_lag_ms"]["p99"]
+        if p99 is not None and p99 > LAG_P99_WARN_MS and len(lags) >= MIN_LAG_SAMPLES:
+            problems.append(f"event-loop lag p99 {p99:.2f} ms")
+        if cpu_mean is not None and cpu_mean > CPU_WARN:
+            problems.append(f"client CPU {cpu_mean:.0%} of a core")
+        summary["warning"] = (
+            (
+                "the client was busy enough to distort TTFT (" + ", ".join(problems) + "): its timestamps may be late; "
+                "lower the concurrency or run the client on a less loaded machine"
+            )
+            if problems
+            else None
+        )
+        return summary

@@ -1,0 +1,102 @@
+"""kvbench against a real engine: llama.cpp's llama-server (built by engines/llamacpp/build.sh,
+which .ci/run runs) with a tiny random-weight model made here. Timing on shared 2-core machines
+is noisy: these tests check cached tokens, lengths and ratios, never absolute latencies."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engines.llamacpp.make_model import main as make_model
+from engines.llamacpp.serve import LlamaServer, binary
+from harness.results import read_requests
+from tests.conftest import kvbench, write_scenario
+
+SERVER = binary()
+pytestmark = pytest.mark.skipif(
+    SERVER is None, reason="llama-server is not built here: run engines/llamacpp/build.sh (.ci/run does)"
+)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    assert SERVER is not None
+    tmp = tmp_path_factory.mktemp("llama")
+    make_model(tmp / "tiny.gguf")
+    with LlamaServer(SERVER, tmp / "tiny.gguf", parallel=4, ctx_per_slot=8192, slot_dir=tmp / "slots") as srv:
+        yield srv
+    assert srv.proc is None  # stopped by PID
+
+
+def folders(out: Path, name: str) -> dict[str, Path]:
+    return {p.name.split("-", 1)[1]: p for p in sorted((out / name).iterdir())}
+
+
+def test_sweep_cold_warm_and_exact_lengths(llama: LlamaServer, tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        """
+name = "llama-sweep"
+[endpoint]
+max_tokens = 2
+[workload]
+kind = "sweep"
+lengths = [1000, 4000]
+repetitions = 2
+warm_repeats = 2
+""",
+    )
+    r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    (folder,) = folders(tmp_path / "out", "llama-sweep").values()
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["prompt_counting"] == "server /tokenize (llama.cpp format)" and meta["emulated"] is False
+    recs = read_requests(folder)
+    assert len(recs) == 2 * 2 * 3 and all(x["ok"] for x in recs)
+    for x in recs:
+        assert abs(x["prompt_tokens"] - x["target_tokens"]) <= 0.005 * x["target_tokens"]
+        if x["phase"] == "cold":
+            assert x["cached_tokens"] == 0
+        else:
+            assert x["cached_tokens"] >= 0.95 * x["prompt_tokens"]
+    cold = sorted(x["ttft_s"] for x in recs if x["phase"] == "cold" and x["target_tokens"] == 4000)
+    warm = sorted(x["ttft_s"] for x in recs if x["phase"] == "warm" and x["target_tokens"] == 4000)
+    assert warm[len(warm) // 2] < 0.5 * cold[0]  # a ratio within one run, not an absolute time
+    server = json.loads((folder / "metrics.json").read_text())
+    assert server["phases"]["warm"]["server_hit_ratio"] > 0.9
+    assert server["phases"]["cold"]["server_hit_ratio"] < 0.1
+    assert meta["server_metrics"]["verdict"].startswith("warm requests hit the cache")
+
+
+def test_closed_loop_both_arms_bust_never_hits(llama: LlamaServer, tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "c.toml",
+        """
+name = "llama-loop"
+[endpoint]
+max_tokens = 4
+[workload]
+kind = "closed_loop"
+requests = 16
+concurrency = 3
+pool = 4
+prompt_tokens = 1500
+[[arms]]
+name = "bust"
+cache = "bust"
+[[arms]]
+name = "reuse"
+""",
+    )
+    r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    arms = folders(tmp_path / "out", "llama-loop")
+    bust, reuse = read_requests(arms["bust"]), read_requests(arms["reuse"])
+    assert len(bust) == len(reuse) == 16 and all(x["ok"] for x in bust + reuse)
+    assert all(x["cached_tokens"] == 0 for x in bust)
+    assert sum(x["cached_tokens"] > 0.9 * x["prompt_tokens"] for x in reuse) >= 16 - 4 - 3
+    loop = json.loads((arms["bust"] / "metrics.json").read_text())["phases"]["run"]
+    assert loop["server_hit_ratio"] < 0.1

@@ -1,0 +1,72 @@
+"""Server metrics: recorded /metrics texts of vLLM, Dynamo KVBM and frontend, LMCache and
+llama.cpp parsed with prometheus_client, per-phase deltas, and the mapped figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import metrics
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def halved(snap: metrics.Snapshot) -> metrics.Snapshot:
+    return {k: v / 2 for k, v in snap.items()}
+
+
+def phase_of(name: str, prompt_tokens: int | None = None) -> dict[str, object]:
+    after, gauges = metrics.parse((GOLDEN / name).read_text())
+    return metrics.mapped(metrics.delta(halved(after), after, gauges), prompt_tokens)
+
+
+def test_vllm() -> None:
+    m = phase_of("metrics-vllm.txt")
+    assert m["families"] == ["vllm"]
+    assert m["prefix_cache_hit_ratio"] == 0.0
+    assert m["external_prefix_cache_hit_ratio"] == pytest.approx(129984 / 260000)
+    assert metrics.hit_ratio(m) == pytest.approx(0.5, abs=0.001)
+    assert m["server_ttft_mean_s"] == pytest.approx(32.7 / 2)
+
+
+def test_dynamo_kvbm_and_frontend() -> None:
+    m = phase_of("metrics-dynamo-kvbm.txt")
+    assert set(m["families"]) == {"dynamo-kvbm", "dynamo-frontend"}  # type: ignore[arg-type]
+    assert m["kvbm_onboard_blocks_d2d"] == 8124 / 2 and m["kvbm_matched_tokens"] == 129984 / 2
+    assert m["kvbm_disk_cache_hit_rate"] == 0.5  # a gauge: its value after the phase, not a delta
+    assert m["server_ttft_source"] == "dynamo_frontend_time_to_first_token_seconds"
+
+
+def test_lmcache() -> None:
+    m = phase_of("metrics-lmcache.txt")
+    assert m["lmcache_hit_ratio"] == pytest.approx(199680 / 400000)
+    assert m["lmcache_retrieve_hit_rate"] == 0.4992
+
+
+def test_llamacpp_hit_ratio_from_processed_prompt_tokens() -> None:
+    # 4100 / 2 = 2050 tokens computed of 8200 sent: 75 % came from the cache.
+    m = phase_of("metrics-llamacpp.txt", prompt_tokens=8200)
+    assert m["llamacpp_cache_hit_ratio"] == pytest.approx(0.75)
+    assert metrics.hit_ratio(m) == pytest.approx(0.75)
+
+
+def test_counter_reset_and_unknown_server() -> None:
+    before = {("x_total", ()): 100.0}
+    after = {("x_total", ()): 5.0, ("y_total", ()): 3.0}
+    d = metrics.delta(before, after)
+    assert d[("x_total", ())] == 5.0 and d[("y_total", ())] == 3.0  # a reset counter counts from zero
+    assert metrics.mapped(d)["families"] == []
+    assert metrics.as_json(d) == {"x_total": 5.0, "y_total": 3.0}  # raw deltas are still kept
+
+
+def test_emulator_exposition_round_trips() -> None:
+    from harness.emulator.kvcache import KVCache, Tier
+    from harness.emulator.metrics import Counters, render
+
+    c = Counters(query_tokens=1000, external_hit_tokens=900)
+    c.observe_ttft(0.25)
+    snap, gauges = metrics.parse(render(c, KVCache([Tier("G4", 100, 1e9, 0.1)], 16), "m"))
+    m = metrics.mapped(metrics.delta({}, snap, gauges))
+    assert m["external_prefix_cache_hit_ratio"] == 0.9 and "kvbench-emulator" in m["families"]  # type: ignore[operator]
+    assert m["server_ttft_mean_s"] == 0.25
