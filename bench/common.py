@@ -71,3 +71,74 @@ def run_paired(scenario_toml: str, emulator_scale: float, profile: str = "redboo
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round((len(xs) - 1) * p / 100))]
+
+
+class Firehose:
+    """bench/firehose.py in its own process, pinned to core 1."""
+
+    def __init__(self, ttft_ms: float = 200.0, tokens: int = 256, timing_log: Path | None = None) -> None:
+        self.args = ["--ttft-ms", str(ttft_ms), "--tokens", str(tokens)]
+        if timing_log:
+            self.args += ["--timing-log", str(timing_log)]
+        self.proc: subprocess.Popen[str] | None = None
+        self.base_url = ""
+        self.first_request_ns: int | None = None
+
+    def __enter__(self) -> Firehose:
+        def on_core_1() -> None:
+            if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+                os.sched_setaffinity(0, {1})
+
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "firehose.py"), *self.args],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=on_core_1,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        self.base_url = line.split()[-1]
+        return self
+
+    def first_request(self) -> int | None:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        return int(line.split()[-1]) if line.startswith("first request") else None
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            if self.proc.stdout:
+                self.proc.stdout.close()
+
+
+def kvbench_run(scenario_toml: str, base_url: str, out: Path, extra: list[str] | None = None) -> list[Path]:
+    """kvbench run on core 0; returns its run folders."""
+    (out / "s.toml").write_text("schema_version = 1\n" + scenario_toml)
+
+    def on_core_0() -> None:
+        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+            os.sched_setaffinity(0, {0})
+
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            str(out / "s.toml"),
+            "--endpoint",
+            base_url,
+            "--out",
+            str(out / "out"),
+            *(extra or []),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        preexec_fn=on_core_0,
+    )
+    if r.returncode != 0:
+        raise SystemExit(r.stderr[-3000:])
+    return sorted(p for p in (out / "out").glob("*/*") if p.is_dir())

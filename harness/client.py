@@ -35,6 +35,8 @@ class Exchange:
     state: StreamState = field(default_factory=StreamState)
     error: str | None = None
     error_kind: str | None = None  # "connect", "http", "timeout", "stream"
+    stale: bool = False  # a pooled connection the server had closed: nothing reached it
+    retried: bool = False
 
     @property
     def ok(self) -> bool:
@@ -55,6 +57,7 @@ class StreamingClient:
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
         # The default connector caps at 100 connections; size it for the run instead.
         connector = aiohttp.TCPConnector(limit=concurrency + 4, limit_per_host=0, ttl_dns_cache=None)
+        self.max_stale = concurrency + 4
         trace = aiohttp.TraceConfig()
         trace.on_request_headers_sent.append(_on_headers_sent)
         self.session = aiohttp.ClientSession(
@@ -75,6 +78,18 @@ class StreamingClient:
         await self.close()
 
     async def stream(self, url: str, body: bytes, request_id: str) -> Exchange:
+        """One request. A kept-alive connection that the server closed in the meantime (llama.cpp
+        closes them after a few requests) fails before the server saw anything: then the request
+        is sent once more on a fresh connection, and the record says so."""
+        ex = await self._attempt(url, body, request_id)
+        for _ in range(self.max_stale):  # each stale connection fails at once and leaves the pool
+            if not ex.stale:
+                break
+            ex = await self._attempt(url, body, request_id)
+            ex.retried = True
+        return ex
+
+    async def _attempt(self, url: str, body: bytes, request_id: str) -> Exchange:
         t = self.timeouts
         loop = asyncio.get_running_loop()
         total_deadline = loop.time() + t.total_s
@@ -104,6 +119,9 @@ class StreamingClient:
             ex.error, ex.error_kind = f"connection failed: {e}", "connect"
         except (aiohttp.ClientError, ConnectionError) as e:
             ex.error, ex.error_kind = f"{type(e).__name__}: {e}", "connect" if ex.http_status is None else "stream"
+            ex.stale = ex.http_status is None and isinstance(
+                e, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | ConnectionResetError
+            )
         finally:
             ex.end_ns = time.perf_counter_ns()
         return ex

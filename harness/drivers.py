@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from harness import endpoint, prompts, stats
 from harness.client import Exchange, StreamingClient
@@ -88,7 +89,7 @@ class ArmRun:
             body["cache_salt"] = salt
         if self.bust and self.server == "llama.cpp":
             body["cache_prompt"] = False  # llama.cpp: do not reuse (or keep) this prompt's KV
-        return json.dumps(body).encode()
+        return orjson.dumps(body)
 
     @property
     def url(self) -> str:
@@ -164,6 +165,7 @@ class ArmRun:
             "error": ex.error,
             "error_kind": ex.error_kind,
             "http_status": ex.http_status,
+            "retried": ex.retried,
             **extra,
         }
 

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from harness.sse import SSEEvent
 
 _REASONING_KEYS = ("reasoning_content", "reasoning")
@@ -70,12 +72,12 @@ class StreamState:
 
     def on_event(self, event: SSEEvent, t_ns: int) -> None:
         data = event.data
-        if data.strip() == b"[DONE]":
+        if data == b"[DONE]" or data.strip() == b"[DONE]":
             self.done = True
             return
         try:
-            obj = json.loads(data)
-        except ValueError:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
             self.error = f"malformed SSE data: {data[:200]!r}"
             return
         if not isinstance(obj, dict):

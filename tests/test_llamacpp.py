@@ -97,6 +97,10 @@ name = "reuse"
     bust, reuse = read_requests(arms["bust"]), read_requests(arms["reuse"])
     assert len(bust) == len(reuse) == 16 and all(x["ok"] for x in bust + reuse)
     assert all(x["cached_tokens"] == 0 for x in bust)
-    assert sum(x["cached_tokens"] > 0.9 * x["prompt_tokens"] for x in reuse) >= 16 - 4 - 3
+    # llama.cpp keeps a prompt's KV in the slot that computed it: a repeat finds it unless the same
+    # prompt is in flight on that slot at the time, which a pool of 4 over 3 connections often is.
+    first_uses = {x["prompt_id"]: min(y["start_s"] for y in reuse if y["prompt_id"] == x["prompt_id"]) for x in reuse}
+    assert all(x["cached_tokens"] < 64 for x in reuse if x["start_s"] == first_uses[x["prompt_id"]])
+    assert sum(x["cached_tokens"] > 0.9 * x["prompt_tokens"] for x in reuse) >= 4
     loop = json.loads((arms["bust"] / "metrics.json").read_text())["phases"]["run"]
     assert loop["server_hit_ratio"] < 0.1

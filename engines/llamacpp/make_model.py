@@ -47,7 +47,8 @@ def bytes_to_unicode() -> dict[int, str]:
 def vocabulary() -> tuple[list[str], list[int], list[str]]:
     byte_map = bytes_to_unicode()
     tokens = [byte_map[b] for b in range(256)]
-    types = [gguf.TokenType.NORMAL if 32 <= b < 127 else gguf.TokenType.BYTE for b in range(256)]
+    # Byte-level BPE (tokenizer "gpt2"): the 256 byte tokens are ordinary tokens, not <0xNN> ones.
+    types = [gguf.TokenType.NORMAL] * 256
     merges: list[str] = []
     known = set(tokens)
     words = sorted({w for w in _VOCAB} | {w.capitalize() for w in _VOCAB} | {"kvbench", "prompt", "and"})
@@ -115,7 +116,7 @@ def main(out: Path, seed: int = 0) -> None:
     w.add_tensor("output_norm.weight", np.ones(HIDDEN, np.float32))
     output = rand(n_vocab, HIDDEN)
     for i, t in enumerate(types):
-        if t != gguf.TokenType.NORMAL:
+        if t != gguf.TokenType.NORMAL or (i < 256 and not 32 <= i < 127):
             output[i] = 0.0  # never generated: no early EOS, no partial UTF-8 in a chunk
     w.add_tensor("output.weight", output)
     w.write_header_to_file()

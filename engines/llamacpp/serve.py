@@ -83,6 +83,7 @@ class LlamaServer:
                 "--no-webui",
             ]
             if self.slot_dir is not None:
+                self.slot_dir.mkdir(parents=True, exist_ok=True)
                 cmd += ["--slot-save-path", str(self.slot_dir)]
             self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
             if self._wait_healthy(60):
