@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 
 from harness import endpoint, prompts, stats
@@ -160,7 +160,9 @@ class ArmRun:
             "first_content_s": since_start(st.first_content_ns),
             "headers_s": since_start(ex.headers_ns),
             "e2e_s": since_start(ex.end_ns),
-            "itl_s": [round((b - a) / 1e9 * scale, 7) for a, b in itertools.pairwise(chunks)],
+            "itl_s": np.round(np.diff(np.asarray(chunks, dtype=np.float64)) * (scale / 1e9), 7).tolist()
+            if len(chunks) > 1
+            else [],
             "ok": ex.ok,
             "error": ex.error,
             "error_kind": ex.error_kind,

@@ -19,6 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
 from harness import __version__
 
 SCHEMA_VERSION = 1
@@ -75,12 +77,12 @@ class RunWriter:
         folder.mkdir(parents=True, exist_ok=False)
         self.folder = folder
         self.meta = {"schema_version": SCHEMA_VERSION, **meta, "status": "running"}
-        self._requests: IO[str] = (folder / "requests.jsonl").open("a", encoding="utf-8")
+        self._requests: IO[bytes] = (folder / "requests.jsonl").open("ab")
         self.count = 0
         self._write_meta()
 
     def add(self, record: dict[str, Any]) -> None:
-        self._requests.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._requests.write(orjson.dumps(record) + b"\n")
         self._requests.flush()
         self.count += 1
 

@@ -42,7 +42,17 @@ class SSEDecoder:
         self._buf = lines.pop()
         out: list[SSEEvent] = []
         for line in lines:
-            self._line(line, out)
+            # The common case inline (one call per line costs more than the work it does).
+            if line[:6] == b"data: ":
+                self._data.append(line[6:])
+                self._has_data = True
+            elif not line and self._has_data and self._event is None:
+                data = self._data
+                out.append(SSEEvent(data[0] if len(data) == 1 else b"\n".join(data), None, self._id))
+                self._data = []
+                self._has_data = False
+            else:
+                self._line(line, out)
         return out
 
     def close(self) -> list[SSEEvent]:

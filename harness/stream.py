@@ -17,8 +17,6 @@ import orjson
 
 from harness.sse import SSEEvent
 
-_REASONING_KEYS = ("reasoning_content", "reasoning")
-
 
 @dataclass(frozen=True, slots=True)
 class ChunkTokens:
@@ -26,29 +24,33 @@ class ChunkTokens:
     content: bool  # visible content (or completions text)
 
 
+_NONE = ChunkTokens(False, False)
+_CONTENT = ChunkTokens(True, True)
+_OTHER = ChunkTokens(True, False)
+
+
 def chunk_tokens(obj: dict[str, Any]) -> ChunkTokens:
-    """Which kinds of token a parsed chunk carries."""
-    any_token = content = False
-    choices = obj.get("choices") or ()
-    if not isinstance(choices, list):
-        return ChunkTokens(False, False)
+    """Which kinds of token a parsed chunk carries (called for every chunk: kept lean)."""
+    choices = obj.get("choices")
+    if not choices or type(choices) is not list:
+        return _NONE
+    found = _NONE
     for choice in choices:
-        if not isinstance(choice, dict):
+        if type(choice) is not dict:
+            continue
+        delta = choice.get("delta")
+        if type(delta) is dict:
+            c = delta.get("content")
+            if c and type(c) is str:
+                return _CONTENT
+            r = delta.get("reasoning_content") or delta.get("reasoning")
+            if (r and type(r) is str) or delta.get("tool_calls"):
+                found = _OTHER
             continue
         text = choice.get("text")
-        if isinstance(text, str) and text:
-            return ChunkTokens(True, True)
-        delta = choice.get("delta")
-        if not isinstance(delta, dict):
-            continue
-        c = delta.get("content")
-        if isinstance(c, str) and c:
-            return ChunkTokens(True, True)
-        if any(isinstance(delta.get(k), str) and delta.get(k) for k in _REASONING_KEYS):
-            any_token = True
-        if delta.get("tool_calls"):
-            any_token = True
-    return ChunkTokens(any_token, content)
+        if text and type(text) is str:
+            return _CONTENT
+    return found
 
 
 @dataclass(slots=True)
@@ -72,7 +74,7 @@ class StreamState:
 
     def on_event(self, event: SSEEvent, t_ns: int) -> None:
         data = event.data
-        if data == b"[DONE]" or data.strip() == b"[DONE]":
+        if len(data) < 16 and data.strip() == b"[DONE]":
             self.done = True
             return
         try:
@@ -80,24 +82,26 @@ class StreamState:
         except orjson.JSONDecodeError:
             self.error = f"malformed SSE data: {data[:200]!r}"
             return
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             return
         if obj.get("error"):
             self.error = _error_text(obj["error"])
             return
         usage = obj.get("usage")
-        if isinstance(usage, dict):
+        if usage and type(usage) is dict:
             self._on_usage(usage)
         tokens = chunk_tokens(obj)
         if tokens.any_token:
             if self.first_token_ns is None:
                 self.first_token_ns = t_ns
             self.token_chunk_ns.append(t_ns)
-        if tokens.content and self.first_content_ns is None:
-            self.first_content_ns = t_ns
-        for choice in obj.get("choices") or ():
-            if isinstance(choice, dict) and choice.get("finish_reason"):
-                self.finish_reason = str(choice["finish_reason"])
+            if tokens.content and self.first_content_ns is None:
+                self.first_content_ns = t_ns
+        choices = obj.get("choices")
+        if choices and type(choices) is list:
+            for choice in choices:
+                if type(choice) is dict and choice.get("finish_reason"):
+                    self.finish_reason = str(choice["finish_reason"])
 
     def _on_usage(self, usage: dict[str, Any]) -> None:
         # Later usage chunks (continuous usage stats) supersede earlier ones.
