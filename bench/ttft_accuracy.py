@@ -1,21 +1,31 @@
-"""How far kvbench's first-token time is from the server's own send time, at 28 and 256
-connections on loopback (client and emulator pinned to different cores).
+"""How far kvbench's first-token time is from the server's own send time: bench/firehose.py
+(core 1) sends the first token 200 ms after each request arrives and logs when it did (monotonic
+ns); kvbench (core 0) streams 256 tokens per request at 28, 100 and 256 connections.
 
-    python bench/ttft_accuracy.py
+    python bench/ttft_accuracy.py [requests]     # default 1500
 
-Prints, per concurrency: mean / p50 / p99 / max of (client first-token time - server send time)
-in milliseconds, on one monotonic clock. Positive = the client saw it later (loopback transfer
-plus client scheduling delay).
+Prints, per concurrency: the client's throughput, and mean / p50 / p99 / max of (client
+first-token time - server send time) in ms, on one clock. Compare req/s with bench/ceiling.py's
+to see how loaded the client was.
 """
 
 from __future__ import annotations
 
-from common import pct, run_paired
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from common import Firehose, kvbench_run, pct
+
+from harness.results import read_requests
 
 SCENARIO = """
 name = "accuracy"
 [endpoint]
-max_tokens = 64
+max_tokens = 256
+[metrics]
+enabled = false
 [workload]
 kind = "closed_loop"
 requests = {requests}
@@ -26,11 +36,24 @@ prompt_tokens = 1000
 
 
 def main() -> None:
-    print("connections  requests  mean_ms  p50_ms  p99_ms  max_ms")
-    for conc, n in ((28, 560), (256, 1024)):
-        recs = run_paired(SCENARIO.format(requests=n, concurrency=conc), emulator_scale=1.0)
-        d = [(r["client_ft_ns"] - r["server"]["first_token_ns"]) / 1e6 for r in recs if r["ok"]]
-        print(f"{conc:11d}  {len(d):8d}  {sum(d) / len(d):7.3f}  {pct(d, 50):6.3f}  {pct(d, 99):6.3f}  {max(d):6.3f}")
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1500
+    print("connections  req/s  client_cpu  error_mean_ms  p50_ms  p99_ms  max_ms")
+    for conc in (28, 100, 256):
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "server.jsonl"
+            with Firehose(ttft_ms=200, tokens=256, timing_log=log) as fh:
+                (folder,) = kvbench_run(SCENARIO.format(requests=n, concurrency=conc), fh.base_url, Path(tmp))
+            meta = json.loads((folder / "run.json").read_text())
+            sent = {d["request_id"]: d["first_token_ns"] for d in map(json.loads, log.read_text().splitlines())}
+            errs = []
+            for r in read_requests(folder):
+                client = meta["t0_monotonic_ns"] + (r["start_s"] + r["ttft_s"]) * 1e9
+                errs.append((client - sent[f"{meta['run_id']}-default-{r['id']}"]) / 1e6)
+            cpu = meta["client_health"]["cpu_share_of_one_core"]["mean"] or 0
+            print(
+                f"{conc:11d}  {meta['summary']['req_per_s']:5.0f}  {cpu:10.0%}  {sum(errs) / len(errs):13.3f}"
+                f"  {pct(errs, 50):6.3f}  {pct(errs, 99):6.3f}  {max(errs):6.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -43,6 +43,28 @@ class Exchange:
         return self.error is None
 
 
+# When body bytes reach aiohttp (in its protocol's data_received, as soon as the socket has
+# them), not when kvbench's coroutine next runs: under load the event loop can take milliseconds
+# to get round to a stream, and that delay is not the server's. Stamped per response stream.
+_ARRIVALS: dict[int, list[tuple[int, int]]] = {}
+YIELD_EVERY = 16  # events parsed between two chances for the loop to poll
+_feed_data = aiohttp.streams.StreamReader.feed_data
+
+
+def _stamped_feed_data(self: aiohttp.streams.StreamReader, data: bytes, *args: Any) -> Any:
+    log = _ARRIVALS.get(id(self))
+    if log is not None and data:
+        log.append((time.perf_counter_ns(), len(data)))
+    return _feed_data(self, data, *args)
+
+
+aiohttp.streams.StreamReader.feed_data = _stamped_feed_data  # type: ignore[method-assign,assignment]
+
+
+def _arrivals_of(stream: aiohttp.StreamReader) -> list[tuple[int, int]]:
+    return _ARRIVALS.setdefault(id(stream), [])
+
+
 async def _on_headers_sent(
     _session: aiohttp.ClientSession, ctx: Any, _params: aiohttp.TraceRequestHeadersSentParams
 ) -> None:
@@ -133,19 +155,36 @@ class StreamingClient:
         decoder = SSEDecoder()
         state = ex.state
         rescheduled = False
-        async for chunk in resp.content.iter_any():
-            now = time.perf_counter_ns()
-            state.on_bytes(now)
-            for event in decoder.feed(chunk):
-                state.on_event(event, now)
-            if state.first_token_ns is not None and not rescheduled:
-                deadline.reschedule(total_deadline)
-                rescheduled = True
-            if state.done or state.error:
-                break
-        else:
-            for event in decoder.close():
-                state.on_event(event, time.perf_counter_ns())
+        arrivals = _arrivals_of(resp.content)
+        try:
+            async for chunk in resp.content.iter_any():
+                now = time.perf_counter_ns()
+                # iter_any hands over everything received since the last read: split it back into
+                # the pieces the socket delivered, each with the time it arrived.
+                logged = sum(n for _, n in arrivals)
+                pieces = [(now, len(chunk) - logged)] if len(chunk) > logged else []
+                pieces += arrivals
+                arrivals.clear()
+                pos = 0
+                for t, n in pieces:
+                    state.on_bytes(t)
+                    for i, event in enumerate(decoder.feed(chunk[pos : pos + n]), 1):
+                        state.on_event(event, t)
+                        if i % YIELD_EVERY == 0:
+                            # Let the loop poll the sockets: other streams' bytes get their
+                            # arrival stamps now, not after this burst is parsed.
+                            await asyncio.sleep(0)
+                    pos += n
+                if state.first_token_ns is not None and not rescheduled:
+                    deadline.reschedule(total_deadline)
+                    rescheduled = True
+                if state.done or state.error:
+                    break
+            else:
+                for event in decoder.close():
+                    state.on_event(event, time.perf_counter_ns())
+        finally:
+            _ARRIVALS.pop(id(resp.content), None)
         if state.error:
             ex.error, ex.error_kind = f"error in stream: {state.error}", "stream"
         elif not state.done and state.finish_reason is None:
