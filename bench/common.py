@@ -76,8 +76,10 @@ def pct(xs: list[float], p: float) -> float:
 class Firehose:
     """bench/firehose.py in its own process, pinned to core 1."""
 
-    def __init__(self, ttft_ms: float = 200.0, tokens: int = 256, timing_log: Path | None = None) -> None:
-        self.args = ["--ttft-ms", str(ttft_ms), "--tokens", str(tokens)]
+    def __init__(
+        self, ttft_ms: float = 200.0, tokens: int = 256, timing_log: Path | None = None, itl_ms: float = 0.0
+    ) -> None:
+        self.args = ["--ttft-ms", str(ttft_ms), "--tokens", str(tokens), "--itl-ms", str(itl_ms)]
         if timing_log:
             self.args += ["--timing-log", str(timing_log)]
         self.proc: subprocess.Popen[str] | None = None

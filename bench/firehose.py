@@ -31,8 +31,8 @@ def sse(obj: dict) -> bytes:
 
 
 class Server:
-    def __init__(self, ttft_s: float, tokens: int, log_path: str | None) -> None:
-        self.ttft_s, self.tokens = ttft_s, tokens
+    def __init__(self, ttft_s: float, tokens: int, log_path: str | None, itl_s: float = 0.0) -> None:
+        self.ttft_s, self.tokens, self.itl_s = ttft_s, tokens, itl_s
         self.log = open(log_path, "a") if log_path else None  # noqa: SIM115
         self.first_request_ns: int | None = None
         head = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "firehose"}
@@ -113,6 +113,10 @@ class Proto(asyncio.Protocol):
         sent = time.perf_counter_ns()
         left = srv.tokens - 1
         batch = srv.batch if chat else srv.cbatch
+        while left > 0 and not t.is_closing() and srv.itl_s > 0:  # paced, like a real engine
+            await asyncio.sleep(max(0.0, sent / 1e9 + (srv.tokens - left) * srv.itl_s - time.perf_counter()))
+            t.write(srv.token if chat else srv.ctoken)
+            left -= 1
         while left > 0 and not t.is_closing():
             n = min(BATCH, left)
             t.write(batch if n == BATCH else (srv.token if chat else srv.ctoken) * n)
@@ -129,8 +133,9 @@ async def main() -> None:
     ap.add_argument("--ttft-ms", type=float, default=200.0)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--timing-log")
+    ap.add_argument("--itl-ms", type=float, default=0.0, help="pace the tokens (0: as fast as possible)")
     a = ap.parse_args()
-    srv = Server(a.ttft_ms / 1e3, a.tokens, a.timing_log)
+    srv = Server(a.ttft_ms / 1e3, a.tokens, a.timing_log, a.itl_ms / 1e3)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Proto(srv), "127.0.0.1", a.port, backlog=4096)
     port = server.sockets[0].getsockname()[1]

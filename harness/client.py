@@ -165,12 +165,13 @@ class StreamingClient:
                 pieces = [(now, len(chunk) - logged)] if len(chunk) > logged else []
                 pieces += arrivals
                 arrivals.clear()
-                pos = 0
+                pos = parsed = 0
                 for t, n in pieces:
                     state.on_bytes(t)
-                    for i, event in enumerate(decoder.feed(chunk[pos : pos + n]), 1):
+                    for event in decoder.feed(chunk[pos : pos + n]):
                         state.on_event(event, t)
-                        if i % YIELD_EVERY == 0:
+                        parsed += 1
+                        if parsed % YIELD_EVERY == 0:
                             # Let the loop poll the sockets: other streams' bytes get their
                             # arrival stamps now, not after this burst is parsed.
                             await asyncio.sleep(0)
