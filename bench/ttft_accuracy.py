@@ -54,7 +54,8 @@ def main() -> None:
             cpu = meta["client_health"]["cpu_share_of_one_core"]["mean"] or 0
             pace = "paced 10 ms" if itl else "all at once"
             print(
-                f"{pace:11s}  {conc:11d}  {meta['summary']['req_per_s']:5.0f}  {cpu:10.0%}  {sum(errs) / len(errs):13.3f}"
+                f"{pace:11s}  {conc:11d}  {meta['summary']['req_per_s']:5.0f}  {cpu:10.0%}"
+                f"  {sum(errs) / len(errs):13.3f}"
                 f"  {pct(errs, 50):6.3f}  {pct(errs, 99):6.3f}  {max(errs):6.2f}"
             )
 

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.stats import drop  # noqa: F401  (re-exported: part of the analysis API)
+
 METRICS = ("ttft_s", "first_byte_s", "e2e_s", "itl_s")
 WARM_SERVED_SHARE = 0.9
 
@@ -153,11 +155,6 @@ def closed_loop(df: pd.DataFrame) -> ClosedLoop:
         mean_concurrency=area / span if span > 0 else None,
         timeline=timeline,
     )
-
-
-def drop(before: float, after: float) -> dict[str, float]:
-    """Ratio and percentage drop from `before` to `after` (e.g. req/s clean vs with traffic)."""
-    return {"ratio": after / before, "drop_pct": (before - after) / before * 100.0}
 
 
 @dataclass(frozen=True)

@@ -47,14 +47,19 @@ class Exchange:
 # them), not when kvbench's coroutine next runs: under load the event loop can take milliseconds
 # to get round to a stream, and that delay is not the server's. Stamped per response stream.
 _ARRIVALS: dict[int, list[tuple[int, int]]] = {}
-YIELD_EVERY = 16  # events parsed between two chances for the loop to poll
+YIELD_EVERY = 64  # events parsed between two chances for the loop to poll
+COALESCE_NS = 50_000  # bytes fed within 50 us of each other count as one arrival
 _feed_data = aiohttp.streams.StreamReader.feed_data
 
 
 def _stamped_feed_data(self: aiohttp.streams.StreamReader, data: bytes, *args: Any) -> Any:
     log = _ARRIVALS.get(id(self))
     if log is not None and data:
-        log.append((time.perf_counter_ns(), len(data)))
+        now = time.perf_counter_ns()
+        if log and now - log[-1][0] < COALESCE_NS:  # same socket read: one piece, parsed at once
+            log[-1] = (log[-1][0], log[-1][1] + len(data))
+        else:
+            log.append((now, len(data)))
     return _feed_data(self, data, *args)
 
 

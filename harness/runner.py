@@ -18,14 +18,14 @@ from typing import Any
 
 from rich.console import Console
 
-from harness import aio, analysis, drivers, endpoint, prompts, scenario
+from harness import aio, drivers, endpoint, prompts, scenario, stats
 from harness.client import StreamingClient
 from harness.drivers import ArmRun
 from harness.emulator.serve import EmbeddedEmulator
 from harness.errors import EndpointError, ExitCode, InputError
 from harness.progress import RunProgress
 from harness.prompts import Prompt, PromptBuilder
-from harness.results import RunWriter, iso, machine, read_requests, utc_stamp, versions
+from harness.results import SUMMARY_FIELDS, RunWriter, iso, machine, read_requests, utc_stamp, versions
 from harness.scrape import Scraper
 from harness.selfcheck import LoopMonitor
 from harness.traffic import make_driver
@@ -246,7 +246,7 @@ async def _run(
                     sampler.cancel()
                 if load is not None:
                     writer.meta["traffic"] = _finish_traffic(await load.stop(t0_mono, scale), folder, run)
-            records = read_requests(folder)
+            records = read_requests(folder, SUMMARY_FIELDS)
             if scraper is not None:
                 if w.kind == "closed_loop":
                     scraper.record("run", arm_before, await scraper.snapshot(), records)
@@ -267,7 +267,7 @@ async def _run(
             if interrupted or aborted:
                 break
     if len(by_traffic) == 2:
-        d = analysis.drop(by_traffic[False], by_traffic[True])
+        d = stats.drop(by_traffic[False], by_traffic[True])
         console.print(
             f"Competing traffic: {by_traffic[False]:.3g} -> {by_traffic[True]:.3g} req/s, a drop of "
             f"{d['drop_pct']:.1f} % (published: 4.26 -> 3.6 req/s, 15.5 %; the paper says 18 %)"

@@ -126,3 +126,8 @@ def mann_whitney_p(x: Sequence[float], y: Sequence[float]) -> float | None:
         return 1.0
     z = (abs(u - mu) - 0.5) / sigma
     return max(0.0, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
+
+
+def drop(before: float, after: float) -> dict[str, float]:
+    """Ratio and percentage drop from `before` to `after` (e.g. req/s clean vs with traffic)."""
+    return {"ratio": after / before, "drop_pct": (before - after) / before * 100.0}
