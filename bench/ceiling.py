@@ -13,21 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import Firehose, kvbench_run
-
-SCENARIO = """
-name = "ceiling"
-[endpoint]
-max_tokens = 256
-[metrics]
-enabled = false
-[workload]
-kind = "closed_loop"
-requests = {requests}
-concurrency = {concurrency}
-pool = 50
-prompt_tokens = 1000
-"""
+from common import STREAMING, Firehose, kvbench_run
 
 
 def main() -> None:
@@ -37,7 +23,9 @@ def main() -> None:
         rps, tps, cpu, lag = [], [], [], []
         for _ in range(3):
             with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=0, tokens=256) as fh:
-                (folder,) = kvbench_run(SCENARIO.format(requests=n, concurrency=conc), fh.base_url, Path(tmp))
+                (folder,) = kvbench_run(
+                    STREAMING.format(name="ceiling", requests=n, concurrency=conc), fh.base_url, Path(tmp)
+                )
                 meta = json.loads((folder / "run.json").read_text())
                 rps.append(meta["summary"]["req_per_s"])
                 tps.append(meta["summary"]["output_tokens_per_s"])

@@ -124,18 +124,7 @@ def kvbench_run(scenario_toml: str, base_url: str, out: Path, extra: list[str] |
             os.sched_setaffinity(0, {0})
 
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "run",
-            str(out / "s.toml"),
-            "--endpoint",
-            base_url,
-            "--out",
-            str(out / "out"),
-            *(extra or []),
-        ],
+        [*run_argv(out / "s.toml", base_url, out / "out"), *(extra or [])],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -144,3 +133,23 @@ def kvbench_run(scenario_toml: str, base_url: str, out: Path, extra: list[str] |
     if r.returncode != 0:
         raise SystemExit(r.stderr[-3000:])
     return sorted(p for p in (out / "out").glob("*/*") if p.is_dir())
+
+
+def run_argv(scenario: Path, base_url: str, out: Path) -> list[str]:
+    return [sys.executable, "-m", "harness", "run", str(scenario), "--endpoint", base_url, "--out", str(out)]
+
+
+# Streaming closed loop used by the ceiling and accuracy benches: 256 tokens per request.
+STREAMING = """
+name = "{name}"
+[endpoint]
+max_tokens = 256
+[metrics]
+enabled = false
+[workload]
+kind = "closed_loop"
+requests = {requests}
+concurrency = {concurrency}
+pool = 50
+prompt_tokens = 1000
+"""

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, Firehose
+from common import ROOT, Firehose, run_argv
 
 SCENARIO = """schema_version = 1
 name = "memory"
@@ -46,17 +46,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=0, tokens=16) as fh:
         (Path(tmp) / "s.toml").write_text(SCENARIO.format(n=n))
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "harness",
-                "run",
-                str(Path(tmp) / "s.toml"),
-                "--endpoint",
-                fh.base_url,
-                "--out",
-                str(Path(tmp) / "out"),
-            ],
+            run_argv(Path(tmp) / "s.toml", fh.base_url, Path(tmp) / "out"),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, Firehose
+from common import ROOT, Firehose, run_argv
 
 SCENARIO = """schema_version = 1
 name = "startup"
@@ -36,17 +35,7 @@ def main() -> None:
             (Path(tmp) / "s.toml").write_text(SCENARIO)
             start = time.perf_counter_ns()
             subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "harness",
-                    "run",
-                    str(Path(tmp) / "s.toml"),
-                    "--endpoint",
-                    fh.base_url,
-                    "--out",
-                    str(Path(tmp) / "out"),
-                ],
+                run_argv(Path(tmp) / "s.toml", fh.base_url, Path(tmp) / "out"),
                 cwd=ROOT,
                 capture_output=True,
                 env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},

@@ -18,23 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import Firehose, kvbench_run, pct
+from common import STREAMING, Firehose, kvbench_run, pct
 
 from harness.results import read_requests
-
-SCENARIO = """
-name = "accuracy"
-[endpoint]
-max_tokens = 256
-[metrics]
-enabled = false
-[workload]
-kind = "closed_loop"
-requests = {requests}
-concurrency = {concurrency}
-pool = 50
-prompt_tokens = 1000
-"""
 
 
 def main() -> None:
@@ -44,7 +30,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             log = Path(tmp) / "server.jsonl"
             with Firehose(ttft_ms=200, tokens=256, timing_log=log, itl_ms=itl) as fh:
-                (folder,) = kvbench_run(SCENARIO.format(requests=n, concurrency=conc), fh.base_url, Path(tmp))
+                (folder,) = kvbench_run(
+                    STREAMING.format(name="accuracy", requests=n, concurrency=conc), fh.base_url, Path(tmp)
+                )
             meta = json.loads((folder / "run.json").read_text())
             sent = {d["request_id"]: d["first_token_ns"] for d in map(json.loads, log.read_text().splitlines())}
             errs = []

@@ -280,36 +280,11 @@ def evaluate(rules: Rules, candidate: Figures, baseline: Figures | None) -> list
         for sel in _expand(t.selector, arms):
             value, _ = _candidate_value(candidate, t.metric, sel, t.aggregate)
             if value is None or math.isnan(value):
-                out.append(
-                    Verdict(
-                        "threshold",
-                        t.metric,
-                        sel.text(),
-                        t.text,
-                        None,
-                        None,
-                        None,
-                        t.text,
-                        "missing",
-                        f"no {t.metric} data for {sel.text() or 'the result'}",
-                    )
-                )
-                continue
-            ok = OPS[t.op](value, t.value)
-            out.append(
-                Verdict(
-                    "threshold",
-                    t.metric,
-                    sel.text(),
-                    t.text,
-                    None,
-                    value,
-                    None,
-                    t.text,
-                    "pass" if ok else "fail",
-                    f"{t.aggregate} = {value:.6g}, must be {t.op} {t.value:g}",
-                )
-            )
+                verdict, detail, value = "missing", f"no {t.metric} data for {sel.text() or 'the result'}", None
+            else:
+                verdict = "pass" if OPS[t.op](value, t.value) else "fail"
+                detail = f"{t.aggregate} = {value:.6g}, must be {t.op} {t.value:g}"
+            out.append(Verdict("threshold", t.metric, sel.text(), t.text, None, value, None, t.text, verdict, detail))
     for r in rules.regressions:
         for sel in _expand(r.selector, arms):
             out.append(_regression(r, sel, candidate, baseline, rules.noise))
