@@ -224,3 +224,60 @@ def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:
     recs = read_requests(folder)
     assert 4 <= len(recs) < 24 and all(rec["ok"] for rec in recs)
     assert "Traceback" not in err
+
+
+def test_first_token_timeout_is_recorded(tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "t.toml",
+        'name = "t"\n[endpoint]\nmax_tokens = 1\n[endpoint.timeouts]\n'
+        'first_token_s = 0.05\n[workload]\nkind = "sweep"\nlengths = [20000]\nwarm_repeats = 0\n',
+    )
+    r = kvbench("run", str(sc), "--out", str(tmp_path))  # cold 20K tokens: ~1.5 s to the first token
+    assert r.returncode == 4, r.stderr
+    (folder,) = arm_folders(tmp_path, "t").values()
+    (rec,) = read_requests(folder)
+    assert rec["error_kind"] == "timeout" and "no first token within 0.05 s" in rec["error"]
+
+
+def test_prompts_from_a_file(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "prompt": f"question {i}: " + "word " * (300 * i)}) + "\n" for i in range(1, 4)
+        )
+    )
+    sc = write_scenario(
+        tmp_path / "f.toml",
+        f'name = "f"\n[endpoint]\nmax_tokens = 2\n[prompts]\nsource = "file"\n'
+        f'path = "{prompts}"\n[workload]\nkind = "closed_loop"\nrequests = 9\nconcurrency = 3\n'
+        "pool = 3\nprompt_tokens = 1\n[emulator]\ntime_scale = 20.0\n",
+    )
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    (folder,) = arm_folders(tmp_path / "out", "f").values()
+    recs = read_requests(folder)
+    assert {x["prompt_id"] for x in recs} <= {"q1", "q2", "q3"} and len(recs) == 9
+    assert all(x["target_tokens"] is None and x["prompt_tokens"] > 300 for x in recs)
+
+
+def test_usage_calibrated_counting_is_close(emulator: EmbeddedEmulator) -> None:
+    """Where a server has no /tokenize, lengths are estimated from usage.prompt_tokens of probes."""
+    import asyncio
+
+    import aiohttp
+
+    from harness import endpoint
+    from harness.emulator import tokenizer
+
+    async def go() -> list[tuple[int, int]]:
+        async with aiohttp.ClientSession() as s:
+            count = await endpoint.usage_counter(s, emulator.base_url, "openai/gpt-oss-120b", "chat", {})
+            out = []
+            for n in (500, 5000, 50000):
+                text = "[000000000001] " + " ".join(["alpha beta, gamma."] * (n // 5))
+                true = tokenizer.count(tokenizer.render_chat([{"role": "user", "content": text}]))
+                out.append((await count(text), true))
+            return out
+
+    for estimate, true in asyncio.run(go()):
+        assert abs(estimate - true) <= 0.01 * true
