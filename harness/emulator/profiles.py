@@ -33,7 +33,6 @@ from functools import cache
 from harness.emulator.kvcache import Tier
 from harness.reference import redbooks
 
-TIER_NAMES = ("G1", "G2", "G3", "G4")
 # Aggregate bandwidth of the G4 storage system as this model sees it, shared between one client's
 # KV loads and competing traffic. Not published: FITTED so that the paper's 200 GB/s of competing
 # traffic (four clients) takes the cached concurrency run from 4.26 to about 3.6 req/s
