@@ -92,6 +92,9 @@ def run(
         str | None, typer.Option(help="Environment variable holding the API key (default: OPENAI_API_KEY).")
     ] = None,
     report: Annotated[bool, typer.Option("--report", help="Render the HTML report right after the run.")] = False,
+    workers: Annotated[
+        int, typer.Option(help="Closed loops: send from this many processes (one event loop each), results merged.")
+    ] = 1,
     metrics_url: Annotated[
         list[str] | None,
         typer.Option(
@@ -113,6 +116,7 @@ def run(
         headers=tuple(header or ()),
         api_key_env=api_key_env,
         metrics_urls=tuple(metrics_url or ()),
+        workers=workers,
     )
     console = stderr_console()
     code, folders = do_run(opts, console)

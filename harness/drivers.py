@@ -21,7 +21,7 @@ from harness import endpoint, prompts, stats
 from harness.client import Exchange, StreamingClient
 from harness.progress import RunProgress
 from harness.prompts import Prompt, PromptBuilder
-from harness.results import RunWriter
+from harness.results import RecordSink
 from harness.scenario import Arm, Distribution, Scenario
 from harness.scrape import Scraper
 
@@ -40,7 +40,7 @@ class ArmRun:
     base_url: str
     model: str
     builder: PromptBuilder
-    writer: RunWriter
+    writer: RecordSink
     progress: RunProgress
     stop: asyncio.Event
     t0_ns: int
@@ -51,6 +51,7 @@ class ArmRun:
     aborted: str | None = None
     send_salt: bool = True
     said_no_cached: bool = False
+    worker_health: dict[str, Any] | None = None  # --workers: the worker processes' own
     in_flight: int = 0
     scraper: Scraper | None = None  # sweeps: server counters around every request
     server: str = "openai"  # "vllm", "llama.cpp", ...: what the endpoint turned out to be
@@ -260,11 +261,20 @@ def schedule(scenario: Scenario) -> list[int]:
     return [rng.randrange(w.pool) for _ in range(w.requests)]
 
 
-async def closed_loop(run: ArmRun, pool: list[Prompt]) -> None:
+async def closed_loop(
+    run: ArmRun,
+    pool: list[Prompt],
+    order: list[tuple[int, int]] | None = None,
+    concurrency: int | None = None,
+    first_worker: int = 0,
+) -> None:
+    """`order`: (schedule index, pool index) pairs to send (default: the whole schedule);
+    `concurrency` connections (default: the scenario's). workers.py runs slices of it."""
     w = run.scenario.workload
-    order = schedule(run.scenario)
+    order = order if order is not None else list(enumerate(schedule(run.scenario)))
+    concurrency = concurrency or w.concurrency
     run.progress.start(run.arm.name, len(order))
-    queue = iter(enumerate(order))
+    queue = iter(order)
 
     async def worker(n: int) -> None:
         for i, p in queue:
@@ -275,7 +285,7 @@ async def closed_loop(run: ArmRun, pool: list[Prompt]) -> None:
             if run.bust and r["ok"] and (r["cached_tokens"] or 0) > 0:
                 run.warn(f"request {r['id']} of bust arm {run.arm.name} hit the cache ({r['cached_tokens']} tokens)")
 
-    await asyncio.gather(*(worker(n) for n in range(w.concurrency)))
+    await asyncio.gather(*(worker(first_worker + n) for n in range(concurrency)))
 
 
 def print_summary(run: ArmRun, records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import platform
 import subprocess
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import orjson
 
@@ -70,6 +70,10 @@ def git_commit() -> str | None:
 
 def versions() -> dict[str, Any]:
     return {"kvbench": __version__, "git_commit": git_commit()}
+
+
+class RecordSink(Protocol):
+    def add(self, record: dict[str, Any]) -> None: ...
 
 
 class RunWriter:

@@ -31,6 +31,7 @@ from harness.selfcheck import LoopMonitor
 from harness.traffic import make_driver
 from harness.traffic.base import TrafficResult
 from harness.units import human_bandwidth
+from harness.workers import run_workers
 
 # After Ctrl-C, in-flight requests get this long (wall-clock) to finish before they are dropped.
 GRACE_S = 5.0
@@ -47,6 +48,7 @@ class RunOptions:
     headers: tuple[str, ...] = ()
     api_key_env: str | None = None
     metrics_urls: tuple[str, ...] = ()
+    workers: int = 1
 
 
 def parse_headers(raw: tuple[str, ...]) -> dict[str, str]:
@@ -84,6 +86,10 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
     scale = (opts.time_scale or sc.emulator.time_scale) if emulated else 1.0
     if url is not None:
         url = endpoint.check_url(url, "--endpoint" if opts.endpoint else "endpoint URL")
+    if opts.workers < 1:
+        raise InputError(f"--workers: expected a number of processes >= 1, got {opts.workers}")
+    if opts.workers > 1 and sc.workload.kind != "closed_loop":
+        raise InputError("--workers: a sweep sends one request at a time; it applies to closed_loop scenarios")
     for m in opts.metrics_urls:
         endpoint.check_url(m, "--metrics-url")
     for arm in arms:
@@ -226,7 +232,12 @@ async def _run(
                 monitor.start()
                 if scraper is not None and sc.metrics.interval_s > 0:
                     sampler = asyncio.create_task(scraper.sample_every(sc.metrics.interval_s / scale, t0_mono, scale))
-                job = drivers.sweep(run) if w.kind == "sweep" else drivers.closed_loop(run, pool or [])
+                if w.kind == "sweep":
+                    job = drivers.sweep(run)
+                elif opts.workers > 1:
+                    job = run_workers(run, pool or [], opts.workers, folder, send_clock=emulated_scale is not None)
+                else:
+                    job = drivers.closed_loop(run, pool or [])
                 await _until_done_or_stopped(job, stop)
             except asyncio.CancelledError:
                 interrupted = True
@@ -238,7 +249,8 @@ async def _run(
                 raise
             finally:
                 progress.stop()
-                health = monitor.stop()
+                health = run.worker_health or monitor.stop()
+                monitor.stop()
                 writer.meta["client_health"] = health
                 if health["warning"]:
                     run.warn(health["warning"])
