@@ -23,9 +23,12 @@ it has one, else an estimate calibrated on `usage.prompt_tokens` (see endpoint.p
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.errors import EndpointError
 
@@ -176,12 +179,61 @@ class Prompt:
         return (self.lead if lead_text is None else lead_text) + self.rest
 
 
+class PromptCache:
+    """The sizes (body words, filler words) found for earlier prompts, one JSON file per tokenizer
+    fingerprint: a later run checks a cached size with a single count instead of searching."""
+
+    def __init__(self, folder: Path, fingerprint: str) -> None:
+        self.path = folder / f"{fingerprint}.json"
+        try:
+            self.sizes: dict[str, list[int]] = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            self.sizes = {}
+
+    def get(self, key: str) -> tuple[int, int] | None:
+        v = self.sizes.get(key)
+        return (int(v[0]), int(v[1])) if isinstance(v, list) and len(v) == 2 else None
+
+    def put(self, key: str, words: int, filler: int) -> None:
+        if self.sizes.get(key) == [words, filler]:
+            return
+        self.sizes[key] = [words, filler]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.sizes), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # a cache that cannot be written only costs time
+
+
+def cache_folder() -> Path | None:
+    """prompts/.cache when run from a kvbench checkout, else the user's cache folder;
+    KVBENCH_PROMPT_CACHE=off disables it, any other value names the folder."""
+    env = os.environ.get("KVBENCH_PROMPT_CACHE")
+    if env:
+        return None if env.lower() in ("off", "0", "no") else Path(env)
+    if Path("prompts").is_dir():
+        return Path("prompts") / ".cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvbench" / "prompts"
+
+
+async def fingerprint(count: Counter, *identity: str) -> str:
+    """Identifies a tokenizer (and chat template) by what it makes of a fixed probe text."""
+    probe = " ".join(body_words(0, "tokenizer-fingerprint", 400)) + " 0123456789 ÄÖÜ – “quotes” {json: [1, 2]}"
+    parts = [*identity, str(await count(probe)), str(await count(""))]
+    return hashlib.blake2b("|".join(parts).encode(), digest_size=10).hexdigest()
+
+
 class PromptBuilder:
     """Builds prompts of an exact token count, learning the tokens-per-word ratio as it goes so
-    that most prompts need only one or two counts."""
+    that most prompts need only one or two counts (one, with a cache of earlier sizes)."""
 
-    def __init__(self, count: Counter, seed: int, tolerance: float, run_salt: int) -> None:
+    def __init__(
+        self, count: Counter, seed: int, tolerance: float, run_salt: int, cache: PromptCache | None = None
+    ) -> None:
         self._count = count
+        self.cache = cache
         self.seed = seed
         self.tolerance = tolerance
         self.run_salt = run_salt
@@ -212,6 +264,14 @@ class PromptBuilder:
 
         def text(k: int, filler: int = 0) -> str:
             return reuse + head + " ".join(words[:k] + ["and"] * filler)
+
+        cache_key = "|".join((str(self.seed), key or prompt_id, str(target), head))
+        if self.cache is not None and (known := self.cache.get(cache_key)) is not None:
+            k, filler = known
+            while k > len(words):
+                words += body_words(self.seed, f"{key or prompt_id}/{len(words)}", len(words))
+            if await self._count(text(k, filler)) == target:
+                return Prompt(prompt_id, reuse, text(k, filler)[len(reuse) :], target, target)
 
         base = await self._count(text(0))
         if base > target:
@@ -244,6 +304,8 @@ class PromptBuilder:
             if abs(n - target) < best[0]:
                 best = (abs(n - target), kb, target - nb, n)
         _, k, filler, counted = best
+        if self.cache is not None and counted == target:
+            self.cache.put(cache_key, k, filler)
         return Prompt(prompt_id, reuse, text(k, filler)[len(reuse) :], target, counted)
 
     def within_tolerance(self, prompt: Prompt) -> bool:
@@ -257,9 +319,6 @@ class PromptBuilder:
 def load_file(path: str, builder: PromptBuilder) -> list[Prompt]:
     """Prompts from a JSONL file, one `{"id": ..., "prompt": ...}` per line, used as they are
     (their length is whatever the server counts; it is recorded per request)."""
-    import json
-    from pathlib import Path
-
     from harness.errors import InputError
 
     out: list[Prompt] = []

@@ -172,7 +172,10 @@ async def _run(
             counting = "estimate calibrated on usage.prompt_tokens (no /tokenize)"
             counter = await endpoint.usage_counter(client.session, base, model, sc.endpoint.api, headers)
         run_salt = random.SystemRandom().randrange(10**prompts.LEAD_DIGITS)
-        builder = PromptBuilder(counter, sc.prompts.seed, sc.prompts.tolerance, run_salt)
+        cache = None
+        if (folder_ := prompts.cache_folder()) is not None and sc.prompts.source == "synthetic":
+            cache = prompts.PromptCache(folder_, await prompts.fingerprint(counter, server, model, sc.endpoint.api))
+        builder = PromptBuilder(counter, sc.prompts.seed, sc.prompts.tolerance, run_salt, cache)
         for arm in arms:
             arm_base = arm.endpoint.rstrip("/") if arm.endpoint else base
             if arm.endpoint:

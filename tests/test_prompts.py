@@ -87,3 +87,21 @@ def test_shared_prefix_is_shared() -> None:
     common = len(tokenizer.tokenize(a.text())[:1000])
     assert tokenizer.tokenize(a.text())[:common] == tokenizer.tokenize(b.text())[:common]
     assert a.tokens == b.tokens == 3000
+
+
+def test_cache_of_sizes_needs_one_count_next_time(tmp_path: object) -> None:
+    from pathlib import Path
+
+    folder = Path(str(tmp_path))
+    for run, expected_max in ((1, None), (2, 2)):  # the template probe, then one count
+        calls: list[int] = []
+        count = chat_counter(calls)
+        cache = prompts.PromptCache(folder, asyncio.run(prompts.fingerprint(count, "emulator")))
+        calls.clear()
+        builder = PromptBuilder(count, seed=4, tolerance=0.005, run_salt=run, cache=cache)
+        p = asyncio.run(builder.build("L50000", 50_000))
+        assert p.tokens == 50_000 == asyncio.run(count(p.text()))
+        if expected_max is not None:
+            assert len(calls) <= expected_max + 1  # + the check just above
+    other = prompts.PromptCache(folder, "another-tokenizer")
+    assert other.sizes == {}  # sizes never cross tokenizers
