@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,23 @@ def kvbench(*args: str, env: dict[str, str] | None = None, timeout: float = 240)
 def write_scenario(path: Path, body: str) -> Path:
     path.write_text("schema_version = 1\n" + body, encoding="utf-8")
     return path
+
+
+def interrupt(args: list[str], ready: Callable[[], bool], timeout: float = 120) -> tuple[int, str]:
+    """Start `kvbench ARGS` as a user would, wait until `ready()`, press Ctrl-C (SIGINT);
+    returns its exit code and what it printed on stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not ready():
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=90)
+    return proc.returncode, err

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from harness.emulator.serve import EmbeddedEmulator
 from harness.results import read_requests
-from tests.conftest import ROOT, kvbench, write_scenario
+from tests.conftest import interrupt, kvbench, write_scenario
 
 
 def arm_folders(out: Path, scenario: str) -> dict[str, Path]:
@@ -200,24 +196,13 @@ def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:
         'name = "long"\n[endpoint]\nmax_tokens = 1\n[workload]\n'
         'kind = "sweep"\nlengths = [1000, 2000, 100000, 120000]\nrepetitions = 3\n',
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", str(sc), "--out", str(tmp_path)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+
+    def four_done() -> bool:
         done = list(tmp_path.glob("long/*/requests.jsonl"))
-        if done and len(done[0].read_text().splitlines()) >= 4:
-            break
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+        return bool(done) and len(done[0].read_text().splitlines()) >= 4
+
+    code, err = interrupt(["run", str(sc), "--out", str(tmp_path)], four_done)
+    assert code == 130, err
     (folder,) = arm_folders(tmp_path, "long").values()
     meta = json.loads((folder / "run.json").read_text())
     assert meta["status"] == "interrupted"

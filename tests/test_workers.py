@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from harness.results import read_requests
 from harness.workers import deal
-from tests.conftest import ROOT, kvbench, write_scenario
+from tests.conftest import interrupt, kvbench, write_scenario
 
 LOOP = """
 name = "w"
@@ -61,22 +57,13 @@ def test_workers_need_a_closed_loop() -> None:
 
 def test_ctrl_c_with_workers_keeps_merged_partial_results(tmp_path: Path) -> None:
     sc = write_scenario(tmp_path / "w.toml", LOOP.format(requests=400, tokens=20000, scale=1.0))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", str(sc), "--workers", "2", "--out", str(tmp_path / "out")],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+
+    def four_done() -> bool:
         parts = list(tmp_path.glob("out/w/*/requests.part-*.jsonl"))
-        if sum(len(p.read_text().splitlines()) for p in parts) >= 4:
-            break
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=90)
-    assert proc.returncode == 130, err
+        return sum(len(p.read_text().splitlines()) for p in parts) >= 4
+
+    code, err = interrupt(["run", str(sc), "--workers", "2", "--out", str(tmp_path / "out")], four_done)
+    assert code == 130, err
     (folder,) = (tmp_path / "out" / "w").iterdir()
     assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
     recs = read_requests(folder)
