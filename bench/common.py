@@ -119,9 +119,10 @@ def kvbench_run(scenario_toml: str, base_url: str, out: Path, extra: list[str] |
     """kvbench run on core 0; returns its run folders."""
     (out / "s.toml").write_text("schema_version = 1\n" + scenario_toml)
 
-    def on_core_0() -> None:
-        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
-            os.sched_setaffinity(0, {0})
+    def on_core_0() -> None:  # with more than 2 cores: every core but the server's
+        cores = os.cpu_count() or 1
+        if hasattr(os, "sched_setaffinity") and cores > 1:
+            os.sched_setaffinity(0, {0} if cores == 2 else set(range(cores)) - {1})
 
     r = subprocess.run(
         [*run_argv(out / "s.toml", base_url, out / "out"), *(extra or [])],
