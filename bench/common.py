@@ -3,6 +3,7 @@ times, and pair every request with the server's view of it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -17,11 +18,19 @@ sys.path.insert(0, str(ROOT))
 from harness.emulator.serve import EmbeddedEmulator  # noqa: E402
 from harness.results import read_requests  # noqa: E402
 
+SERVER_CORE = 1
 
-def pin(cpu: int) -> None:
-    """Pin this process (and what it starts) to one core, where the OS allows it."""
+
+def pin(cores: set[int]) -> None:
+    """Pin this process (and what it starts) to these cores, where the OS allows it."""
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
-        os.sched_setaffinity(0, {cpu})
+        os.sched_setaffinity(0, cores)
+
+
+def client_cores() -> set[int]:
+    """Core 0 on a 2-core machine; with more cores every core but the server's."""
+    n = os.cpu_count() or 1
+    return {0} if n <= 2 else set(range(n)) - {SERVER_CORE}
 
 
 def run_paired(scenario_toml: str, emulator_scale: float, profile: str = "redbooks-g4") -> list[dict[str, Any]]:
@@ -32,9 +41,9 @@ def run_paired(scenario_toml: str, emulator_scale: float, profile: str = "redboo
         t = Path(tmp)
         (t / "s.toml").write_text("schema_version = 1\n" + scenario_toml)
         log = t / "server.jsonl"
-        pin(1)
+        pin({SERVER_CORE})
         with EmbeddedEmulator(profile, emulator_scale, timing_log=log) as emu:
-            pin(0)
+            pin(client_cores())
             r = subprocess.run(
                 [
                     sys.executable,
@@ -87,15 +96,11 @@ class Firehose:
         self.first_request_ns: int | None = None
 
     def __enter__(self) -> Firehose:
-        def on_core_1() -> None:
-            if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
-                os.sched_setaffinity(0, {1})
-
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "bench" / "firehose.py"), *self.args],
             stdout=subprocess.PIPE,
             text=True,
-            preexec_fn=on_core_1,
+            preexec_fn=functools.partial(pin, {SERVER_CORE}),
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -116,20 +121,15 @@ class Firehose:
 
 
 def kvbench_run(scenario_toml: str, base_url: str, out: Path, extra: list[str] | None = None) -> list[Path]:
-    """kvbench run on core 0; returns its run folders."""
+    """kvbench run on the client cores (see client_cores); returns its run folders."""
     (out / "s.toml").write_text("schema_version = 1\n" + scenario_toml)
-
-    def on_core_0() -> None:  # with more than 2 cores: every core but the server's
-        cores = os.cpu_count() or 1
-        if hasattr(os, "sched_setaffinity") and cores > 1:
-            os.sched_setaffinity(0, {0} if cores == 2 else set(range(cores)) - {1})
 
     r = subprocess.run(
         [*run_argv(out / "s.toml", base_url, out / "out"), *(extra or [])],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        preexec_fn=on_core_0,
+        preexec_fn=functools.partial(pin, client_cores()),
     )
     if r.returncode != 0:
         raise SystemExit(r.stderr[-3000:])

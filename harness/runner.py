@@ -252,8 +252,8 @@ async def _run(
                 raise
             finally:
                 progress.stop()
-                health = run.worker_health or monitor.stop()
-                monitor.stop()
+                own = monitor.stop()
+                health = run.worker_health or own
                 writer.meta["client_health"] = health
                 if health["warning"]:
                     run.warn(health["warning"])

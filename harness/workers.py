@@ -162,11 +162,11 @@ async def run_workers(run: ArmRun, pool: list[Prompt], n: int, folder: Path, sen
     for p in procs:
         p.start()
     run.progress.start(f"{run.arm.name} ({n} processes)", len(order))
-    seen = 0
+    offsets: dict[int, int] = {}
     try:
         while any(p.is_alive() for p in procs):
             await asyncio.sleep(0.5)
-            seen = _progress(run, jobs, seen)
+            _progress(run, jobs, offsets)
     finally:
         for p in procs:  # stopped early (Ctrl-C, failure): they finish what is in flight
             if p.is_alive() and p.pid is not None:
@@ -179,15 +179,20 @@ async def run_workers(run: ArmRun, pool: list[Prompt], n: int, folder: Path, sen
         _merge(run, jobs)
 
 
-def _progress(run: ArmRun, jobs: list[Job], seen: int) -> int:
-    done = 0
+def _progress(run: ArmRun, jobs: list[Job], offsets: dict[int, int]) -> None:
+    """Advance the bar by the lines the part files gained since the last look (read from where
+    that look stopped: the files grow for the whole run)."""
     for job in jobs:
-        if job.part.exists():
-            with job.part.open("rb") as f:
-                done += sum(1 for _ in f)
-    for _ in range(done - seen):
-        run.progress.advance({"ok": True, "ttft_s": None})
-    return max(done, seen)
+        if not job.part.exists():
+            continue
+        with job.part.open("rb") as f:
+            f.seek(offsets.get(job.index, 0))
+            data = f.read()
+        # only whole lines: a record still being written is counted next time
+        complete = data.rfind(b"\n") + 1
+        offsets[job.index] = offsets.get(job.index, 0) + complete
+        for _ in range(data.count(b"\n", 0, complete)):
+            run.progress.advance({"ok": True, "ttft_s": None})
 
 
 def _merge(run: ArmRun, jobs: list[Job]) -> None:
