@@ -14,10 +14,12 @@ from typing import Any
 
 import aiohttp
 
+from harness.arrivals import StampedHandler, connector, take
 from harness.emulator.server import SENT_HEADER
 from harness.scenario import Timeouts
 from harness.sse import SSEDecoder
 from harness.stream import StreamState
+from harness.turns import TURNS
 
 
 @dataclass
@@ -43,33 +45,6 @@ class Exchange:
         return self.error is None
 
 
-# When body bytes reach aiohttp (in its protocol's data_received, as soon as the socket has
-# them), not when kvbench's coroutine next runs: under load the event loop can take milliseconds
-# to get round to a stream, and that delay is not the server's. Stamped per response stream.
-_ARRIVALS: dict[int, list[tuple[int, int]]] = {}
-YIELD_EVERY = 64  # events parsed between two chances for the loop to poll
-COALESCE_NS = 50_000  # bytes fed within 50 us of each other count as one arrival
-_feed_data = aiohttp.streams.StreamReader.feed_data
-
-
-def _stamped_feed_data(self: aiohttp.streams.StreamReader, data: bytes, *args: Any) -> Any:
-    log = _ARRIVALS.get(id(self))
-    if log is not None and data:
-        now = time.perf_counter_ns()
-        if log and now - log[-1][0] < COALESCE_NS:  # same socket read: one piece, parsed at once
-            log[-1] = (log[-1][0], log[-1][1] + len(data))
-        else:
-            log.append((now, len(data)))
-    return _feed_data(self, data, *args)
-
-
-aiohttp.streams.StreamReader.feed_data = _stamped_feed_data  # type: ignore[method-assign,assignment]
-
-
-def _arrivals_of(stream: aiohttp.StreamReader) -> list[tuple[int, int]]:
-    return _ARRIVALS.setdefault(id(stream), [])
-
-
 async def _on_headers_sent(
     _session: aiohttp.ClientSession, ctx: Any, _params: aiohttp.TraceRequestHeadersSentParams
 ) -> None:
@@ -83,12 +58,11 @@ class StreamingClient:
         self.send_clock = send_clock  # tell the embedded emulator when each request left (see its _arrival)
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
         # The default connector caps at 100 connections; size it for the run instead.
-        connector = aiohttp.TCPConnector(limit=concurrency + 4, limit_per_host=0, ttl_dns_cache=None)
         self.max_stale = concurrency + 4
         trace = aiohttp.TraceConfig()
         trace.on_request_headers_sent.append(_on_headers_sent)
         self.session = aiohttp.ClientSession(
-            connector=connector,
+            connector=connector(concurrency + 4),
             trace_configs=[trace],
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s),
             read_bufsize=1 << 20,
@@ -160,37 +134,27 @@ class StreamingClient:
         decoder = SSEDecoder()
         state = ex.state
         rescheduled = False
-        arrivals = _arrivals_of(resp.content)
-        try:
-            async for chunk in resp.content.iter_any():
-                now = time.perf_counter_ns()
-                # iter_any hands over everything received since the last read: split it back into
-                # the pieces the socket delivered, each with the time it arrived.
-                logged = sum(n for _, n in arrivals)
-                pieces = [(now, len(chunk) - logged)] if len(chunk) > logged else []
-                pieces += arrivals
-                arrivals.clear()
-                pos = parsed = 0
-                for t, n in pieces:
-                    state.on_bytes(t)
-                    for event in decoder.feed(chunk[pos : pos + n]):
-                        state.on_event(event, t)
-                        parsed += 1
-                        if parsed % YIELD_EVERY == 0:
-                            # Let the loop poll the sockets: other streams' bytes get their
-                            # arrival stamps now, not after this burst is parsed.
-                            await asyncio.sleep(0)
-                    pos += n
-                if state.first_token_ns is not None and not rescheduled:
-                    deadline.reschedule(total_deadline)
-                    rescheduled = True
-                if state.done or state.error:
-                    break
-            else:
-                for event in decoder.close():
-                    state.on_event(event, time.perf_counter_ns())
-        finally:
-            _ARRIVALS.pop(id(resp.content), None)
+        handler = resp.connection.protocol if resp.connection is not None else None
+        arrivals = handler.arrivals_of(resp.content) if isinstance(handler, StampedHandler) else []
+        async for chunk in resp.content.iter_any():
+            # iter_any hands over everything received since the last read: split it back into
+            # the pieces the socket delivered, each with the time it arrived.
+            pos = 0
+            for t, n in take(arrivals, len(chunk), time.perf_counter_ns()):
+                state.on_bytes(t)
+                for event in decoder.feed(chunk[pos : pos + n]):
+                    if TURNS.spent():
+                        await TURNS.wait()
+                    state.on_event(event, t)
+                pos += n
+            if state.first_token_ns is not None and not rescheduled:
+                deadline.reschedule(total_deadline)
+                rescheduled = True
+            if state.done or state.error:
+                break
+        else:
+            for event in decoder.close():
+                state.on_event(event, time.perf_counter_ns())
         if state.error:
             ex.error, ex.error_kind = f"error in stream: {state.error}", "stream"
         elif not state.done and state.finish_reason is None:

@@ -230,6 +230,7 @@ async def _run(
                     await asyncio.sleep(sc.traffic.start_before_s / scale)
                 if scraper is not None and w.kind == "closed_loop":
                     arm_before = await scraper.snapshot()
+                aio.freeze_heap()
                 run.t0_ns, t0_mono = time.perf_counter_ns(), time.monotonic()
                 writer.meta["t0_monotonic_ns"] = run.t0_ns
                 monitor.start()

@@ -101,6 +101,7 @@ async def _run(job: Job) -> None:
         )
         run._seq = job.index * 10**9  # request ids stay unique until the merge renumbers them
         monitor = LoopMonitor(active=lambda: run.in_flight > 0)
+        aio.freeze_heap()
         monitor.start()
         task = asyncio.ensure_future(closed_loop(run, job.pool, job.order, job.concurrency, job.first_worker))
         stopped = asyncio.ensure_future(stop.wait())

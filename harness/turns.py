@@ -1,0 +1,66 @@
+"""Turns at parsing, so that the event loop polls the sockets at least every `slice_ns`.
+
+A response's bytes are stamped when the loop hands them to aiohttp (see client.py), so a stamp is
+late by however long the loop went without polling. A stream that parses a 256-token burst in
+one go holds the loop for ~2 ms; streams that each yield after a slice of their own do not help
+enough, since every ready stream takes its slice before the next poll (28 streams x 0.5 ms =
+14 ms). So all streams share one budget per turn: a stream that finds it spent queues, and each
+loop turn wakes only the stream at the head of the queue (first come, first served; a woken
+stream that still has work queues again at the back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+SLICE_NS = 200_000  # parsing allowed between two polls of the sockets
+
+
+class Turns:
+    __slots__ = ("_loop", "_scheduled", "_waiting", "start_ns")
+
+    def __init__(self) -> None:
+        self.start_ns = 0  # when the current turn began
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def polled(self, now_ns: int) -> None:
+        """The loop has just polled the sockets (and delivered bytes): a new turn begins."""
+        self.start_ns = now_ns
+
+    def spent(self) -> bool:
+        return time.perf_counter_ns() - self.start_ns > SLICE_NS
+
+    async def wait(self) -> None:
+        """Give the loop back until this stream's turn comes; the turn's budget starts then."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a new loop (tests run several): nothing carries over
+            self._loop, self._scheduled = loop, False
+            self._waiting.clear()
+        fut = loop.create_future()
+        self._waiting.append(fut)
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._next)
+        await fut
+        self.start_ns = time.perf_counter_ns()
+
+    def _next(self) -> None:
+        # Runs once per loop turn while streams wait; the woken stream runs in the next turn,
+        # after the loop has polled the sockets.
+        while self._waiting:
+            fut = self._waiting.popleft()
+            if not fut.done():  # a cancelled waiter (its request timed out) is skipped
+                fut.set_result(None)
+                break
+        self._scheduled = bool(self._waiting)
+        if self._scheduled:
+            assert self._loop is not None
+            self._loop.call_soon(self._next)
+
+
+# One per process: every stream's parsing shares its budget.
+TURNS = Turns()
