@@ -27,10 +27,12 @@ def pin(cores: set[int]) -> None:
         os.sched_setaffinity(0, cores)
 
 
-def client_cores() -> set[int]:
-    """Core 0 on a 2-core machine; with more cores every core but the server's."""
+def client_cores(workers: int = 1) -> set[int]:
+    """Core 0 on a 2-core machine; with more cores every core but the server's. Several workers
+    that would not get a core each also share the server's core."""
     n = os.cpu_count() or 1
-    return {0} if n <= 2 else set(range(n)) - {SERVER_CORE}
+    spare = {0} if n <= 2 else set(range(n)) - {SERVER_CORE}
+    return spare if workers <= len(spare) else set(range(n))
 
 
 def run_paired(scenario_toml: str, emulator_scale: float, profile: str = "redbooks-g4") -> list[dict[str, Any]]:
@@ -107,6 +109,12 @@ class Firehose:
         self.base_url = line.split()[-1]
         return self
 
+    def cpu_s(self) -> float:
+        """CPU seconds the server has used so far."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def first_request(self) -> int | None:
         assert self.proc is not None and self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -120,8 +128,10 @@ class Firehose:
                 self.proc.stdout.close()
 
 
-def kvbench_run(scenario_toml: str, base_url: str, out: Path, extra: list[str] | None = None) -> list[Path]:
-    """kvbench run on the client cores (see client_cores); returns its run folders."""
+def kvbench_run(
+    scenario_toml: str, base_url: str, out: Path, extra: list[str] | None = None, cores: set[int] | None = None
+) -> list[Path]:
+    """kvbench run on `cores` (default: client_cores()); returns its run folders."""
     (out / "s.toml").write_text("schema_version = 1\n" + scenario_toml)
 
     r = subprocess.run(
@@ -129,7 +139,7 @@ def kvbench_run(scenario_toml: str, base_url: str, out: Path, extra: list[str] |
         cwd=ROOT,
         capture_output=True,
         text=True,
-        preexec_fn=functools.partial(pin, client_cores()),
+        preexec_fn=functools.partial(pin, cores or client_cores()),
     )
     if r.returncode != 0:
         raise SystemExit(r.stderr[-3000:])

@@ -45,6 +45,9 @@ class Exchange:
         return self.error is None
 
 
+FEED_BYTES = 8192  # bytes decoded into SSE events at once, between two looks at the turn's budget
+
+
 async def _on_headers_sent(
     _session: aiohttp.ClientSession, ctx: Any, _params: aiohttp.TraceRequestHeadersSentParams
 ) -> None:
@@ -142,10 +145,11 @@ class StreamingClient:
             pos = 0
             for t, n in take(arrivals, len(chunk), time.perf_counter_ns()):
                 state.on_bytes(t)
-                for event in decoder.feed(chunk[pos : pos + n]):
-                    if TURNS.spent():
-                        await TURNS.wait()
-                    state.on_event(event, t)
+                for cut in range(pos, pos + n, FEED_BYTES):  # a piece can be 256 KB: split the work
+                    for event in decoder.feed(chunk[cut : min(cut + FEED_BYTES, pos + n)]):
+                        if TURNS.spent():
+                            await TURNS.wait()
+                        state.on_event(event, t)
                 pos += n
             if state.first_token_ns is not None and not rescheduled:
                 deadline.reschedule(total_deadline)

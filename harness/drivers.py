@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -261,15 +262,24 @@ def schedule(scenario: Scenario) -> list[int]:
     return [rng.randrange(w.pool) for _ in range(w.requests)]
 
 
+class Order(Protocol):
+    """Requests to send: (schedule index, pool index) pairs; a list, or workers.SharedOrder."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[tuple[int, int]]: ...
+
+
 async def closed_loop(
     run: ArmRun,
     pool: list[Prompt],
-    order: list[tuple[int, int]] | None = None,
+    order: Order | None = None,
     concurrency: int | None = None,
     first_worker: int = 0,
 ) -> None:
-    """`order`: (schedule index, pool index) pairs to send (default: the whole schedule);
-    `concurrency` connections (default: the scenario's). workers.py runs slices of it."""
+    """`order`: (schedule index, pool index) pairs to send (default: the whole schedule), taken
+    in turn by `concurrency` connections (default: the scenario's). workers.py hands each
+    process an order shared with the others."""
     w = run.scenario.workload
     order = order if order is not None else list(enumerate(schedule(run.scenario)))
     concurrency = concurrency or w.concurrency

@@ -1,8 +1,10 @@
 """`kvbench run --workers N`: a closed loop sent by N processes, one event loop each, so that the
-client can use more than one core. The schedule is dealt out round-robin, the connections split
-as evenly as they go; each process streams its requests to its own part file in the run folder
-(requests.part-K.jsonl), and the parent merges them into requests.jsonl when all are done (or
-stopped), in start order. All processes share the monotonic clock, so times line up.
+client can use more than one core. The connections are split as evenly as they go; whichever
+connection of any process is free takes the next request of the schedule (one shared counter),
+so a process on a busier core takes fewer and none idles at the end. All processes start
+sending together, once each is ready. Each streams its requests to its own part file in the run
+folder (requests.part-K.jsonl), and the parent merges them into requests.jsonl when all are done
+(or stopped), in start order. All processes share the monotonic clock, so times line up.
 """
 
 from __future__ import annotations
@@ -54,6 +56,36 @@ class Job:
         return self.folder / f"requests.part-{self.index}.jsonl"
 
 
+class SharedOrder:
+    """The schedule, taken one request at a time by every connection of every process."""
+
+    def __init__(self, order: list[tuple[int, int]], taken: Any) -> None:
+        self.order, self.taken = order, taken  # taken: a multiprocessing Value("q")
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self) -> SharedOrder:
+        return self
+
+    def __next__(self) -> tuple[int, int]:
+        with self.taken.get_lock():
+            k = self.taken.value
+            if k >= len(self.order):
+                raise StopIteration
+            self.taken.value = k + 1
+        return self.order[k]
+
+
+@dataclass(frozen=True)
+class Sync:
+    """What the processes share: the schedule's counter, and the start line."""
+
+    taken: Any  # Value("q")
+    ready: Any  # Semaphore: released by each process once it can send
+    go: Any  # Event: set by the parent when all are ready
+
+
 class _PartWriter:
     def __init__(self, path: Path, process: int) -> None:
         self.f = path.open("ab")
@@ -67,11 +99,11 @@ class _PartWriter:
         self.count += 1
 
 
-def _main(job: Job) -> None:
-    aio.run(_run(job))
+def _main(job: Job, sync: Sync) -> None:
+    aio.run(_run(job, sync))
 
 
-async def _run(job: Job) -> None:
+async def _run(job: Job, sync: Sync) -> None:
     from rich.console import Console
 
     stop = asyncio.Event()
@@ -102,8 +134,12 @@ async def _run(job: Job) -> None:
         run._seq = job.index * 10**9  # request ids stay unique until the merge renumbers them
         monitor = LoopMonitor(active=lambda: run.in_flight > 0)
         aio.freeze_heap()
+        sync.ready.release()
+        while not sync.go.wait(0.05) and not stop.is_set():
+            await asyncio.sleep(0)  # Ctrl-C before the start: the signal handler must run
         monitor.start()
-        task = asyncio.ensure_future(closed_loop(run, job.pool, job.order, job.concurrency, job.first_worker))
+        order = SharedOrder(job.order, sync.taken)
+        task = asyncio.ensure_future(closed_loop(run, job.pool, order, job.concurrency, job.first_worker))
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
@@ -137,6 +173,8 @@ async def run_workers(run: ArmRun, pool: list[Prompt], n: int, folder: Path, sen
     sc = run.scenario
     order = list(enumerate(schedule(sc)))
     shares = deal(sc.workload.concurrency, n)
+    ctx = multiprocessing.get_context("spawn")
+    sync = Sync(ctx.Value("q", 0), ctx.Semaphore(0), ctx.Event())
     jobs = [
         Job(
             k,
@@ -146,7 +184,7 @@ async def run_workers(run: ArmRun, pool: list[Prompt], n: int, folder: Path, sen
             run.model,
             dict(run.client.headers),
             pool,
-            order[k::n],
+            order,
             shares[k],
             sum(shares[:k]),
             run.run_id,
@@ -158,13 +196,16 @@ async def run_workers(run: ArmRun, pool: list[Prompt], n: int, folder: Path, sen
         )
         for k in range(n)
     ]
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_main, args=(job,), daemon=True) for job in jobs]
+    procs = [ctx.Process(target=_main, args=(job, sync), daemon=True) for job in jobs]
     for p in procs:
         p.start()
     run.progress.start(f"{run.arm.name} ({n} processes)", len(order))
     offsets: dict[int, int] = {}
     try:
+        ready = 0
+        while ready < n and all(p.is_alive() for p in procs):
+            ready += await asyncio.to_thread(sync.ready.acquire, True, 0.2)
+        sync.go.set()  # also when one died before it was ready: the others go on without it
         while any(p.is_alive() for p in procs):
             await asyncio.sleep(0.5)
             _progress(run, jobs, offsets)
