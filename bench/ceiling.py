@@ -23,52 +23,62 @@ from pathlib import Path
 from common import SERVER_CORE, STREAMING, Firehose, client_cores, kvbench_run
 
 
-def runs(n: int, conc: int, workers: int) -> dict[str, list[float]]:
-    """Three runs: req/s, tok/s, client CPU, loop lag p99, and the server's share of its core."""
-    out: dict[str, list[float]] = {"rps": [], "tps": [], "cpu": [], "lag": [], "server": []}
-    for _ in range(3):
-        with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=0, tokens=256) as fh:
-            before = fh.cpu_s()
-            (folder,) = kvbench_run(
-                STREAMING.format(name="ceiling", requests=n, concurrency=conc),
-                fh.base_url,
-                Path(tmp),
-                ["--workers", str(workers)] if workers > 1 else None,
-                cores=client_cores(workers),
-            )
-            meta = json.loads((folder / "run.json").read_text())
-            out["server"].append((fh.cpu_s() - before) / meta["summary"]["duration_s"])
-        out["rps"].append(meta["summary"]["req_per_s"])
-        out["tps"].append(meta["summary"]["output_tokens_per_s"])
-        out["cpu"].append(meta["client_health"]["cpu_share_of_one_core"]["mean"] or 0)
-        out["lag"].append(meta["client_health"]["loop_lag_ms"]["p99"] or 0)
-    return out
+def once(n: int, conc: int, workers: int) -> dict[str, float]:
+    """One run: req/s, tok/s, client CPU, loop lag p99, and the server's share of its core."""
+    with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=0, tokens=256) as fh:
+        before = fh.cpu_s()
+        (folder,) = kvbench_run(
+            STREAMING.format(name="ceiling", requests=n, concurrency=conc),
+            fh.base_url,
+            Path(tmp),
+            ["--workers", str(workers)] if workers > 1 else None,
+            cores=client_cores(workers),
+        )
+        meta = json.loads((folder / "run.json").read_text())
+        server = (fh.cpu_s() - before) / meta["summary"]["duration_s"]
+    return {
+        "rps": meta["summary"]["req_per_s"],
+        "tps": meta["summary"]["output_tokens_per_s"],
+        "cpu": meta["client_health"]["cpu_share_of_one_core"]["mean"] or 0,
+        "lag": meta["client_health"]["loop_lag_ms"]["p99"] or 0,
+        "server": server,
+    }
+
+
+def row(label: str, conc: int, rs: list[dict[str, float]]) -> None:
+    med = statistics.median
+    rps = [r["rps"] for r in rs]
+    print(
+        f"{label:>9s}  {conc:11d}  {med(rps):7.0f} ({min(rps):.0f}-{max(rps):.0f})"
+        f"{med(r['tps'] for r in rs):24.0f}  {med(r['cpu'] for r in rs):9.0%}  {med(r['lag'] for r in rs):8.2f}"
+    )
 
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
     workers = int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 1
-    med = statistics.median
     print("processes  connections  req/s (median, min-max of 3)  tok/s (median)  client CPU  loop lag p99 ms")
-    rows = [(1, 28), (1, 256)] + ([(workers, 28 * workers)] if workers > 1 else [])
-    one = 0.0
-    for w, conc in rows:
-        r = runs(n, conc, w)
+    # One process and the workers in alternation, so that both see the same machine (shared
+    # and noisy): scaling is the median of the three pairs' ratios.
+    one, many = [], []
+    for _ in range(3):
+        one.append(once(n, 28, 1))
+        if workers > 1:
+            many.append(once(n, 28 * workers, workers))
+    row("1", 28, one)
+    row("1", 256, [once(n, 256, 1) for _ in range(3)])
+    if workers > 1:
+        row(str(workers), 28 * workers, many)
+        cores = client_cores(workers)
+        shared = statistics.median(r["server"] for r in many) if SERVER_CORE in cores else 0.0
+        available = len(cores) - shared
+        ratios = sorted(m["rps"] / o["rps"] for o, m in zip(one, many, strict=True))
+        scaling = ratios[1]
         print(
-            f"{w:9d}  {conc:11d}  {med(r['rps']):7.0f} ({min(r['rps']):.0f}-{max(r['rps']):.0f})"
-            f"{med(r['tps']):24.0f}  {med(r['cpu']):9.0%}  {med(r['lag']):8.2f}"
+            f"  {workers} workers on cores {sorted(cores)}: {scaling:.2f}x one process (pairs {ratios[0]:.2f}-"
+            f"{ratios[-1]:.2f}); the server used {shared:.0%} of core {SERVER_CORE}, so the client had"
+            f" {available:.2f} cores: efficiency {scaling / available:.0%}"
         )
-        if w == 1 and conc == 28:
-            one = med(r["rps"])
-        if w > 1:
-            cores = client_cores(w)
-            shared = med(r["server"]) if SERVER_CORE in cores else 0.0
-            available = len(cores) - shared
-            scaling = med(r["rps"]) / one
-            print(
-                f"  {w} workers on cores {sorted(cores)}: {scaling:.2f}x one process; the server used {shared:.0%}"
-                f" of core {SERVER_CORE}, so the client had {available:.2f} cores: efficiency {scaling / available:.0%}"
-            )
 
 
 if __name__ == "__main__":

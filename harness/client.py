@@ -1,8 +1,9 @@
 """The streaming HTTP client: thin I/O around `sse.SSEDecoder` and `stream.StreamState`.
 
-One shared aiohttp session whose connector is sized for the run's concurrency. The response is
-read with `iter_any()` (no line or chunk limits) and each read is stamped with
-`time.perf_counter_ns()` as soon as it arrives, before any parsing.
+One shared aiohttp session whose connector is sized for the run's concurrency. Each socket read
+is stamped with `time.perf_counter_ns()` as the loop takes it, before any parsing (arrivals.py);
+the response is read with `iter_any()` (no line or chunk limits) and split back into the pieces
+that arrived together, and SSE decoding takes turns with the other streams (turns.py).
 """
 
 from __future__ import annotations
