@@ -1,7 +1,7 @@
-"""Turns at parsing, so that the event loop polls the sockets at least every `slice_ns`.
+"""Turns at parsing, so that the event loop polls the sockets at least every SLICE_NS.
 
-A response's bytes are stamped when the loop hands them to aiohttp (see client.py), so a stamp is
-late by however long the loop went without polling. A stream that parses a 256-token burst in
+A response's bytes are stamped when the loop reads them (see arrivals.py), so a stamp is late
+by however long the loop went without polling. A stream that parses a 256-token burst in
 one go holds the loop for ~2 ms; streams that each yield after a slice of their own do not help
 enough, since every ready stream takes its slice before the next poll (28 streams x 0.5 ms =
 14 ms). So all streams share one budget per turn: a stream that finds it spent queues, and each
