@@ -138,7 +138,9 @@ class StreamingClient:
         decoder = SSEDecoder()
         state = ex.state
         rescheduled = False
-        handler = resp.connection.protocol if resp.connection is not None else None
+        # The response's protocol, not resp.connection: aiohttp lets go of the connection as soon
+        # as the whole body is in, which for a short answer is before this line.
+        handler = getattr(resp, "_protocol", None)
         arrivals = handler.arrivals_of(resp.content) if isinstance(handler, StampedHandler) else []
         async for chunk in resp.content.iter_any():
             # iter_any hands over everything received since the last read: split it back into
