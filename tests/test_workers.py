@@ -43,8 +43,6 @@ def test_two_processes_merge_into_one_result(tmp_path: Path) -> None:
         assert sorted(x["schedule_index"] for x in recs) == list(range(40))
         assert {x["process"] for x in recs} == {0, 1} and len({x["worker"] for x in recs}) == 7
         assert [x["start_s"] for x in recs] == sorted(x["start_s"] for x in recs)
-        # one schedule for all processes: the first request of each connection are its first 7
-        assert {x["schedule_index"] for x in recs[:7]} == set(range(7))
         meta = json.loads((folder / "run.json").read_text())
         assert meta["status"] == "completed" and meta["client_health"]["processes"] == 2
         assert not list(folder.glob("requests.part-*"))
