@@ -72,7 +72,8 @@ def run_paired(scenario_toml: str, emulator_scale: float, profile: str = "redboo
         out = []
         for folder in sorted((t / "out").glob("*/*")):
             meta = json.loads((folder / "run.json").read_text())
-            for rec in read_requests(folder):
+            for r in read_requests(folder):
+                rec = r.as_dict()
                 rec["server"] = server[f"{meta['run_id']}-{meta['arm']}-{rec['id']}"]
                 rec["client_start_ns"] = meta["t0_monotonic_ns"] + rec["start_s"] * 1e9
                 rec["client_ft_ns"] = rec["client_start_ns"] + rec["ttft_s"] * 1e9

@@ -42,8 +42,8 @@ def run(n: int, conc: int, itl_ms: float, ttft_ms: float = TTFT_S * 1e3) -> tupl
         sent = {d["request_id"]: d["first_token_ns"] for d in map(json.loads, log.read_text().splitlines())}
         errs = []
         for r in read_requests(folder):
-            client = meta["t0_monotonic_ns"] + (r["start_s"] + r["ttft_s"]) * 1e9
-            errs.append((client - sent[f"{meta['run_id']}-default-{r['id']}"]) / 1e6)
+            client = meta["t0_monotonic_ns"] + (r.start_s + r.ttft_s) * 1e9
+            errs.append((client - sent[f"{meta['run_id']}-default-{r.id}"]) / 1e6)
         return meta, errs
 
 

@@ -1,160 +1,46 @@
-"""Derived figures, recomputed from per-request records. Pure functions over pandas frames.
+"""The report's derived analyses, recomputed from request records: per-group statistics, the
+cost-model fit, cache verification and the claims audit. Every figure comes from the one
+statistics core (stats.py); published figures come from the reference file.
 
-Definitions (also shown in reports):
-- TTFT: request start (headers on the socket) -> first token-bearing chunk.
-- speedup at a length: median cold TTFT / median warm TTFT; its 95 % interval comes from a
-  bootstrap that resamples cold and warm requests independently.
-- req/s: completed requests / (last end - first start), as the Redbooks paper defines it.
-- steady-state req/s: completions between the 10th and 90th percentile of end times, divided by
-  that span: ramp-up and drain excluded.
-- drop: (before - after) / before.
-- cost model: recompute TTFT(n) = a*n + b*n^2 (least squares on cold requests); load TTFT(n) =
-  c + n/r (least squares on warm requests); bandwidth = r * kv_bytes_per_token; break-even = the
-  length below which recomputing is faster than loading.
+Cost model: recompute TTFT(n) = a*n + b*n^2 (least squares on cold requests); load TTFT(n) =
+c + n/r (least squares on warm requests); bandwidth = r * kv_bytes_per_token; break-even = the
+length below which recomputing is faster than loading.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from harness.stats import drop  # noqa: F401  (re-exported: part of the analysis API)
+from harness import checks, stats
+from harness.results import RequestRecord
 
-METRICS = ("ttft_s", "first_byte_s", "e2e_s", "itl_s")
-WARM_SERVED_SHARE = 0.9
-
-
-def frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    df = pd.DataFrame.from_records(list(records))
-    for col in ("ok", "phase", "arm", "target_tokens", "prompt_tokens", "cached_tokens", "start_s", "e2e_s", "ttft_s"):
-        if col not in df:
-            df[col] = pd.Series(dtype=object)
-    df["end_s"] = df["start_s"] + df["e2e_s"]
-    return df
+Records = Sequence[RequestRecord]
+GROUP_METRICS = ("ttft_s", "first_byte_s", "e2e_s", "itl_s")
 
 
-def bootstrap_ci(
-    values: Sequence[float] | np.ndarray,
-    stat: Callable[[np.ndarray], Any] = np.median,
-    n_boot: int = 2000,
-    level: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of `stat`; None with fewer than 2 values."""
-    x = np.asarray(values, dtype=float)
-    x = x[~np.isnan(x)]
-    if len(x) < 2:
-        return None
-    rng = np.random.default_rng(seed)
-    samples = x[rng.integers(0, len(x), size=(n_boot, len(x)))]
-    stats = np.asarray(stat(samples, axis=1)) if stat in (np.median, np.mean) else np.array([stat(s) for s in samples])
-    lo, hi = np.quantile(stats, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
-
-
-def _describe(x: np.ndarray) -> dict[str, float | None]:
-    if len(x) == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    q = np.quantile(x, [0.5, 0.9, 0.99])
-    return {"mean": float(x.mean()), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2])}
-
-
-def _values(df: pd.DataFrame, metric: str) -> np.ndarray:
-    ok = df[df["ok"] == True]  # noqa: E712 (a column of objects)
-    if metric == "itl_s":
-        if "itl_s" not in ok:
-            return np.array([])
-        return np.array([v for lst in ok["itl_s"] if isinstance(lst, list) for v in lst], dtype=float)
-    return ok[metric].dropna().to_numpy(dtype=float)
-
-
-def group_stats(df: pd.DataFrame, by: Sequence[str] = ("arm", "phase", "target_tokens")) -> pd.DataFrame:
-    """Per group: count, errors, mean/p50/p90/p99 of each metric, 95 % bootstrap intervals of the
+def group_stats(records: Records, by: Sequence[str] = ("arm", "phase", "target_tokens")) -> list[dict[str, Any]]:
+    """Per group: count, errors, mean/p50/p90/p99 of each metric, and bootstrap intervals of the
     TTFT median and mean."""
     rows = []
-    keys = [k for k in by if k in df]
-    for key, g in df.groupby(keys, dropna=False, sort=True):
-        key = key if isinstance(key, tuple) else (key,)
-        row: dict[str, Any] = dict(zip(keys, key, strict=True))
+    for key, g in stats.groups(records, by).items():
+        row: dict[str, Any] = dict(zip(by, key, strict=True))
         row["count"] = len(g)
-        row["errors"] = int((g["ok"] != True).sum())  # noqa: E712
-        for m in METRICS:
-            for stat, v in _describe(_values(g, m)).items():
-                row[f"{m}_{stat}"] = v
-        ttft = _values(g, "ttft_s")
-        for name, fn in (("p50", np.median), ("mean", np.mean)):
-            ci = bootstrap_ci(ttft, fn)
+        row["errors"] = sum(not r.ok for r in g)
+        for m in GROUP_METRICS:
+            d = stats.describe(stats.values(g, m))
+            for name in ("mean", "p50", "p90", "p99"):
+                row[f"{m}_{name}"] = d[name]
+        ttft = stats.values(g, "ttft_s")
+        for name, fn in stats.STATISTICS.items():
+            ci = stats.bootstrap_ci((ttft,), fn)
             row[f"ttft_s_{name}_ci_lo"], row[f"ttft_s_{name}_ci_hi"] = ci if ci else (None, None)
         rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def speedup_table(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    """Per prompt length: cold and warm median TTFT, speedup = cold / warm, and its interval."""
-    rows = []
-    rng = np.random.default_rng(seed)
-    for n, g in df.groupby("target_tokens", sort=True):
-        cold, warm = _values(g[g["phase"] == "cold"], "ttft_s"), _values(g[g["phase"] == "warm"], "ttft_s")
-        row: dict[str, Any] = {"length": int(n), "cold_n": len(cold), "warm_n": len(warm)}
-        row["cold_p50_s"] = float(np.median(cold)) if len(cold) else None
-        row["warm_p50_s"] = float(np.median(warm)) if len(warm) else None
-        row["speedup"] = row["cold_p50_s"] / row["warm_p50_s"] if row["cold_p50_s"] and row["warm_p50_s"] else None
-        row["speedup_ci_lo"] = row["speedup_ci_hi"] = None
-        if len(cold) >= 2 and len(warm) >= 2:
-            c = np.median(cold[rng.integers(0, len(cold), (2000, len(cold)))], axis=1)
-            w = np.median(warm[rng.integers(0, len(warm), (2000, len(warm)))], axis=1)
-            lo, hi = np.quantile(c / w, [0.025, 0.975])
-            row["speedup_ci_lo"], row["speedup_ci_hi"] = float(lo), float(hi)
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-@dataclass(frozen=True)
-class ClosedLoop:
-    completed: int
-    failed: int
-    req_per_s: float | None
-    steady_req_per_s: float | None
-    output_tok_per_s: float | None
-    duration_s: float | None
-    mean_concurrency: float | None
-    timeline: list[tuple[float, int]] = field(default_factory=list)  # (time, requests in flight)
-
-
-def closed_loop(df: pd.DataFrame) -> ClosedLoop:
-    ok = df[df["ok"] == True]  # noqa: E712
-    failed = len(df) - len(ok)
-    if ok.empty:
-        return ClosedLoop(0, failed, None, None, None, None, None)
-    first, last = float(df["start_s"].min()), float(ok["end_s"].max())
-    span = last - first
-    ends = np.sort(ok["end_s"].to_numpy(dtype=float))
-    lo, hi = np.quantile(ends, [0.1, 0.9])
-    inside = int(((ends > lo) & (ends <= hi)).sum())
-    steady = inside / (hi - lo) if hi > lo else None
-    tokens = float(ok["completion_tokens"].fillna(0).sum()) if "completion_tokens" in ok else 0.0
-    events = sorted([(float(t), 1) for t in df["start_s"]] + [(float(t), -1) for t in df["end_s"].dropna()])
-    timeline, level, area, prev = [], 0, 0.0, first
-    for t, d in events:
-        area += level * (t - prev)
-        level += d
-        prev = t
-        timeline.append((t, level))
-    return ClosedLoop(
-        completed=len(ok),
-        failed=failed,
-        req_per_s=len(ok) / span if span > 0 else None,
-        steady_req_per_s=steady,
-        output_tok_per_s=tokens / span if span > 0 else None,
-        duration_s=span,
-        mean_concurrency=area / span if span > 0 else None,
-        timeline=timeline,
-    )
+    return rows
 
 
 @dataclass(frozen=True)
@@ -169,17 +55,21 @@ class CostFit:
     residuals: list[dict[str, Any]]
 
 
-def fit_cost_model(df: pd.DataFrame, kv_bytes_per_token: int) -> CostFit | None:
+def _fit_points(records: Records, phase: str) -> tuple[np.ndarray, np.ndarray, int]:
+    rows = [r for r in records if r.ok and r.ttft_s is not None and r.phase == phase]
+    n = np.asarray([float(r.prompt_tokens if r.prompt_tokens is not None else r.target_tokens or 0) for r in rows])
+    t = np.asarray([float(r.ttft_s or 0.0) for r in rows])
+    return n, t, len({r.target_tokens for r in rows})
+
+
+def fit_cost_model(records: Records, kv_bytes_per_token: int) -> CostFit | None:
     """Least-squares fits of the recompute and load cost models; None without both phases at two
     or more lengths. Residuals are per request (measured - fitted)."""
-    ok = df[(df["ok"] == True) & df["ttft_s"].notna()]  # noqa: E712
-    n_col = ok["prompt_tokens"].fillna(ok["target_tokens"]).astype(float)
-    cold, warm = ok[ok["phase"] == "cold"], ok[ok["phase"] == "warm"]
-    if cold["target_tokens"].nunique() < 2 or warm["target_tokens"].nunique() < 2:
+    nc, tc, cold_lengths = _fit_points(records, "cold")
+    nw, tw, warm_lengths = _fit_points(records, "warm")
+    if cold_lengths < 2 or warm_lengths < 2:
         return None
-    nc, tc = n_col[cold.index].to_numpy(), cold["ttft_s"].to_numpy(dtype=float)
     (a, b), *_ = np.linalg.lstsq(np.column_stack([nc, nc * nc]), tc, rcond=None)
-    nw, tw = n_col[warm.index].to_numpy(), warm["ttft_s"].to_numpy(dtype=float)
     (c, s), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(nw), nw]), tw, rcond=None)
     rate = 1.0 / s if s > 0 else math.inf
     # a*n + b*n^2 = c + s*n  ->  b*n^2 + (a - s)*n - c = 0: the positive root.
@@ -195,25 +85,31 @@ def fit_cost_model(df: pd.DataFrame, kv_bytes_per_token: int) -> CostFit | None:
     return CostFit(float(a), float(b), float(c), float(s), rate, rate * kv_bytes_per_token / 1e9, be, residuals)
 
 
-def cache_verification(df: pd.DataFrame, template_allowance: int = 0) -> dict[str, Any]:
+def _shares(records: Records) -> list[float]:
+    return [r.cached_tokens / r.prompt_tokens for r in records if r.cached_tokens is not None and r.prompt_tokens]
+
+
+def cache_verification(records: Records, cold_allowance: int = 0) -> dict[str, Any]:
     """Were warm requests served from cache, and were cold ones cold?"""
-    ok = df[df["ok"] == True]  # noqa: E712
-    warm, cold = ok[ok["phase"] == "warm"], ok[ok["phase"] == "cold"]
-    reported = warm[warm["cached_tokens"].notna() & warm["prompt_tokens"].notna()]
-    share = reported["cached_tokens"].astype(float) / reported["prompt_tokens"].astype(float)
-    cold_rep = cold[cold["cached_tokens"].notna()]
-    loop = ok[(ok["phase"] == "run") & ok["cached_tokens"].notna() & ok["prompt_tokens"].notna()]
-    loop_share = loop["cached_tokens"].astype(float) / loop["prompt_tokens"].astype(float)
+    done = stats.ok(records)
+    warm = [r for r in done if r.phase == "warm"]
+    cold = [r for r in done if r.phase == "cold"]
+    reported = [r for r in warm if r.cached_tokens is not None and r.prompt_tokens is not None]
+    share = _shares(reported)
+    loop = [r for r in done if r.phase == "run" and r.cached_tokens is not None and r.prompt_tokens is not None]
+    loop_share = _shares(loop)
     return {
         "loop_requests": len(loop),
-        "loop_mean_cached_share": float(loop_share.mean()) if len(loop) else None,
-        "loop_hits": int((loop_share > 0).sum()),
+        "loop_mean_cached_share": float(np.mean(loop_share)) if loop_share else None,
+        "loop_hits": sum(s > 0 for s in loop_share),
         "warm_requests": len(warm),
         "warm_reported": len(reported),
-        "warm_served_from_cache": int((share >= WARM_SERVED_SHARE).sum()),
-        "warm_mean_cached_share": float(share.mean()) if len(share) else None,
+        "warm_served_from_cache": sum(
+            checks.warm_hit(r.cached_tokens or 0, r.prompt_tokens or 0) for r in reported if r.prompt_tokens
+        ),
+        "warm_mean_cached_share": float(np.mean(share)) if share else None,
         "cold_requests": len(cold),
-        "cold_not_cold": int((cold_rep["cached_tokens"].astype(float) > template_allowance).sum()),
+        "cold_not_cold": sum(r.cached_tokens is not None and r.cached_tokens > cold_allowance for r in cold),
     }
 
 
@@ -237,27 +133,26 @@ def _half_unit(text: str) -> float:
 
 def claims_audit(ref: dict[str, Any], measured: dict[str, float | None]) -> list[Claim]:
     """Each published derived figure: as published, recomputed from the published inputs, measured."""
-    t, cc, ct = ref["ttft"], ref["concurrency"], ref["competing_traffic"]
-    cold130, warm130 = float(t["no_cache_s"]["130000"]), float(t["cached_s_range"][1])
+    t, cc, ct, claims = ref["ttft"], ref["concurrency"], ref["competing_traffic"], ref["claims"]
+    n_max = int(t["prompt_tokens_max"])
+    cold_max, warm_max = float(t["no_cache_s"][str(n_max)]), float(t["cached_s_range"][1])
     rec, cac, tra = (float(x["req_per_s"]) for x in (cc["recompute"], cc["cached"], ct["cached"]))
     rec_t, cac_t, tra_t = (float(x["total_s"]) for x in (cc["recompute"], cc["cached"], ct["cached"]))
     n = int(cc["requests"])
-    rows: list[tuple[str, str, float, float, str, str, str]] = [
+    rows: list[tuple[str, str, float, str, str, str]] = [
         (
-            "TTFT speedup at 130K tokens",
-            "56",
-            56.0,
-            cold130 / warm130,
-            f"{cold130} / {warm130}",
-            "ttft_speedup_130k",
+            f"TTFT speedup at {n_max // 1000}K tokens",
+            str(claims["ttft_speedup"]),
+            cold_max / warm_max,
+            f"{cold_max} / {warm_max}",
+            "ttft_speedup_max",
             "x",
         ),
-        ("Recompute throughput", "0.19", 0.19, n / rec_t, f"{n} / {rec_t:g} s", "recompute_req_per_s", "req/s"),
-        ("Cached throughput", "4.26", 4.26, n / cac_t, f"{n} / {cac_t:g} s", "cached_req_per_s", "req/s"),
+        ("Recompute throughput", f"{rec:g}", n / rec_t, f"{n} / {rec_t:g} s", "recompute_req_per_s", "req/s"),
+        ("Cached throughput", f"{cac:g}", n / cac_t, f"{n} / {cac_t:g} s", "cached_req_per_s", "req/s"),
         (
             "Concurrency speedup (cached vs recompute)",
-            "22",
-            22.0,
+            str(claims["concurrency_speedup"]),
             cac / rec,
             f"{cac} / {rec}",
             "concurrency_speedup",
@@ -265,8 +160,7 @@ def claims_audit(ref: dict[str, Any], measured: dict[str, float | None]) -> list
         ),
         (
             "Throughput with competing traffic",
-            "3.6",
-            3.6,
+            f"{tra:g}",
             n / tra_t,
             f"{n} / {tra_t:g} s",
             "traffic_req_per_s",
@@ -274,8 +168,7 @@ def claims_audit(ref: dict[str, Any], measured: dict[str, float | None]) -> list
         ),
         (
             "Throughput drop under competing traffic",
-            "18",
-            18.0,
+            str(claims["traffic_drop_pct"]),
             (cac - tra) / cac * 100,
             f"({cac} - {tra}) / {cac}",
             "traffic_drop_pct",
@@ -283,8 +176,7 @@ def claims_audit(ref: dict[str, Any], measured: dict[str, float | None]) -> list
         ),
         (
             "Competing traffic vs recompute",
-            "18.9 (not claimed)",
-            18.9,
+            f"{tra / rec:.1f} (not claimed)",
             tra / rec,
             f"{tra} / {rec}",
             "traffic_vs_recompute",
@@ -292,12 +184,13 @@ def claims_audit(ref: dict[str, Any], measured: dict[str, float | None]) -> list
         ),
     ]
     out = []
-    for name, text, pub, recomputed, how, key, unit in rows:
+    for name, text, recomputed, how, key, unit in rows:
+        pub = float(text.split()[0])
         flag = None
         if abs(pub - recomputed) > _half_unit(text.split()[0]) + 1e-9:
             pct = unit if unit == "%" else ""
             flag = f"published {text}{pct} but the published inputs give {recomputed:.3g}{pct}"
             if key == "traffic_drop_pct":
-                flag += f"; {tra} / {rec} = {tra / rec:.1f}x suggests the 18 may be a ratio to recompute"
+                flag += f"; {tra} / {rec} = {tra / rec:.1f}x suggests the {text} may be a ratio to recompute"
         out.append(Claim(name, text, pub, recomputed, how, measured.get(key), unit, flag))
     return out

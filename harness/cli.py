@@ -1,5 +1,6 @@
-"""The `kvbench` command line. Every user mistake ends in a one-line message and a documented
-exit code (see harness/errors.py), never a traceback."""
+"""The `kvbench` command line: only wiring. Each command lives in its own module (harness/commands/,
+and harness/gate/command.py); every user mistake ends in a one-line message and a documented exit
+code (see harness/errors.py), never a traceback."""
 
 from __future__ import annotations
 
@@ -103,10 +104,9 @@ def run(
     ] = None,
 ) -> int:
     """Run a scenario against an endpoint, or the embedded emulator when none is given."""
-    from harness.runner import RunOptions
-    from harness.runner import run as do_run
+    from harness.commands import run as command
 
-    opts = RunOptions(
+    opts = command.RunOptions(
         scenario=scenario,
         endpoint=endpoint,
         model=model,
@@ -117,17 +117,9 @@ def run(
         api_key_env=api_key_env,
         metrics_urls=tuple(metrics_url or ()),
         workers=workers,
+        report=report,
     )
-    console = stderr_console()
-    code, folders = do_run(opts, console)
-    if report and folders:
-        from harness.report.build import render
-        from harness.report.load import load_runs
-
-        runs = load_runs(folders)
-        out = Path("reports") / f"{runs[0].meta['scenario_name']}-{runs[0].meta['run_id']}.html"
-        console.print(f"Report: {render(runs, out)}")
-    return code
+    return command.main(opts, stderr_console())
 
 
 @app.command()
@@ -144,16 +136,9 @@ def report(
     ] = None,
 ) -> int:
     """Render one self-contained HTML report (no network, no JavaScript) from result folders."""
-    from harness.report.build import render
-    from harness.report.load import load_runs
+    from harness.commands import report as command
 
-    runs = load_runs(results)
-    if output is None:
-        names = sorted({str(r.meta.get("scenario_name", "run")) for r in runs})
-        stamp = max(str(r.meta.get("run_id", "")) for r in runs)
-        output = Path("reports") / f"{'+'.join(names)}-{stamp}.html"
-    print(render(runs, output))
-    return ExitCode.OK
+    return command.main(results, output)
 
 
 @app.command()
@@ -163,25 +148,9 @@ def compare(
     candidate: Annotated[Path, typer.Argument(help="Candidate run or scenario result folder.", show_default=False)],
 ) -> int:
     """Compare two runs figure by figure: both values, the ratio, and whether the change is significant."""
-    from rich.table import Table
+    from harness.commands import compare as command
 
-    from harness.compare import compare as do_compare
-    from harness.errors import InputError
-    from harness.report.build import _num
-    from harness.report.load import load_runs
-
-    rows = do_compare(load_runs([base]), load_runs([candidate]))
-    if not rows:
-        raise InputError("nothing to compare: no run (scenario/arm) appears in both")
-    table = Table(title=f"{base} -> {candidate}")
-    for col in ("run", "figure", "base", "candidate", "ratio", "verdict"):
-        table.add_column(col, justify="left" if col in ("run", "figure", "verdict") else "right")
-    for r in rows:
-        table.add_row(r.run, r.figure, _num(r.base, 4), _num(r.candidate, 4), _num(r.ratio), r.verdict)
-    from rich.console import Console
-
-    Console().print(table)
-    return ExitCode.OK
+    return command.main(base, candidate)
 
 
 GATE_EXAMPLES = """\b
@@ -204,7 +173,7 @@ def gate(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write machine-readable verdicts.")] = None,
 ) -> int:
     """Fail (exit 1) when TTFT or req/s break a threshold or regress beyond a limit, noise-aware."""
-    from harness.gate_cmd import run_gate
+    from harness.gate.command import run_gate
 
     return run_gate(result, baseline, rules, junit, markdown, json_out, stderr_console())
 
@@ -227,20 +196,9 @@ def baseline_save(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Default: baselines/<scenario>.json.")] = None,
 ) -> int:
     """Save a compact baseline (samples and summaries per group, run-level figures per run)."""
-    from harness import baseline as bl
-    from harness.errors import InputError
-    from harness.report.load import load_runs
+    from harness.gate.command import save_baseline
 
-    runs = load_runs(results)
-    names = {r.meta.get("scenario_name") for r in runs}
-    if len(names) != 1:
-        raise InputError(f"a baseline holds one scenario; got {', '.join(sorted(map(str, names)))}")
-    hashes = {r.meta.get("scenario_hash") for r in runs}
-    if len(hashes) != 1:
-        raise InputError("these runs ran different versions of the scenario (scenario_hash differs)")
-    out = output or Path("baselines") / f"{names.pop()}.json"
-    print(bl.save(runs, out))
-    return ExitCode.OK
+    return save_baseline(results, output)
 
 
 @app.command()
@@ -249,12 +207,9 @@ def validate(
     scenarios: Annotated[list[Path], typer.Argument(help="Scenario files to check.", show_default=False)],
 ) -> int:
     """Check scenario files without running them (exit 2 at the first bad one)."""
-    from harness.scenario import load
+    from harness.commands import validate as command
 
-    for path in scenarios:
-        sc = load(path)
-        print(f"{path}: ok ({sc.workload.kind}, arms: {', '.join(a.name for a in sc.arms)}, hash {sc.digest()})")
-    return ExitCode.OK
+    return command.main(scenarios)
 
 
 @app.command()
@@ -276,30 +231,10 @@ def emulator(
     embedded: Annotated[bool, typer.Option(hidden=True)] = False,
 ) -> int:
     """Serve the emulated KV-tiered endpoint for other tools (Ctrl-C to stop)."""
-    import os
+    from harness.commands import emulator as command
 
-    from harness.emulator.profiles import profiles
-    from harness.emulator.serve import serve
-    from harness.errors import InputError
-
-    if profile not in profiles():
-        raise InputError(f"--profile: expected one of {', '.join(sorted(profiles()))}, got {profile!r}")
-    if time_scale <= 0:
-        raise InputError(f"--time-scale: expected a number > 0, got {time_scale}")
-    if slowdown <= 0:
-        raise InputError(f"--slowdown: expected a number > 0, got {slowdown}")
-    key = None
-    if api_key_env is not None:
-        key = os.environ.get(api_key_env)
-        if not key:
-            raise InputError(f"--api-key-env: environment variable {api_key_env} is not set or empty")
-    try:
-        serve(host, port, profile, time_scale, key, timing_log, embedded, slowdown)
-    except OSError as e:
-        from harness.errors import EndpointError
-
-        raise EndpointError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    return ExitCode.OK
+    opts = command.EmulatorOptions(host, port, profile, time_scale, api_key_env, timing_log, slowdown, embedded)
+    return command.main(opts)
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from harness.clock import ModelClock
 from harness.stats import percentile
 
 
@@ -53,13 +54,14 @@ class RunProgress:
             self._last_line = time.monotonic()
             self.console.print(f"{self.label}: {text}")
 
-    def advance(self, record: dict[str, Any]) -> None:
+    def advance(self, ok: bool, ttft_s: float | None) -> None:
+        """One more request finished."""
         self.done += 1
-        if not record["ok"]:
+        if not ok:
             self.errors += 1
-        elif record.get("ttft_s") is not None:
-            self._recent.append(record["ttft_s"])
-        p50 = percentile(list(self._recent), 50)
+        elif ttft_s is not None:
+            self._recent.append(ttft_s)
+        p50 = percentile(self._recent, 50)
         p50_text = f"{p50:.3f}s" if p50 is not None else "-"
         if self._progress is not None:
             self._progress.update(self._task, advance=1, errors=self.errors, p50=p50_text, description=self.label)
@@ -77,3 +79,34 @@ class RunProgress:
 
 def stderr_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
+
+
+def show_summary(console: Console, scenario: str, arm: str, kind: str, s: dict[str, Any], clock: ModelClock) -> None:
+    """An arm's summary (run.json's) in the terminal."""
+    from rich.table import Table
+
+    unit = " (model time)" if clock.modelled else ""
+    if kind == "sweep":
+        t = Table(title=f"{scenario} / {arm}: TTFT by prompt length{unit}")
+        for col in ("tokens", "cold p50 s", "warm p50 s", "speedup", "n cold/warm"):
+            t.add_column(col, justify="right")
+        for row in s["by_length"]:
+            t.add_row(
+                f"{row['length']:,}",
+                _fmt(row["cold_ttft_p50_s"]),
+                _fmt(row["warm_ttft_p50_s"]),
+                f"{row['speedup']:.1f}x" if row["speedup"] else "-",
+                f"{row['cold_n']}/{row['warm_n']}",
+            )
+        console.print(t)
+        return
+    ttft = s["ttft_s"]
+    console.print(
+        f"[bold]{scenario} / {arm}[/]: {s['completed']}/{s['requests']} completed, "
+        f"{_fmt(s['req_per_s'], 3)} req/s, TTFT p50 {_fmt(ttft['p50'])} s, p99 {_fmt(ttft['p99'])} s, "
+        f"duration {_fmt(s['duration_s'], 2)} s{unit}"
+    )
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"

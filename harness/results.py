@@ -1,12 +1,14 @@
-"""Result folders: `results/<scenario>/<UTC-timestamp>-<arm>/` with
+"""Result folders, both ways: this module alone writes and reads them (as asv's Results does).
 
-- `requests.jsonl`: one JSON object per finished request, appended and flushed as it ends;
+`results/<scenario>/<UTC-timestamp>-<arm>/` holds
+- `requests.jsonl`: one `RequestRecord` per line, appended and flushed as each request ends;
 - `run.json`: the run's metadata and summary, written when the run starts (status "running"),
   and rewritten when it ends ("completed", "interrupted" or "failed"). A run.json still saying
   "running" after the process is gone belongs to a run that died: its requests.jsonl holds every
-  request finished until then.
+  request finished until then;
+- `metrics.json`, `traffic.json`, `traffic.jsonl`: read here, written by scrape.py and traffic/.
 
-The format is documented in results/README.md; `schema_version` changes when it does.
+The format is documented in results/README.md; `SCHEMA_VERSION` changes when it does.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import json
 import os
 import platform
 import subprocess
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 import orjson
 
 from harness import __version__
+from harness.errors import InputError
 
 SCHEMA_VERSION = 1
 
@@ -72,8 +76,65 @@ def versions() -> dict[str, Any]:
     return {"kvbench": __version__, "git_commit": git_commit()}
 
 
-class RecordSink(Protocol):
-    def add(self, record: dict[str, Any]) -> None: ...
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished request: one line of requests.jsonl (fields documented in results/README.md).
+    Times are seconds since the request's start (`start_s`: since the arm's start), in model time."""
+
+    id: int
+    arm: str
+    phase: str  # "cold" | "warm" (sweep), "run" (closed loop)
+    prompt_id: str
+    target_tokens: int | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+    start_s: float
+    ttft_s: float | None
+    first_byte_s: float | None
+    first_content_s: float | None
+    headers_s: float | None
+    e2e_s: float | None
+    itl_s: list[float]
+    ok: bool
+    error: str | None
+    error_kind: str | None  # "connect" | "http" | "timeout" | "stream"
+    http_status: int | None
+    retried: bool
+    # Written only where they apply (a sweep's lines have no `worker`, and so on).
+    repeat: int | None = None  # sweep: 0 cold, 1.. warm
+    worker: int | None = None  # closed loop: the connection that sent it
+    schedule_index: int | None = None  # closed loop: its place in the drawn schedule
+    process: int | None = None  # --workers N: the client process that sent it
+
+    def to_json(self) -> bytes:
+        d = self.as_dict()
+        for f in _OPTIONAL:
+            if d[f] is None:
+                del d[f]
+        return orjson.dumps(d)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], itl: bool = True) -> RequestRecord:
+        """A parsed line; unknown keys (a later kvbench's) are ignored. `itl=False` leaves out the
+        per-token gaps: a million requests' gaps need not be in memory to summarise a run."""
+        values: dict[str, Any] = {f: d.get(f) for f in _FIELDS}
+        values["itl_s"] = (d.get("itl_s") or []) if itl else []
+        values["ok"], values["retried"] = bool(d.get("ok")), bool(d.get("retried"))
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in _FIELDS}
+
+    def with_(self, **changes: Any) -> RequestRecord:
+        return replace(self, **changes)
+
+    def end_s(self) -> float | None:
+        return None if self.e2e_s is None else self.start_s + self.e2e_s
+
+
+_FIELDS = tuple(f.name for f in fields(RequestRecord))
+_OPTIONAL = ("repeat", "worker", "schedule_index", "process")
 
 
 class RunWriter:
@@ -81,12 +142,12 @@ class RunWriter:
         folder.mkdir(parents=True, exist_ok=False)
         self.folder = folder
         self.meta = {"schema_version": SCHEMA_VERSION, **meta, "status": "running"}
-        self._requests: IO[bytes] = (folder / "requests.jsonl").open("ab")
+        self._requests: IO[bytes] = (folder / REQUESTS).open("ab")
         self.count = 0
         self._write_meta()
 
-    def add(self, record: dict[str, Any]) -> None:
-        self._requests.write(orjson.dumps(record) + b"\n")
+    def add(self, record: RequestRecord) -> None:
+        self._requests.write(record.to_json() + b"\n")
         self._requests.flush()
         self.count += 1
 
@@ -99,33 +160,104 @@ class RunWriter:
     def _write_meta(self) -> None:
         tmp = self.folder / "run.json.tmp"
         tmp.write_text(json.dumps(self.meta, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, self.folder / "run.json")
+        os.replace(tmp, self.folder / RUN)
 
 
-# What the end-of-run summary needs of each request: a million requests' per-token gaps need not
-# be in memory at once to summarise the run.
-SUMMARY_FIELDS = (
-    "ok",
-    "phase",
-    "target_tokens",
-    "prompt_tokens",
-    "cached_tokens",
-    "completion_tokens",
-    "start_s",
-    "ttft_s",
-    "e2e_s",
-)
+REQUESTS = "requests.jsonl"
+RUN = "run.json"
 
 
-def read_requests(folder: Path, fields: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    """Every complete line of requests.jsonl (only `fields` of each, if given); a line cut short
-    by a crash is skipped."""
+def read_requests(path: Path, itl: bool = True) -> list[RequestRecord]:
+    """Every complete line of a requests file (`path`: the file, or its run folder); a line cut
+    short by a crash is skipped."""
+    file = path / REQUESTS if path.is_dir() else path
     out = []
-    with (folder / "requests.jsonl").open("rb") as f:
+    with file.open("rb") as f:
         for line in f:
             try:
-                rec = orjson.loads(line)
+                d = orjson.loads(line)
             except orjson.JSONDecodeError:
                 continue
-            out.append({k: rec.get(k) for k in fields} if fields else rec)
+            out.append(RequestRecord.from_json(d, itl))
+    return out
+
+
+@dataclass
+class RunResult:
+    """One arm's result folder as read back: run.json, its records, and the side files."""
+
+    folder: Path
+    meta: dict[str, Any]
+    records: list[RequestRecord]
+    traffic: dict[str, Any] | None = None  # traffic.json
+    traffic_rows: list[dict[str, Any]] = field(default_factory=list)  # traffic.jsonl
+    server_metrics: dict[str, Any] | None = None  # metrics.json
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta.get('scenario_name', '?')}/{self.meta.get('arm', '?')}"
+
+    @property
+    def arm(self) -> str:
+        return str(self.meta.get("arm"))
+
+    @property
+    def scenario(self) -> dict[str, Any]:
+        return self.meta.get("scenario") or {}
+
+    @property
+    def kind(self) -> str:
+        return str(self.scenario.get("workload", {}).get("kind", ""))
+
+    @property
+    def reference_test(self) -> str | None:
+        return (self.scenario.get("reference") or {}).get("test")
+
+
+def _run_folders(path: Path) -> list[Path]:
+    """A run folder, or a scenario's folder (its newest run: all arms of it), or a results root
+    (the newest run of every scenario)."""
+    if (path / RUN).is_file():
+        return [path]
+    runs = sorted(p.parent for p in path.glob(f"*/{RUN}"))
+    if runs:
+        newest = max(json.loads((p / RUN).read_text()).get("run_id", "") for p in runs)
+        return [p for p in runs if json.loads((p / RUN).read_text()).get("run_id", "") == newest]
+    nested = sorted({p.parent.parent for p in path.glob(f"*/*/{RUN}")})
+    return [f for scenario in nested for f in _run_folders(scenario)]
+
+
+def _json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: unreadable: {e}") from None
+
+
+def read_run(folder: Path, itl: bool = True) -> RunResult:
+    meta = _json_file(folder / RUN)
+    if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA_VERSION:
+        version = meta.get("schema_version") if isinstance(meta, dict) else None
+        raise InputError(f"{folder / RUN}: schema_version {version!r}, expected {SCHEMA_VERSION}")
+    records = read_requests(folder, itl) if (folder / REQUESTS).exists() else []
+    run = RunResult(folder, meta, records)
+    if (folder / "metrics.json").exists():
+        run.server_metrics = _json_file(folder / "metrics.json")
+    if (folder / "traffic.json").exists():
+        run.traffic = _json_file(folder / "traffic.json")
+        lines = (folder / "traffic.jsonl").read_text().splitlines() if (folder / "traffic.jsonl").exists() else []
+        run.traffic_rows = [json.loads(line) for line in lines if line.strip()]
+    return run
+
+
+def load_runs(paths: list[Path], itl: bool = True) -> list[RunResult]:
+    """Run folders, scenario folders (all arms of the newest run) or a results root."""
+    out: list[RunResult] = []
+    for path in paths:
+        if not path.exists():
+            raise InputError(f"{path}: no such result folder")
+        folders = _run_folders(path)
+        if not folders:
+            raise InputError(f"{path}: no run.json here or in the folders below (is this a kvbench result folder?)")
+        out += [read_run(f, itl) for f in folders]
     return out

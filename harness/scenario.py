@@ -589,7 +589,7 @@ def _gate(top: _Table, file: str) -> dict[str, Any] | None:
         return None
     if not isinstance(raw, dict):
         top.fail("gate", "expected a table with thresholds and/or regression", raw)
-    from harness.gate import parse_rules
+    from harness.gate.rules import parse_rules
 
     parse_rules(raw, file)
     return raw

@@ -12,9 +12,10 @@ from typing import Any
 import aiohttp
 
 from harness import metrics
+from harness.checks import HIGH_COLD_HIT_RATIO, LOW_WARM_HIT_RATIO
+from harness.clock import ModelClock
 from harness.endpoint import redact
-
-LOW_WARM_HIT_RATIO = 0.5
+from harness.results import RequestRecord
 
 
 @dataclass
@@ -58,24 +59,25 @@ class Scraper:
         return snap if ok else None
 
     def record(
-        self, phase: str, before: metrics.Snapshot | None, after: metrics.Snapshot | None, records: list[dict[str, Any]]
+        self, phase: str, before: metrics.Snapshot | None, after: metrics.Snapshot | None, records: list[RequestRecord]
     ) -> None:
         p = self.phases.setdefault(phase, Phase())
         if before is not None and after is not None:
             metrics.add(p.deltas, metrics.delta(before, after, self.gauges), self.gauges)
         for r in records:
             p.requests += 1
-            p.prompt_tokens += int(r.get("prompt_tokens") or 0)
-            if r.get("ok") and r.get("ttft_s") is not None:
-                p.client_ttft.append(float(r["ttft_s"]))
+            p.prompt_tokens += r.prompt_tokens or 0
+            if r.ok and r.ttft_s is not None:
+                p.client_ttft.append(r.ttft_s)
 
-    async def sample_every(self, interval_s: float, t0_mono: float, scale: float) -> None:
+    async def sample_every(self, interval_s: float, clock: ModelClock) -> None:
+        """A snapshot every `interval_s` model seconds, placed on the arm's time line."""
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(clock.wall_s(interval_s))
             snap = await self.snapshot()
             if snap is not None:
                 self.timeline.append(
-                    {"t_s": round((time.monotonic() - t0_mono) * scale, 3), "values": metrics.as_json(snap)}
+                    {"t_s": clock.at_mono(time.monotonic()), "values": metrics.as_json(snap)}
                 )
 
     def summary(self) -> tuple[dict[str, Any], list[str]]:
@@ -103,7 +105,7 @@ class Scraper:
                     f"the server's own counters say warm requests mostly missed the cache (hit ratio {ratio:.0%}): "
                     "warm TTFTs here are not cached TTFTs"
                 )
-            if name == "cold" and ratio is not None and ratio > 0.5:
+            if name == "cold" and ratio is not None and ratio > HIGH_COLD_HIT_RATIO:
                 warnings.append(f"the server's counters report a {ratio:.0%} cache hit ratio for cold requests")
         verdict = None
         if "warm" in phases and phases["warm"]["server_hit_ratio"] is not None:

@@ -1,133 +1,238 @@
-"""Summary figures from per-request records (plain dicts as in requests.jsonl). Pure functions.
+"""The one statistics core: every figure kvbench derives from request records is computed here,
+for the terminal, run.json's summary, the report, the gate, `compare` and `baseline` alike, so
+the same run gives the same number everywhere. Pure functions over `RequestRecord`s.
 
 Definitions:
-- TTFT: request start -> first token (content, reasoning or tool call).
+- TTFT: request start (headers on the socket) -> first token-bearing chunk.
+- percentiles: linear interpolation between the two nearest ranks (numpy's default).
 - req/s: completed requests / (last end - first start), as the Redbooks paper defines it.
-- speedup at a length: median cold TTFT / median warm TTFT.
+- steady-state req/s: completions between the 10th and 90th percentile of end times, divided by
+  that span: ramp-up and drain left out.
+- speedup at a length: median cold TTFT / median warm TTFT; its 95 % interval is a percentile
+  bootstrap resampling cold and warm requests independently.
+- drop: (before - after) / before.
+
+Statistical tests and intervals come from scipy.stats, imported where one is computed (so that
+`kvbench run` starts without it).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-Record = dict[str, Any]
+import numpy as np
+
+from harness.results import RequestRecord
+
+Records = Sequence[RequestRecord]
+PER_REQUEST = ("ttft_s", "first_byte_s", "first_content_s", "e2e_s", "itl_s")
+QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0}
+CI_LEVEL = 0.95
+CI_RESAMPLES = 2000
+STEADY_QUANTILES = (0.1, 0.9)
 
 
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default method), None for no values."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * p / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+def ok(records: Iterable[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if r.ok]
 
 
-def describe(values: Sequence[float]) -> dict[str, float | int | None]:
+def values(records: Iterable[RequestRecord], metric: str) -> np.ndarray:
+    """The values of a per-request metric over the requests that succeeded (every gap for itl_s)."""
+    if metric == "itl_s":
+        gaps = [g for r in records if r.ok for g in r.itl_s]
+        return np.asarray(gaps, dtype=np.float64)
+    got = [getattr(r, metric) for r in records if r.ok]
+    return np.asarray([v for v in got if v is not None], dtype=np.float64)
+
+
+def percentile(x: np.ndarray | Iterable[float], p: float) -> float | None:
+    a = np.fromiter(x, dtype=np.float64) if not isinstance(x, np.ndarray) else x
+    return float(np.percentile(a, p)) if len(a) else None
+
+
+def describe(x: np.ndarray | Sequence[float]) -> dict[str, Any]:
+    """count, mean, p50, p90, p99, min, max (None for no values)."""
+    a = np.asarray(x, dtype=np.float64)
+    if not len(a):
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "min": None, "max": None}
+    q = np.percentile(a, list(QUANTILES.values()))
     return {
-        "count": len(values),
-        "mean": sum(values) / len(values) if values else None,
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
-        "min": min(values) if values else None,
-        "max": max(values) if values else None,
+        "count": len(a),
+        "mean": float(a.mean()),
+        **{k: float(v) for k, v in zip(QUANTILES, q, strict=True)},
+        "min": float(a.min()),
+        "max": float(a.max()),
     }
 
 
-def _ok(records: Iterable[Record]) -> list[Record]:
-    return [r for r in records if r.get("ok")]
+def aggregate(x: np.ndarray, agg: str) -> float:
+    """One named aggregate: count, mean, min, max or pNN."""
+    if agg == "count":
+        return float(len(x))
+    if len(x) == 0:
+        return float("nan")
+    if agg == "mean":
+        return float(np.mean(x))
+    if agg == "min":
+        return float(np.min(x))
+    if agg == "max":
+        return float(np.max(x))
+    return float(np.percentile(x, float(agg[1:])))
 
 
-def ttfts(records: Iterable[Record]) -> list[float]:
-    return [r["ttft_s"] for r in _ok(records) if r.get("ttft_s") is not None]
+@dataclass(frozen=True)
+class Throughput:
+    completed: int
+    failed: int
+    req_per_s: float | None
+    steady_req_per_s: float | None
+    output_tokens_per_s: float | None
+    duration_s: float | None
+    mean_concurrency: float | None
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (time, requests in flight)
 
 
-def req_per_s(records: Sequence[Record]) -> float | None:
-    done = _ok(records)
+def throughput(records: Records) -> Throughput:
+    done = ok(records)
+    failed = len(records) - len(done)
     if not done:
-        return None
-    first_start = min(r["start_s"] for r in records)
-    last_end = max(r["start_s"] + r["e2e_s"] for r in done)
-    span = last_end - first_start
-    return len(done) / span if span > 0 else None
+        return Throughput(0, failed, None, None, None, None, None)
+    first = min(r.start_s for r in records)
+    ends = np.sort(np.asarray([r.start_s + (r.e2e_s or 0.0) for r in done], dtype=np.float64))
+    span = float(ends[-1]) - first
+    lo, hi = np.quantile(ends, STEADY_QUANTILES)
+    inside = int(((ends > lo) & (ends <= hi)).sum())
+    tokens = sum(r.completion_tokens or 0 for r in done)
+    events = sorted([(r.start_s, 1) for r in records] + [(e, -1) for r in records if (e := r.end_s()) is not None])
+    timeline, level, area, prev = [], 0, 0.0, first
+    for t, d in events:
+        area += level * (t - prev)
+        level += d
+        prev = t
+        timeline.append((t, level))
+    positive = span > 0
+    return Throughput(
+        completed=len(done),
+        failed=failed,
+        req_per_s=len(done) / span if positive else None,
+        steady_req_per_s=inside / (hi - lo) if hi > lo else None,
+        output_tokens_per_s=tokens / span if positive else None,
+        duration_s=span if positive else None,
+        mean_concurrency=area / span if positive else None,
+        timeline=timeline,
+    )
 
 
-def sweep_rows(records: Sequence[Record]) -> list[dict[str, Any]]:
-    """Per prompt length: cold and warm TTFT medians and the speedup."""
-    lengths = sorted({r["target_tokens"] for r in records if r.get("target_tokens") is not None})
+def lengths(records: Records) -> list[int]:
+    return sorted({r.target_tokens for r in records if r.target_tokens is not None})
+
+
+def sweep_rows(records: Records, intervals: bool = False) -> list[dict[str, Any]]:
+    """Per prompt length: cold and warm TTFT medians, the speedup, and (on request) its interval."""
     rows = []
-    for n in lengths:
-        at = [r for r in records if r.get("target_tokens") == n]
-        cold = ttfts(r for r in at if r["phase"] == "cold")
-        warm = ttfts(r for r in at if r["phase"] == "warm")
+    for n in lengths(records):
+        at = [r for r in records if r.target_tokens == n]
+        cold = values((r for r in at if r.phase == "cold"), "ttft_s")
+        warm = values((r for r in at if r.phase == "warm"), "ttft_s")
         c50, w50 = percentile(cold, 50), percentile(warm, 50)
-        rows.append(
-            {
-                "length": n,
-                "cold_n": len(cold),
-                "warm_n": len(warm),
-                "cold_ttft_p50_s": c50,
-                "warm_ttft_p50_s": w50,
-                "speedup": c50 / w50 if c50 is not None and w50 else None,
-            }
-        )
+        row: dict[str, Any] = {
+            "length": n,
+            "cold_n": len(cold),
+            "warm_n": len(warm),
+            "cold_ttft_p50_s": c50,
+            "warm_ttft_p50_s": w50,
+            "speedup": c50 / w50 if c50 is not None and w50 else None,
+        }
+        if intervals:
+            ci = bootstrap_ci((cold, warm), _median_ratio)
+            row["speedup_ci_lo"], row["speedup_ci_hi"] = ci if ci else (None, None)
+        rows.append(row)
     return rows
 
 
-def summary(records: Sequence[Record], kind: str) -> dict[str, Any]:
-    ok = _ok(records)
+def summary(records: Records, kind: str) -> dict[str, Any]:
+    """run.json's summary of one arm."""
+    done = ok(records)
     out: dict[str, Any] = {
         "requests": len(records),
-        "completed": len(ok),
-        "failed": len(records) - len(ok),
-        "ttft_s": describe(ttfts(records)),
-        "e2e_s": describe([r["e2e_s"] for r in ok]),
+        "completed": len(done),
+        "failed": len(records) - len(done),
+        "ttft_s": describe(values(done, "ttft_s")),
+        "e2e_s": describe(values(done, "e2e_s")),
     }
     if kind == "sweep":
         out["by_length"] = sweep_rows(records)
     else:
-        out["req_per_s"] = req_per_s(records)
-        done_tokens = sum(r.get("completion_tokens") or 0 for r in ok)
-        span = max(r["start_s"] + r["e2e_s"] for r in ok) - min(r["start_s"] for r in records) if ok else 0.0
-        out["output_tokens_per_s"] = done_tokens / span if span > 0 else None
-        out["duration_s"] = span or None
+        t = throughput(records)
+        out["req_per_s"] = t.req_per_s
+        out["output_tokens_per_s"] = t.output_tokens_per_s
+        out["duration_s"] = t.duration_s
     return out
 
 
-def mann_whitney_p(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Two-sided p-value of the Mann-Whitney U test (normal approximation with tie correction,
-    continuity-corrected); None when either sample has fewer than 2 values."""
-    n1, n2 = len(x), len(y)
-    if n1 < 2 or n2 < 2:
-        return None
-    pooled = sorted([(v, 0) for v in x] + [(v, 1) for v in y])
-    ranks = [0.0] * len(pooled)
-    ties = 0.0
-    i = 0
-    while i < len(pooled):
-        j = i
-        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[k] = (i + j) / 2 + 1
-        t = j - i + 1
-        ties += t**3 - t
-        i = j + 1
-    r1 = sum(r for r, (_, g) in zip(ranks, pooled, strict=True) if g == 0)
-    u = r1 - n1 * (n1 + 1) / 2
-    mu = n1 * n2 / 2
-    n = n1 + n2
-    sigma = math.sqrt(n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1))))
-    if sigma == 0:
-        return 1.0
-    z = (abs(u - mu) - 0.5) / sigma
-    return max(0.0, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
+def groups(records: Records, by: Sequence[str]) -> dict[tuple[Any, ...], list[RequestRecord]]:
+    """Records grouped by the values of some of their fields, in sorted key order."""
+    out: dict[tuple[Any, ...], list[RequestRecord]] = {}
+    for r in records:
+        out.setdefault(tuple(getattr(r, k) for k in by), []).append(r)
+    return dict(sorted(out.items(), key=lambda kv: tuple((v is None, v) for v in kv[0])))
 
 
 def drop(before: float, after: float) -> dict[str, float]:
     """Ratio and percentage drop from `before` to `after` (e.g. req/s clean vs with traffic)."""
     return {"ratio": after / before, "drop_pct": (before - after) / before * 100.0}
+
+
+def mann_whitney_p(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float | None:
+    """Two-sided p-value of the Mann-Whitney U test (normal approximation, tie- and
+    continuity-corrected); None when either sample has fewer than 2 values."""
+    if len(x) < 2 or len(y) < 2:
+        return None
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if np.array_equal(np.unique(a), np.unique(b)) and len(np.unique(a)) == 1:
+        return 1.0  # all values equal: no difference to test (scipy would divide by zero)
+    from scipy.stats import mannwhitneyu
+
+    return float(mannwhitneyu(a, b, alternative="two-sided", method="asymptotic", use_continuity=True).pvalue)
+
+
+def _median_ratio(cold: np.ndarray, warm: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.asarray(np.median(cold, axis=axis) / np.median(warm, axis=axis))
+
+
+def _median(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.asarray(np.median(x, axis=axis))
+
+
+def _mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.asarray(np.mean(x, axis=axis))
+
+
+STATISTICS: dict[str, Callable[..., np.ndarray]] = {"p50": _median, "mean": _mean}
+
+
+def bootstrap_ci(
+    samples: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray], seed: int = 0
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval (CI_LEVEL) of `statistic` over independent samples; None
+    when a sample has fewer than 2 values or every resample gives the same value."""
+    if any(len(s) < 2 for s in samples):
+        return None
+    if all(len(np.unique(s)) == 1 for s in samples):
+        v = float(statistic(*samples))
+        return v, v
+    from scipy.stats import bootstrap
+
+    res = bootstrap(
+        samples,
+        statistic,
+        n_resamples=CI_RESAMPLES,
+        confidence_level=CI_LEVEL,
+        method="percentile",
+        vectorized=True,
+        paired=False,
+        rng=np.random.default_rng(seed),
+    )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)

@@ -1,4 +1,4 @@
-"""`kvbench run --workers N`: a closed loop sent by N processes, one event loop each, so that the
+"""`kvbench run --workers N`: an arm sent by N processes, one event loop each, so that the
 client can use more than one core. The connections are split as evenly as they go; whichever
 connection of any process is free takes the next request of the schedule (one shared counter),
 so a process on a busier core takes fewer and none idles at the end. All processes start
@@ -19,36 +19,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from harness import aio
-from harness.client import StreamingClient
-from harness.drivers import ArmRun, closed_loop, schedule
+from harness import aio, workloads
 from harness.progress import RunProgress
-from harness.prompts import Prompt, PromptBuilder
-from harness.scenario import Arm, Scenario
+from harness.prompts import PromptBuilder
+from harness.results import RequestRecord, RunWriter, read_requests
 from harness.selfcheck import LoopMonitor
+from harness.wire import seam
+from harness.wire.client import StreamingClient
+from harness.workloads.base import ArmSpec, Plan, Sender
 
+# The ids a worker process gives its requests start at index x ID_STRIDE, unique until merged.
+ID_STRIDE = 10**9
 GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
 class Job:
     index: int
-    scenario: Scenario
-    arm: Arm
-    base_url: str
-    model: str
+    spec: ArmSpec
+    kind: str
     headers: dict[str, str]  # may hold the API key: travels through a pipe, never argv or disk
-    pool: list[Prompt]
-    order: list[tuple[int, int]]
-    concurrency: int
-    first_worker: int
-    run_id: str
-    t0_ns: int
-    time_scale: float
+    plan: Plan
+    connections: int
+    first_connection: int
     send_clock: bool
-    server: str
     folder: Path
 
     @property
@@ -90,13 +84,10 @@ class _PartWriter:
     def __init__(self, path: Path, process: int) -> None:
         self.f = path.open("ab")
         self.process = process
-        self.count = 0
 
-    def add(self, record: dict[str, Any]) -> None:
-        record["process"] = self.process
-        self.f.write(orjson.dumps(record) + b"\n")
+    def add(self, record: RequestRecord) -> None:
+        self.f.write(record.with_(process=self.process).to_json() + b"\n")
         self.f.flush()
-        self.count += 1
 
 
 def _main(job: Job, sync: Sync) -> None:
@@ -112,34 +103,27 @@ async def _run(job: Job, sync: Sync) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     writer = _PartWriter(job.part, job.index)
     quiet = RunProgress(Console(file=open(os.devnull, "w"), force_terminal=False))  # noqa: SIM115
-    async with StreamingClient(
-        job.concurrency, job.scenario.endpoint.timeouts, job.headers, send_clock=job.send_clock
-    ) as client:
-        run = ArmRun(
-            scenario=job.scenario,
-            arm=job.arm,
+    sc = job.spec.scenario
+    async with StreamingClient(job.connections, sc.endpoint.timeouts, job.headers, send_clock=job.send_clock) as client:
+        sender = Sender(
+            spec=job.spec,
             client=client,
-            base_url=job.base_url,
-            model=job.model,
-            builder=PromptBuilder(_no_count, job.scenario.prompts.seed, job.scenario.prompts.tolerance, 0),
-            writer=writer,
+            builder=PromptBuilder(_no_count, sc.prompts.seed, sc.prompts.tolerance, 0),
             progress=quiet,
             stop=stop,
-            t0_ns=job.t0_ns,
-            time_scale=job.time_scale,
-            run_id=job.run_id,
-            rng=random.Random(f"{job.run_id}/{job.arm.name}/{job.index}/{random.SystemRandom().random()}"),
-            server=job.server,
+            rng=random.Random(f"{job.spec.run_id}/{job.spec.arm.name}/{job.index}/{random.SystemRandom().random()}"),
+            seq=job.index * ID_STRIDE,  # request ids stay unique until the merge renumbers them
+            subscribers=[writer.add],
         )
-        run._seq = job.index * 10**9  # request ids stay unique until the merge renumbers them
-        monitor = LoopMonitor(active=lambda: run.in_flight > 0)
+        monitor = LoopMonitor(active=lambda: sender.in_flight > 0)
         aio.freeze_heap()
         sync.ready.release()
         while not sync.go.wait(0.05) and not stop.is_set():
             await asyncio.sleep(0)  # Ctrl-C before the start: the signal handler must run
         monitor.start()
-        order = SharedOrder(job.order, sync.taken)
-        task = asyncio.ensure_future(closed_loop(run, job.pool, order, job.concurrency, job.first_worker))
+        take = SharedOrder(list(job.plan.schedule), sync.taken)
+        drive = workloads.get(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
+        task = asyncio.ensure_future(drive)
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
@@ -147,12 +131,13 @@ async def _run(job: Job, sync: Sync) -> None:
             task.cancel()
         stopped.cancel()
         health = monitor.stop()
+    health["stamping"] = client.stamping
     (job.folder / f"requests.part-{job.index}.json").write_text(
         json.dumps(
             {
                 "client_health": health,
-                "warnings": run.warnings,
-                "aborted": run.aborted,
+                "warnings": sender.warnings + ([client.stamping_warning] if client.stamping_warning else []),
+                "aborted": sender.aborted,
                 "interrupted": stop.is_set(),
             }
         )
@@ -168,38 +153,22 @@ def deal(n_items: int, n: int) -> list[int]:
     return [n_items // n + (1 if k < n_items % n else 0) for k in range(n)]
 
 
-async def run_workers(run: ArmRun, pool: list[Prompt], n: int, folder: Path, send_clock: bool) -> None:
-    """The closed loop of `run` over n processes; their records end up in run.writer."""
-    sc = run.scenario
-    order = list(enumerate(schedule(sc)))
-    shares = deal(sc.workload.concurrency, n)
+async def run_workers(
+    sender: Sender, kind: str, plan: Plan, n: int, sink: RunWriter, send_clock: bool
+) -> dict[str, Any]:
+    """The arm of `sender` over n processes; their records end up in `sink`, merged in start
+    order. Returns the processes' combined client health."""
+    spec = sender.spec
+    folder = sink.folder
+    shares = deal(spec.scenario.workload.concurrency, n)
     ctx = multiprocessing.get_context("spawn")
     sync = Sync(ctx.Value("q", 0), ctx.Semaphore(0), ctx.Event())
-    jobs = [
-        Job(
-            k,
-            sc,
-            run.arm,
-            run.base_url,
-            run.model,
-            dict(run.client.headers),
-            pool,
-            order,
-            shares[k],
-            sum(shares[:k]),
-            run.run_id,
-            run.t0_ns,
-            run.time_scale,
-            send_clock,
-            run.server,
-            folder,
-        )
-        for k in range(n)
-    ]
+    headers = dict(sender.client.headers)
+    jobs = [Job(k, spec, kind, headers, plan, shares[k], sum(shares[:k]), send_clock, folder) for k in range(n)]
     procs = [ctx.Process(target=_main, args=(job, sync), daemon=True) for job in jobs]
     for p in procs:
         p.start()
-    run.progress.start(f"{run.arm.name} ({n} processes)", len(order))
+    sender.progress.start(f"{spec.arm.name} ({n} processes)", plan.total)
     offsets: dict[int, int] = {}
     try:
         ready = 0
@@ -208,7 +177,7 @@ async def run_workers(run: ArmRun, pool: list[Prompt], n: int, folder: Path, sen
         sync.go.set()  # also when one died before it was ready: the others go on without it
         while any(p.is_alive() for p in procs):
             await asyncio.sleep(0.5)
-            _progress(run, jobs, offsets)
+            _progress(sender.progress, jobs, offsets)
     finally:
         for p in procs:  # stopped early (Ctrl-C, failure): they finish what is in flight
             if p.is_alive() and p.pid is not None:
@@ -218,10 +187,11 @@ async def run_workers(run: ArmRun, pool: list[Prompt], n: int, folder: Path, sen
             if p.is_alive():
                 p.kill()
                 p.join()
-        _merge(run, jobs)
+        healths = _merge(sender, jobs, sink)
+    return _combine(healths, len(jobs))
 
 
-def _progress(run: ArmRun, jobs: list[Job], offsets: dict[int, int]) -> None:
+def _progress(progress: RunProgress, jobs: list[Job], offsets: dict[int, int]) -> None:
     """Advance the bar by the lines the part files gained since the last look (read from where
     that look stopped: the files grow for the whole run)."""
     for job in jobs:
@@ -234,33 +204,28 @@ def _progress(run: ArmRun, jobs: list[Job], offsets: dict[int, int]) -> None:
         complete = data.rfind(b"\n") + 1
         offsets[job.index] = offsets.get(job.index, 0) + complete
         for _ in range(data.count(b"\n", 0, complete)):
-            run.progress.advance({"ok": True, "ttft_s": None})
+            progress.advance(True, None)
 
 
-def _merge(run: ArmRun, jobs: list[Job]) -> None:
-    records: list[dict[str, Any]] = []
+def _merge(sender: Sender, jobs: list[Job], sink: RunWriter) -> list[dict[str, Any]]:
+    records: list[RequestRecord] = []
     healths = []
     for job in jobs:
         if job.part.exists():
-            for line in job.part.read_bytes().splitlines():
-                try:
-                    records.append(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    continue
+            records += read_requests(job.part)
         meta = job.folder / f"requests.part-{job.index}.json"
         if meta.exists():
             info = json.loads(meta.read_text())
             healths.append(info["client_health"])
-            run.warnings.extend(info["warnings"])
-            run.aborted = run.aborted or info["aborted"]
+            sender.warnings.extend(w for w in info["warnings"] if w not in sender.warnings)
+            sender.aborted = sender.aborted or info["aborted"]
             meta.unlink()
-    records.sort(key=lambda r: r["start_s"])
+    records.sort(key=lambda r: r.start_s)
     for i, r in enumerate(records, 1):
-        r["id"] = i
-        run.writer.add(r)
+        sink.add(r.with_(id=i))
     for job in jobs:
         job.part.unlink(missing_ok=True)
-    run.worker_health = _combine(healths, len(jobs))
+    return healths
 
 
 def _combine(healths: list[dict[str, Any]], n: int) -> dict[str, Any]:
@@ -271,8 +236,10 @@ def _combine(healths: list[dict[str, Any]], n: int) -> dict[str, Any]:
         return max(vals) if vals else None
 
     warnings = [h["warning"] for h in healths if h["warning"]]
+    stamping = {h.get("stamping") for h in healths}
     return {
         "processes": n,
+        "stamping": seam.PARSE_TIME if seam.PARSE_TIME in stamping else seam.SOCKET_READ,
         "loop_lag_ms": {
             "p50": worst("loop_lag_ms", "p50"),
             "p99": worst("loop_lag_ms", "p99"),

@@ -1,19 +1,21 @@
-"""Analysis functions on hand-built tables with known answers."""
+"""The statistics core and the report's analyses on hand-built records with known answers."""
 
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness import analysis, stats
 from harness.reference import redbooks
+from harness.results import RequestRecord
 
 
-def rec(**kw: object) -> dict[str, object]:
+def rec(**kw: object) -> RequestRecord:
     base: dict[str, object] = {
+        "id": 1,
+        "prompt_id": "p",
         "ok": True,
         "arm": "a",
         "phase": "cold",
@@ -28,20 +30,20 @@ def rec(**kw: object) -> dict[str, object]:
         "first_byte_s": 0.1,
     }
     base.update(kw)
-    return base
+    return RequestRecord.from_json(base)
 
 
 def test_speedup_and_interval() -> None:
     recs = [rec(phase="cold", ttft_s=t) for t in (9.0, 10.0, 11.0)] + [
         rec(phase="warm", ttft_s=t) for t in (0.9, 1.0, 1.1)
     ]
-    row = analysis.speedup_table(analysis.frame(recs)).iloc[0]
+    (row,) = stats.sweep_rows(recs, intervals=True)
     assert row["speedup"] == pytest.approx(10.0)
     assert row["speedup_ci_lo"] <= 10.0 <= row["speedup_ci_hi"]
 
 
 def test_drop_matches_the_paper_arithmetic() -> None:
-    d = analysis.drop(4.26, 3.6)
+    d = stats.drop(4.26, 3.6)
     assert d["drop_pct"] == pytest.approx(15.49, abs=0.01)
     assert d["ratio"] == pytest.approx(3.6 / 4.26)
 
@@ -49,11 +51,11 @@ def test_drop_matches_the_paper_arithmetic() -> None:
 def test_closed_loop_req_per_s_as_the_paper_defines_it() -> None:
     # 4 requests of 2 s each on 2 connections, back to back: 4 requests in 4 s.
     recs = [rec(start_s=s, e2e_s=2.0, completion_tokens=10) for s in (0.0, 0.0, 2.0, 2.0)]
-    cl = analysis.closed_loop(analysis.frame(recs))
+    cl = stats.throughput(recs)
     assert cl.req_per_s == pytest.approx(1.0)
-    assert cl.output_tok_per_s == pytest.approx(10.0)
+    assert cl.output_tokens_per_s == pytest.approx(10.0)
     assert cl.mean_concurrency == pytest.approx(2.0)
-    failed = analysis.closed_loop(analysis.frame([*recs, rec(ok=False, start_s=3.0, e2e_s=0.1)]))
+    failed = stats.throughput([*recs, rec(ok=False, start_s=3.0, e2e_s=0.1)])
     assert failed.failed == 1 and failed.req_per_s == pytest.approx(1.0)
 
 
@@ -67,7 +69,7 @@ def test_cost_fit_recovers_known_parameters() -> None:
                 rec(phase="cold", target_tokens=n, prompt_tokens=n, ttft_s=(a * n + b * n * n) * rng.normal(1, 0.01))
             )
             recs.append(rec(phase="warm", target_tokens=n, prompt_tokens=n, ttft_s=(c + s * n) * rng.normal(1, 0.01)))
-    fit = analysis.fit_cost_model(analysis.frame(recs), 73728)
+    fit = analysis.fit_cost_model(recs, 73728)
     assert fit is not None
     assert fit.a == pytest.approx(a, rel=0.1) and fit.b == pytest.approx(b, rel=0.05)
     assert fit.c == pytest.approx(c, rel=0.05) and fit.s_per_token == pytest.approx(s, rel=0.05)
@@ -84,7 +86,7 @@ def test_cache_verification() -> None:
         rec(phase="cold", cached_tokens=0),
         rec(phase="cold", cached_tokens=500),
     ]
-    v = analysis.cache_verification(analysis.frame(recs), template_allowance=64)
+    v = analysis.cache_verification(recs, cold_allowance=64)
     assert (v["warm_served_from_cache"], v["warm_reported"], v["cold_not_cold"]) == (1, 2, 1)
 
 
@@ -105,7 +107,7 @@ def test_bootstrap_covers_the_truth() -> None:
     covered = 0
     for seed in range(100):
         x = rng.normal(10.0, 2.0, size=60)
-        ci = analysis.bootstrap_ci(x, np.median, n_boot=500, seed=seed)
+        ci = stats.bootstrap_ci((x,), stats.STATISTICS["p50"], seed=seed)
         assert ci is not None
         covered += ci[0] <= 10.0 <= ci[1]
     assert covered >= 85  # nominal 95 %
@@ -115,7 +117,7 @@ def test_group_stats() -> None:
     recs = [rec(phase="warm", ttft_s=float(t), itl_s=[0.01, 0.02]) for t in range(1, 11)] + [
         rec(phase="warm", ok=False)
     ]
-    g = analysis.group_stats(analysis.frame(recs)).iloc[0]
+    g = analysis.group_stats(recs)[0]
     assert (g["count"], g["errors"]) == (11, 1)
     assert g["ttft_s_p50"] == pytest.approx(5.5) and g["itl_s_p50"] == pytest.approx(0.015)
 
@@ -139,5 +141,6 @@ def test_mann_whitney_detects_a_shift_and_not_noise() -> None:
     assert alarms <= 25  # ~5 % expected
 
 
-def test_frame_of_nothing() -> None:
-    assert isinstance(analysis.frame([]), pd.DataFrame)
+def test_summary_of_nothing() -> None:
+    s = stats.summary([], "closed_loop")
+    assert (s["requests"], s["completed"], s["req_per_s"], s["ttft_s"]["p50"]) == (0, 0, None, None)

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import aio
-from harness.arrivals import take
-from harness.client import Exchange, StreamingClient
 from harness.scenario import Timeouts
-from harness.turns import SLICE_NS, TURNS
+from harness.wire.arrivals import take
+from harness.wire.client import Exchange, StreamingClient
+from harness.wire.turns import SLICE_NS, TURNS
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 

@@ -15,9 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import gate, gate_output
 from harness.emulator.serve import EmbeddedEmulator
 from harness.errors import InputError
+from harness.gate import figures
+from harness.gate import output as gate_output
+from harness.gate import rules as gate
+from harness.gate import verdicts as judge
 from tests.conftest import ROOT, kvbench
 
 
@@ -25,8 +28,8 @@ def rules(text: str) -> gate.Rules:
     return gate.parse_rules(tomllib.loads(text)["gate"], "rules.toml")
 
 
-def figs(samples: dict[tuple[str, str, int | None], np.ndarray], run_values: dict | None = None) -> gate.Figures:
-    f = gate.Figures()
+def figs(samples: dict[tuple[str, str, int | None], np.ndarray], run_values: dict | None = None) -> figures.Figures:
+    f = figures.Figures()
     for k, x in samples.items():
         f.samples[k] = {"ttft_s": x, "e2e_s": x * 2}
         f.errors[k] = (0, len(x))
@@ -108,7 +111,7 @@ def test_a_30_percent_shift_is_caught() -> None:
     rng = np.random.default_rng(0)
     base = figs({("a", "warm", 130000): rng.lognormal(np.log(0.57), 0.05, 40)})
     cand = figs({("a", "warm", 130000): rng.lognormal(np.log(0.57 * 1.3), 0.05, 40)})
-    (v,) = [x for x in gate.evaluate(REG, cand, base) if x.metric == "ttft_s"]
+    (v,) = [x for x in judge.evaluate(REG, cand, base) if x.metric == "ttft_s"]
     assert v.verdict == "fail" and v.change_pct == pytest.approx(30, abs=5) and "significant" in v.detail
 
 
@@ -118,7 +121,7 @@ def test_same_distribution_passes_false_alarm_rate() -> None:
         rng = np.random.default_rng(seed)
         base = figs({("a", "warm", 1000): rng.lognormal(0, 0.2, 30)})
         cand = figs({("a", "warm", 1000): rng.lognormal(0, 0.2, 30)})
-        (v,) = [x for x in gate.evaluate(REG, cand, base) if x.metric == "ttft_s"]
+        (v,) = [x for x in judge.evaluate(REG, cand, base) if x.metric == "ttft_s"]
         alarms += v.verdict == "fail"
     assert alarms <= 6  # the limit and the test together: far below 5 %
 
@@ -126,7 +129,7 @@ def test_same_distribution_passes_false_alarm_rate() -> None:
 def test_shift_beyond_limit_with_tiny_samples_is_within_noise() -> None:
     base = figs({("a", "warm", 1000): np.array([1.0, 1.2])})
     cand = figs({("a", "warm", 1000): np.array([1.3, 1.5])})
-    (v,) = [x for x in gate.evaluate(REG, cand, base) if x.metric == "ttft_s"]
+    (v,) = [x for x in judge.evaluate(REG, cand, base) if x.metric == "ttft_s"]
     assert v.verdict == "within noise" and v.change_pct and v.change_pct > 10
 
 
@@ -135,12 +138,12 @@ def test_run_level_figures_use_the_baseline_spread() -> None:
     one = figs({}, {("a", "req_per_s", None): [4.26]})
     many = figs({}, {("a", "req_per_s", None): [4.26, 4.2, 4.3]})
     noisy = figs({}, {("a", "req_per_s", None): [4.26, 3.2, 5.3]})
-    pick = lambda b: next(x for x in gate.evaluate(REG, cand, b) if x.metric == "req_per_s")  # noqa: E731
+    pick = lambda b: next(x for x in judge.evaluate(REG, cand, b) if x.metric == "req_per_s")  # noqa: E731
     assert pick(one).verdict == "fail" and "limit alone" in pick(one).detail
     assert pick(many).verdict == "fail" and "spread" in pick(many).detail
     assert pick(noisy).verdict == "within noise"
     ok = figs({}, {("a", "req_per_s", None): [4.2]})
-    assert next(x for x in gate.evaluate(REG, ok, many) if x.metric == "req_per_s").verdict == "pass"
+    assert next(x for x in judge.evaluate(REG, ok, many) if x.metric == "req_per_s").verdict == "pass"
 
 
 def test_thresholds_missing_data_and_expansion_per_arm() -> None:
@@ -149,20 +152,20 @@ def test_thresholds_missing_data_and_expansion_per_arm() -> None:
         {("a", "warm", 10): np.array([0.5, 0.7]), ("b", "warm", 10): np.array([2.0, 3.0])},
         {("a", "speedup", 130000): [56.0]},
     )
-    got = {(v.metric, v.selector): v.verdict for v in gate.evaluate(r, cand, None)}
+    got = {(v.metric, v.selector): v.verdict for v in judge.evaluate(r, cand, None)}
     assert got == {
         ("ttft_s", "{arm=a,phase=warm}"): "pass",
         ("ttft_s", "{arm=b,phase=warm}"): "fail",
         ("speedup", "{arm=a,length=130000}"): "pass",
         ("speedup", "{arm=b,length=130000}"): "missing",
     }
-    (reg,) = [v for v in gate.evaluate(REG, cand, None) if v.metric == "ttft_s"][:1]
+    (reg,) = [v for v in judge.evaluate(REG, cand, None) if v.metric == "ttft_s"][:1]
     assert reg.verdict == "missing" and "baseline" in reg.detail
 
 
 def test_outputs_agree() -> None:
     rng = np.random.default_rng(1)
-    verdicts = gate.evaluate(
+    verdicts = judge.evaluate(
         REG,
         figs({("a", "warm", 1): rng.normal(2, 0.1, 50)}, {("a", "req_per_s", None): [4.0]}),
         figs({("a", "warm", 1): rng.normal(1, 0.1, 50)}, {("a", "req_per_s", None): [4.26]}),

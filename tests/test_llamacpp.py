@@ -55,15 +55,15 @@ warm_repeats = 2
     meta = json.loads((folder / "run.json").read_text())
     assert meta["prompt_counting"] == "server /tokenize (llama.cpp format)" and meta["emulated"] is False
     recs = read_requests(folder)
-    assert len(recs) == 2 * 2 * 3 and all(x["ok"] for x in recs)
+    assert len(recs) == 2 * 2 * 3 and all(x.ok for x in recs)
     for x in recs:
-        assert abs(x["prompt_tokens"] - x["target_tokens"]) <= 0.005 * x["target_tokens"]
-        if x["phase"] == "cold":
-            assert x["cached_tokens"] == 0
+        assert abs(x.prompt_tokens - x.target_tokens) <= 0.005 * x.target_tokens
+        if x.phase == "cold":
+            assert x.cached_tokens == 0
         else:
-            assert x["cached_tokens"] >= 0.95 * x["prompt_tokens"]
-    cold = sorted(x["ttft_s"] for x in recs if x["phase"] == "cold" and x["target_tokens"] == 4000)
-    warm = sorted(x["ttft_s"] for x in recs if x["phase"] == "warm" and x["target_tokens"] == 4000)
+            assert x.cached_tokens >= 0.95 * x.prompt_tokens
+    cold = sorted(x.ttft_s for x in recs if x.phase == "cold" and x.target_tokens == 4000)
+    warm = sorted(x.ttft_s for x in recs if x.phase == "warm" and x.target_tokens == 4000)
     assert warm[len(warm) // 2] < 0.5 * cold[0]  # a ratio within one run, not an absolute time
     server = json.loads((folder / "metrics.json").read_text())
     assert server["phases"]["warm"]["server_hit_ratio"] > 0.9
@@ -95,12 +95,12 @@ name = "reuse"
     assert r.returncode == 0, r.stderr
     arms = folders(tmp_path / "out", "llama-loop")
     bust, reuse = read_requests(arms["bust"]), read_requests(arms["reuse"])
-    assert len(bust) == len(reuse) == 16 and all(x["ok"] for x in bust + reuse)
-    assert all(x["cached_tokens"] == 0 for x in bust)
+    assert len(bust) == len(reuse) == 16 and all(x.ok for x in bust + reuse)
+    assert all(x.cached_tokens == 0 for x in bust)
     # llama.cpp keeps a prompt's KV in the slot that computed it: a repeat finds it unless the same
     # prompt is in flight on that slot at the time, which a pool of 4 over 3 connections often is.
-    first_uses = {x["prompt_id"]: min(y["start_s"] for y in reuse if y["prompt_id"] == x["prompt_id"]) for x in reuse}
-    assert all(x["cached_tokens"] < 64 for x in reuse if x["start_s"] == first_uses[x["prompt_id"]])
-    assert sum(x["cached_tokens"] > 0.9 * x["prompt_tokens"] for x in reuse) >= 4
+    first_uses = {x.prompt_id: min(y.start_s for y in reuse if y.prompt_id == x.prompt_id) for x in reuse}
+    assert all(x.cached_tokens < 64 for x in reuse if x.start_s == first_uses[x.prompt_id])
+    assert sum(x.cached_tokens > 0.9 * x.prompt_tokens for x in reuse) >= 4
     loop = json.loads((arms["bust"] / "metrics.json").read_text())["phases"]["run"]
     assert loop["server_hit_ratio"] < 0.1

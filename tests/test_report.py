@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from harness.report.build import render
-from harness.report.load import load_runs
+from harness.results import load_runs
 from tests.conftest import kvbench, write_scenario
 
 CLOSED = """

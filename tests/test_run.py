@@ -27,13 +27,13 @@ def test_smoke_sweep_on_the_embedded_emulator(tmp_path: Path) -> None:
     recs = read_requests(folder)
     assert len(recs) == 2 * 2 * 3 == meta["summary"]["requests"]
     for rec in recs:
-        assert rec["ok"] and rec["prompt_tokens"] == rec["target_tokens"]
-        assert rec["first_byte_s"] <= rec["ttft_s"] <= rec["e2e_s"]
-        assert rec["first_content_s"] is None  # gpt-oss reasons first: 4 tokens are all reasoning
-        if rec["phase"] == "cold":
-            assert rec["cached_tokens"] == 0
+        assert rec.ok and rec.prompt_tokens == rec.target_tokens
+        assert rec.first_byte_s <= rec.ttft_s <= rec.e2e_s
+        assert rec.first_content_s is None  # gpt-oss reasons first: 4 tokens are all reasoning
+        if rec.phase == "cold":
+            assert rec.cached_tokens == 0
         else:
-            assert rec["cached_tokens"] >= 0.99 * rec["prompt_tokens"]
+            assert rec.cached_tokens >= 0.99 * rec.prompt_tokens
     by_len = {row["length"]: row for row in meta["summary"]["by_length"]}
     assert by_len[8000]["speedup"] > 1.5  # loading 8K tokens from G4 beats recomputing them
 
@@ -66,11 +66,11 @@ def test_closed_loop_28_workers_bust_never_hits(tmp_path: Path) -> None:
     arms = arm_folders(tmp_path / "out", "closed")
     bust, reuse = read_requests(arms["bust"]), read_requests(arms["reuse"])
     assert len(bust) == len(reuse) == 84
-    assert {rec["worker"] for rec in bust} == set(range(28))
-    assert all(rec["ok"] and rec["cached_tokens"] == 0 for rec in bust)
-    assert sum(rec["cached_tokens"] > 0 for rec in reuse) >= 84 - 10 - 28  # repeats of a pool of 10
-    assert sorted(rec["schedule_index"] for rec in reuse) == list(range(84))
-    lengths = {rec["prompt_id"]: rec["prompt_tokens"] for rec in reuse}
+    assert {rec.worker for rec in bust} == set(range(28))
+    assert all(rec.ok and rec.cached_tokens == 0 for rec in bust)
+    assert sum(rec.cached_tokens > 0 for rec in reuse) >= 84 - 10 - 28  # repeats of a pool of 10
+    assert sorted(rec.schedule_index for rec in reuse) == list(range(84))
+    lengths = {rec.prompt_id: rec.prompt_tokens for rec in reuse}
     assert len(lengths) <= 10 and all(1500 <= n <= 2500 for n in lengths.values())
     meta = json.loads((arms["reuse"] / "run.json").read_text())
     assert meta["summary"]["req_per_s"] > 0 and meta["before_hook"].startswith("POST http://127.0.0.1")
@@ -93,10 +93,10 @@ def test_client_first_token_matches_server_send_time(tmp_path: Path) -> None:
         server[d["request_id"]] = d
     diffs = []
     for rec in read_requests(folder):
-        s = server[f"{meta['run_id']}-reuse-{rec['id']}"]
-        client_ft = meta["t0_monotonic_ns"] + (rec["start_s"] + rec["ttft_s"]) * 1e9
+        s = server[f"{meta['run_id']}-reuse-{rec.id}"]
+        client_ft = meta["t0_monotonic_ns"] + (rec.start_s + rec.ttft_s) * 1e9
         diffs.append((client_ft - s["first_token_ns"]) / 1e6)
-        assert s["prompt_tokens"] == rec["prompt_tokens"] and s["cached_tokens"] == rec["cached_tokens"]
+        assert s["prompt_tokens"] == rec.prompt_tokens and s["cached_tokens"] == rec.cached_tokens
     diffs.sort()
     assert len(diffs) == 84
     assert diffs[0] > -1.0  # never before the server sent it (clock rounding aside)
@@ -186,8 +186,8 @@ def test_exit_4_when_requests_fail(tmp_path: Path) -> None:
     assert "1 request(s) failed" in r.stderr
     (folder,) = arm_folders(tmp_path, "big").values()
     recs = read_requests(folder)
-    assert [rec["ok"] for rec in recs] == [True, False]
-    assert recs[1]["http_status"] == 400 and "maximum context length" in recs[1]["error"]
+    assert [rec.ok for rec in recs] == [True, False]
+    assert recs[1].http_status == 400 and "maximum context length" in (recs[1].error or "")
 
 
 def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:
@@ -207,7 +207,7 @@ def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:
     meta = json.loads((folder / "run.json").read_text())
     assert meta["status"] == "interrupted"
     recs = read_requests(folder)
-    assert 4 <= len(recs) < 24 and all(rec["ok"] for rec in recs)
+    assert 4 <= len(recs) < 24 and all(rec.ok for rec in recs)
     assert "Traceback" not in err
 
 
@@ -221,7 +221,7 @@ def test_first_token_timeout_is_recorded(tmp_path: Path) -> None:
     assert r.returncode == 4, r.stderr
     (folder,) = arm_folders(tmp_path, "t").values()
     (rec,) = read_requests(folder)
-    assert rec["error_kind"] == "timeout" and "no first token within 0.05 s" in rec["error"]
+    assert rec.error_kind == "timeout" and "no first token within 0.05 s" in rec.error
 
 
 def test_prompts_from_a_file(tmp_path: Path) -> None:
@@ -241,8 +241,8 @@ def test_prompts_from_a_file(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     (folder,) = arm_folders(tmp_path / "out", "f").values()
     recs = read_requests(folder)
-    assert {x["prompt_id"] for x in recs} <= {"q1", "q2", "q3"} and len(recs) == 9
-    assert all(x["target_tokens"] is None and x["prompt_tokens"] > 300 for x in recs)
+    assert {x.prompt_id for x in recs} <= {"q1", "q2", "q3"} and len(recs) == 9
+    assert all(x.target_tokens is None and x.prompt_tokens > 300 for x in recs)
 
 
 def test_usage_calibrated_counting_is_close(emulator: EmbeddedEmulator) -> None:

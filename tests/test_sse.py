@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.sse import SSEDecoder, SSEEvent
-from harness.stream import StreamState, chunk_tokens
+from harness.wire.sse import SSEDecoder, SSEEvent
+from harness.wire.stream import StreamState, chunk_tokens
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.clock import ModelClock
 from harness.errors import InputError
 from harness.scenario import TrafficCfg
 from harness.traffic.base import TrafficResult, prepare_directory
@@ -208,7 +209,7 @@ def test_fio_client_server_mode_on_loopback(tmp_path: Path) -> None:
             d = FioDriver(cfg, tmp_path, "cs")
             await d.start()
             await asyncio.sleep(3.5)
-            return await d.stop(time.monotonic(), 1.0)
+            return await d.stop(ModelClock().start())
 
         res = asyncio.run(go())
     finally:

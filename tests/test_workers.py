@@ -39,15 +39,15 @@ def test_two_processes_merge_into_one_result(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     for folder in (tmp_path / "out" / "w").iterdir():
         recs = read_requests(folder)
-        assert [x["id"] for x in recs] == list(range(1, 41))
-        assert sorted(x["schedule_index"] for x in recs) == list(range(40))
-        assert {x["process"] for x in recs} == {0, 1} and len({x["worker"] for x in recs}) == 7
-        assert [x["start_s"] for x in recs] == sorted(x["start_s"] for x in recs)
+        assert [x.id for x in recs] == list(range(1, 41))
+        assert sorted(x.schedule_index for x in recs) == list(range(40))
+        assert {x.process for x in recs} == {0, 1} and len({x.worker for x in recs}) == 7
+        assert [x.start_s for x in recs] == sorted(x.start_s for x in recs)
         meta = json.loads((folder / "run.json").read_text())
         assert meta["status"] == "completed" and meta["client_health"]["processes"] == 2
         assert not list(folder.glob("requests.part-*"))
         if folder.name.endswith("bust"):
-            assert all(x["cached_tokens"] == 0 for x in recs)
+            assert all(x.cached_tokens == 0 for x in recs)
 
 
 def test_workers_need_a_closed_loop() -> None:
@@ -67,5 +67,5 @@ def test_ctrl_c_with_workers_keeps_merged_partial_results(tmp_path: Path) -> Non
     (folder,) = (tmp_path / "out" / "w").iterdir()
     assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
     recs = read_requests(folder)
-    assert 4 <= len(recs) < 400 and [x["id"] for x in recs] == list(range(1, len(recs) + 1))
+    assert 4 <= len(recs) < 400 and [x.id for x in recs] == list(range(1, len(recs) + 1))
     assert not list(folder.glob("requests.part-*"))

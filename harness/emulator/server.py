@@ -23,9 +23,9 @@ from harness.emulator import tokenizer
 from harness.emulator.kvcache import KVCache, Match, block_hashes
 from harness.emulator.metrics import Counters, render
 from harness.emulator.profiles import Profile
+from harness.wire.seam import SENT_HEADER
 
 _PROMPT_CACHE_SIZE = 256
-SENT_HEADER = "X-Kvbench-Sent-Ns"
 _OUTPUT_WORDS = ("the", "cache", "block", "token", "storage", "tier", "load", "prompt")
 
 

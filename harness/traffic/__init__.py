@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.clock import ModelClock
 from harness.scenario import TrafficCfg
 from harness.traffic.base import TrafficDriver
 
 
-def make_driver(cfg: TrafficCfg, folder: Path, run_name: str, base_url: str, scale: float) -> TrafficDriver:
+def make_driver(cfg: TrafficCfg, folder: Path, run_name: str, base_url: str, clock: ModelClock) -> TrafficDriver:
     from harness.traffic.builtin import BuiltinDriver
     from harness.traffic.command import CommandDriver
     from harness.traffic.emulated import EmulatedDriver
@@ -24,4 +25,4 @@ def make_driver(cfg: TrafficCfg, folder: Path, run_name: str, base_url: str, sca
         return BuiltinDriver(cfg, folder, run_name)
     if cfg.tool == "command":
         return CommandDriver(cfg, folder, run_name)
-    return EmulatedDriver(cfg, base_url, scale)
+    return EmulatedDriver(cfg, base_url, clock)

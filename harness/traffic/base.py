@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness.clock import ModelClock
 from harness.errors import InputError
 from harness.scenario import TrafficCfg
 from harness.units import human_bandwidth
@@ -121,9 +122,9 @@ class TrafficResult:
 class TrafficDriver(Protocol):
     async def start(self) -> None: ...
 
-    async def stop(self, t0_mono: float, scale: float) -> TrafficResult:
+    async def stop(self, clock: ModelClock) -> TrafficResult:
         """Stop the load (idempotent enough to call on any exit path) and say what it achieved.
-        Timeline times are seconds since `t0_mono` (the arm's start), times `scale`."""
+        Timeline times are model seconds since the arm's start (`clock`)."""
         ...
 
 

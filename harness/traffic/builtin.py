@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from harness.clock import ModelClock
 from harness.scenario import TrafficCfg
 from harness.traffic.base import TrafficResult, cleanup_directory, prepare_directory, settings_of
 
@@ -116,7 +117,7 @@ class BuiltinDriver:
             with self.lock:
                 self.samples.append((time.monotonic(), self.read_bytes, self.write_bytes))
 
-    async def stop(self, t0_mono: float, scale: float) -> TrafficResult:
+    async def stop(self, clock: ModelClock) -> TrafficResult:
         self.stop_event.set()
         for th in self.threads:
             await asyncio.to_thread(th.join, 10)
@@ -128,7 +129,7 @@ class BuiltinDriver:
             dt = t - prev[0]
             rows.append(
                 {
-                    "t_s": round((prev[0] - t0_mono) * scale, 3),
+                    "t_s": clock.at_mono(prev[0]),
                     "client": "local",
                     "read_bps": (r - prev[1]) / dt,
                     "write_bps": (w - prev[2]) / dt,

@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from harness.clock import ModelClock
 from harness.errors import EndpointError
 from harness.scenario import TrafficCfg
 from harness.traffic.base import TrafficResult, die_with_parent, settings_of, stop_process
@@ -37,7 +38,7 @@ class CommandDriver:
         self.started_mono = time.monotonic()
         await asyncio.sleep(0.2)
 
-    async def stop(self, t0_mono: float, scale: float) -> TrafficResult:
+    async def stop(self, clock: ModelClock) -> TrafficResult:
         code = None
         if self.proc is not None:
             code = self.proc.poll()

@@ -9,6 +9,7 @@ import time
 import aiohttp
 
 from harness import endpoint
+from harness.clock import ModelClock
 from harness.errors import EndpointError
 from harness.scenario import TrafficCfg
 from harness.traffic.base import TrafficResult, settings_of
@@ -17,10 +18,10 @@ PATH = "/kvbench/traffic"
 
 
 class EmulatedDriver:
-    def __init__(self, cfg: TrafficCfg, base_url: str, scale: float) -> None:
+    def __init__(self, cfg: TrafficCfg, base_url: str, clock: ModelClock) -> None:
         self.cfg = cfg
         self.url = endpoint.join(endpoint.root(base_url), PATH)
-        self.scale = scale
+        self.clock = clock
         self.samples: list[tuple[float, float]] = []
         self.task: asyncio.Task[None] | None = None
         self.started_mono = 0.0
@@ -44,20 +45,20 @@ class EmulatedDriver:
         async def sample() -> None:  # one point per model second
             while True:
                 self.samples.append((time.monotonic(), applied))
-                await asyncio.sleep(1.0 / self.scale)
+                await asyncio.sleep(self.clock.wall_s(1.0))
 
         self.task = asyncio.create_task(sample())
 
-    async def stop(self, t0_mono: float, scale: float) -> TrafficResult:
+    async def stop(self, clock: ModelClock) -> TrafficResult:
         if self.task is not None:
             self.task.cancel()
         await self._set(0.0)
         rows = [
-            {"t_s": round((t - t0_mono) * scale, 3), "client": "emulated", "read_bps": bps, "write_bps": 0.0}
+            {"t_s": clock.at_mono(t), "client": "emulated", "read_bps": bps, "write_bps": 0.0}
             for t, bps in self.samples
         ]
         end = time.monotonic()
-        total = (end - self.started_mono) * scale
+        total = clock.model_s(end - self.started_mono)
         res = TrafficResult(
             "emulated",
             settings_of(self.cfg),

@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from harness.clock import ModelClock
 from harness.errors import EndpointError
 from harness.scenario import TrafficCfg
 from harness.traffic.base import (
@@ -196,7 +197,7 @@ class FioDriver:
             cleanup_directory(self.work, self.created)
             self.work = None
 
-    async def stop(self, t0_mono: float, scale: float) -> TrafficResult:
+    async def stop(self, clock: ModelClock) -> TrafficResult:
         try:
             if self.proc is not None:
                 await asyncio.to_thread(stop_process, self.proc)
@@ -204,7 +205,7 @@ class FioDriver:
             self._cleanup()
         text = self.output.read_text(errors="replace") if self.output.exists() else ""
         snaps = snapshots(json_objects(text), self.cfg.jobs_per_client)
-        rows, totals = timeline(snaps, (self.started_mono - t0_mono) * scale)
+        rows, totals = timeline(snaps, clock.at_mono(self.started_mono))
         res = TrafficResult(
             "fio",
             settings_of(self.cfg),

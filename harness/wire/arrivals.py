@@ -21,7 +21,8 @@ from collections import deque
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
-from harness.turns import SLICE_NS, TURNS
+from harness.wire import seam
+from harness.wire.turns import SLICE_NS, TURNS
 
 RELEASE_BYTES = 8192  # ~50 SSE events: about 0.1 ms of aiohttp's parsing
 
@@ -149,9 +150,12 @@ def take(arrivals: list[tuple[int, int]], size: int, now_ns: int) -> list[tuple[
     return pieces
 
 
-def connector(limit: int) -> aiohttp.TCPConnector:
-    """A connector whose connections use StampedHandler."""
+def connector(limit: int) -> tuple[aiohttp.TCPConnector, tuple[str, ...]]:
+    """A connector whose connections use StampedHandler, and the aiohttp internals missing for
+    that (none: stamped at socket reads; else a plain connector, stamped at parse time)."""
     conn = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=None)
-    # aiohttp's own hook for the protocol of new connections
-    conn._factory = functools.partial(StampedHandler, conn._loop, Backlog(conn._loop))  # type: ignore[assignment]
-    return conn
+    gone = seam.missing_handler_internals() + seam.missing_connector_internals(conn)
+    if not gone:
+        # aiohttp's own hook for the protocol of new connections
+        conn._factory = functools.partial(StampedHandler, conn._loop, Backlog(conn._loop))  # type: ignore[assignment]
+    return conn, gone

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from harness.gate import Verdict
+from harness.gate.verdicts import Verdict
 
 SCHEMA_VERSION = 1
 COLUMNS = ("verdict", "metric", "selector", "rule", "baseline", "candidate", "change", "limit")

@@ -1,4 +1,4 @@
-"""Gate data: `Figures` from result folders, and baselines (compact JSON) saved from them.
+"""Baselines: compact JSON saved from result folders, and what makes two runs comparable.
 
 A baseline keeps, per (arm, phase, length), up to MAX_SAMPLES per-request values of each metric
 (a seeded uniform subsample beyond that, enough for the significance test) plus summaries, and
@@ -15,69 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from harness import __version__, analysis
+from harness import __version__, stats
 from harness.errors import InputError
-from harness.gate import PER_REQUEST, Figures
-from harness.report.load import LoadedRun
+from harness.gate import figures
+from harness.gate.figures import Figures
+from harness.results import RunResult
 
 SCHEMA_VERSION = 1
 MAX_SAMPLES = 5000
 
 
-def _length(v: Any) -> int | None:
-    return None if v is None or (isinstance(v, float) and np.isnan(v)) else int(v)
-
-
-def _request_values(df: pd.DataFrame, metric: str) -> np.ndarray:
-    ok = df[df["ok"] == True]  # noqa: E712
-    if metric not in ok:
-        return np.array([])
-    if metric == "itl_s":
-        return np.array([v for lst in ok[metric] if isinstance(lst, list) for v in lst], dtype=float)
-    return ok[metric].dropna().to_numpy(dtype=float)
-
-
-def figures(runs: list[LoadedRun]) -> Figures:
-    fig = Figures()
-    for run in runs:
-        df = run.df
-        if df.empty:
-            continue
-        arm = str(run.meta.get("arm"))
-        for (phase, length), g in df.groupby([df["phase"], df["target_tokens"].astype(object)], dropna=False):
-            key = (arm, str(phase), _length(length))
-            entry = fig.samples.setdefault(key, {})
-            for m in PER_REQUEST:
-                entry[m] = np.concatenate([entry.get(m, np.array([])), _request_values(g, m)])
-            failed, total = fig.errors.get(key, (0, 0))
-            fig.errors[key] = (failed + int((g["ok"] != True).sum()), total + len(g))  # noqa: E712
-        for metric, value in _run_level(run).items():
-            fig.run_values.setdefault((arm, metric[0], metric[1]), []).append(value)
-    return fig
-
-
-def _run_level(run: LoadedRun) -> dict[tuple[str, int | None], float]:
-    out: dict[tuple[str, int | None], float] = {}
-    df = run.df
-    if run.kind == "closed_loop":
-        cl = analysis.closed_loop(df)
-        for name, v in (
-            ("req_per_s", cl.req_per_s),
-            ("steady_req_per_s", cl.steady_req_per_s),
-            ("output_tokens_per_s", cl.output_tok_per_s),
-        ):
-            if v is not None:
-                out[(name, None)] = v
-    else:
-        for row in analysis.speedup_table(df).to_dict("records"):
-            if row["speedup"]:
-                out[("speedup", int(row["length"]))] = float(row["speedup"])
-    return out
-
-
-def identity(runs: list[LoadedRun]) -> dict[str, Any]:
+def identity(runs: list[RunResult]) -> dict[str, Any]:
     """What must match between a baseline and a candidate."""
     metas = [r.meta for r in runs]
     sc = metas[0].get("scenario", {})
@@ -108,8 +57,8 @@ def check_compatible(base: dict[str, Any], cand: dict[str, Any]) -> None:
         raise InputError("incompatible baseline: " + "; ".join(diffs))
 
 
-def save(runs: list[LoadedRun], path: Path) -> Path:
-    fig = figures(runs)
+def save(runs: list[RunResult], path: Path) -> Path:
+    fig = figures.of_runs(runs)
     rng = np.random.default_rng(0)
     groups = []
     for (arm, phase, length), metrics in sorted(
@@ -125,11 +74,12 @@ def save(runs: list[LoadedRun], path: Path) -> Path:
             if len(x) == 0:
                 continue
             kept = np.sort(rng.choice(x, MAX_SAMPLES, replace=False)) if len(x) > MAX_SAMPLES else np.sort(x)
+            d = stats.describe(x)
             entry[m] = {
-                "count": len(x),
-                "mean": float(x.mean()),
-                "p50": float(np.percentile(x, 50)),
-                "p99": float(np.percentile(x, 99)),
+                "count": d["count"],
+                "mean": d["mean"],
+                "p50": d["p50"],
+                "p99": d["p99"],
                 "samples": [round(float(v), 7) for v in kept],
             }
         groups.append(entry)
@@ -170,7 +120,7 @@ def load(path: Path) -> tuple[dict[str, Any], Figures]:
     fig = Figures()
     for g in doc["groups"]:
         key = (g["arm"], g["phase"], g["length"])
-        fig.samples[key] = {m: np.array(g[m]["samples"], dtype=float) for m in PER_REQUEST if m in g}
+        fig.samples[key] = {m: np.array(g[m]["samples"], dtype=float) for m in stats.PER_REQUEST if m in g}
         fig.errors[key] = (int(g["errors"][0]), int(g["errors"][1]))
     for rv in doc["run_values"]:
         fig.run_values[(rv["arm"], rv["metric"], rv["length"])] = [float(v) for v in rv["values"]]

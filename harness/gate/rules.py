@@ -1,4 +1,4 @@
-"""Gate rules and verdicts: pure functions, no I/O.
+"""Gate rules: the grammar and its parser (pure, no I/O).
 
 Grammar of a rule (documented in docs/ci.md):
 
@@ -22,15 +22,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from harness import stats
 from harness.errors import InputError
+from harness.stats import PER_REQUEST
 
-PER_REQUEST = ("ttft_s", "first_byte_s", "first_content_s", "e2e_s", "itl_s")
 PER_RUN = ("req_per_s", "steady_req_per_s", "output_tokens_per_s", "speedup", "error_rate")
 REQUEST_AGGREGATES = ("mean", "p50", "p90", "p95", "p99", "min", "max", "count")
 RUN_AGGREGATES = ("value", "rate")
@@ -42,8 +39,6 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     "<": lambda a, b: a < b,
     ">": lambda a, b: a > b,
 }
-ALPHA = 0.05
-SPREAD_SIGMAS = 3.0
 
 _KEY_RE = re.compile(r"^\s*([a-z][a-z0-9_]*)\s*(?:\{([^{}]*)\})?\s*$")
 _THRESHOLD_RE = re.compile(r"^\s*([a-z0-9]+)\s*(<=|>=|==|!=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
@@ -181,179 +176,4 @@ def merge(base: Rules, override: Rules) -> Rules:
         tuple(t for t in base.thresholds if (t.key, t.aggregate) not in t_keys) + override.thresholds,
         tuple(r for r in base.regressions if (r.key, r.aggregate) not in r_keys) + override.regressions,
         override.noise if override.regressions else base.noise,
-    )
-
-
-# --- figures ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Figures:
-    """What a rule can be checked against: per-request samples per (arm, phase, length) and
-    per-run values per arm (one per run; a baseline may hold several runs)."""
-
-    samples: dict[tuple[str, str, int | None], dict[str, np.ndarray]] = field(default_factory=dict)
-    errors: dict[tuple[str, str, int | None], tuple[int, int]] = field(default_factory=dict)  # (failed, total)
-    run_values: dict[tuple[str, str, int | None], list[float]] = field(default_factory=dict)  # (arm, metric, length)
-
-    def arms(self) -> list[str]:
-        return sorted({k[0] for k in self.samples} | {k[0] for k in self.run_values})
-
-    def pooled(self, metric: str, sel: Selector) -> np.ndarray | None:
-        parts = [v[metric] for k, v in self.samples.items() if _matches(k, sel) and metric in v]
-        return np.concatenate(parts) if parts else None
-
-    def per_run(self, metric: str, sel: Selector) -> list[float] | None:
-        if metric == "error_rate":
-            sel_err = [v for k, v in self.errors.items() if _matches(k, sel)]
-            if not sel_err:
-                return None
-            failed, total = sum(f for f, _ in sel_err), sum(t for _, t in sel_err)
-            return [failed / total] if total else None
-        return self.run_values.get((sel.arm or "", metric, sel.length))
-
-
-def _matches(key: tuple[str, str, int | None], sel: Selector) -> bool:
-    arm, phase, length = key
-    return (
-        (sel.arm is None or sel.arm == arm)
-        and (sel.phase is None or sel.phase == phase)
-        and (sel.length is None or sel.length == length)
-    )
-
-
-def aggregate(x: np.ndarray, agg: str) -> float:
-    if agg == "count":
-        return float(len(x))
-    if len(x) == 0:
-        return math.nan
-    if agg == "mean":
-        return float(np.mean(x))
-    if agg == "min":
-        return float(np.min(x))
-    if agg == "max":
-        return float(np.max(x))
-    return float(np.percentile(x, float(agg[1:])))
-
-
-# --- verdicts --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str  # "threshold" | "regression"
-    metric: str
-    selector: str
-    rule: str
-    baseline: float | None
-    candidate: float | None
-    change_pct: float | None
-    limit: str
-    verdict: str  # "pass" | "fail" | "within noise" | "missing"
-    detail: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.metric}{self.selector} {self.rule}"
-
-
-def _expand(sel: Selector, arms: list[str]) -> list[Selector]:
-    if sel.arm is not None:
-        return [sel]
-    return [Selector(a, sel.phase, sel.length) for a in arms] or [sel]
-
-
-def _candidate_value(fig: Figures, metric: str, sel: Selector, agg: str) -> tuple[float | None, np.ndarray | None]:
-    if metric in PER_REQUEST:
-        x = fig.pooled(metric, sel)
-        if x is None or (len(x) == 0 and agg != "count"):
-            return None, None
-        return aggregate(x, agg), x
-    v = fig.per_run(metric, sel)
-    return (float(np.mean(v)), None) if v else (None, None)
-
-
-def evaluate(rules: Rules, candidate: Figures, baseline: Figures | None) -> list[Verdict]:
-    out: list[Verdict] = []
-    arms = candidate.arms()
-    for t in rules.thresholds:
-        for sel in _expand(t.selector, arms):
-            value, _ = _candidate_value(candidate, t.metric, sel, t.aggregate)
-            if value is None or math.isnan(value):
-                verdict, detail, value = "missing", f"no {t.metric} data for {sel.text() or 'the result'}", None
-            else:
-                verdict = "pass" if OPS[t.op](value, t.value) else "fail"
-                detail = f"{t.aggregate} = {value:.6g}, must be {t.op} {t.value:g}"
-            out.append(Verdict("threshold", t.metric, sel.text(), t.text, None, value, None, t.text, verdict, detail))
-    for r in rules.regressions:
-        for sel in _expand(r.selector, arms):
-            out.append(_regression(r, sel, candidate, baseline, rules.noise))
-    return out
-
-
-def _regression(r: Regression, sel: Selector, cand: Figures, base: Figures | None, noise: str) -> Verdict:
-    limit = f"{r.limit_pct:+g}%"
-
-    def verdict(v: str, b: float | None, c: float | None, change: float | None, detail: str) -> Verdict:
-        return Verdict("regression", r.metric, sel.text(), r.text, b, c, change, limit, v, detail)
-
-    if base is None:
-        return verdict("missing", None, None, None, "no baseline given (--baseline)")
-    c_val, c_samples = _candidate_value(cand, r.metric, sel, r.aggregate)
-    b_val, b_samples = _candidate_value(base, r.metric, sel, r.aggregate)
-    if c_val is None or b_val is None:
-        side = "candidate" if c_val is None else "baseline"
-        return verdict("missing", b_val, c_val, None, f"no {r.metric} data in the {side} for {sel.text() or 'it'}")
-    if b_val == 0:
-        change = 0.0 if c_val == 0 else math.copysign(math.inf, c_val)
-    else:
-        change = (c_val - b_val) / abs(b_val) * 100
-    beyond = change > r.limit_pct if r.limit_pct >= 0 else change < r.limit_pct
-    if not beyond:
-        return verdict("pass", b_val, c_val, change, f"change {change:+.1f}% within {limit}")
-    if noise == "none":
-        return verdict("fail", b_val, c_val, change, f"change {change:+.1f}% beyond {limit}")
-    if r.metric in PER_REQUEST:
-        assert c_samples is not None and b_samples is not None
-        p = stats.mann_whitney_p(list(b_samples), list(c_samples))
-        if p is None:
-            return verdict(
-                "within noise",
-                b_val,
-                c_val,
-                change,
-                f"change {change:+.1f}% beyond {limit}, but too few samples to tell it from noise",
-            )
-        if p < ALPHA:
-            return verdict(
-                "fail", b_val, c_val, change, f"change {change:+.1f}% beyond {limit}, significant (p={p:.2g})"
-            )
-        return verdict(
-            "within noise", b_val, c_val, change, f"change {change:+.1f}% beyond {limit}, but within noise (p={p:.2g})"
-        )
-    runs = base.per_run(r.metric, sel) or []
-    if len(runs) >= 2:
-        sd = float(np.std(runs, ddof=1))
-        if abs(c_val - b_val) <= SPREAD_SIGMAS * sd:
-            return verdict(
-                "within noise",
-                b_val,
-                c_val,
-                change,
-                f"change {change:+.1f}% beyond {limit}, but within {SPREAD_SIGMAS:g} sd of the "
-                f"baseline's {len(runs)} runs",
-            )
-        return verdict(
-            "fail",
-            b_val,
-            c_val,
-            change,
-            f"change {change:+.1f}% beyond {limit} and outside the baseline's spread ({len(runs)} runs)",
-        )
-    return verdict(
-        "fail",
-        b_val,
-        c_val,
-        change,
-        f"change {change:+.1f}% beyond {limit} (the baseline holds one run: judged by the limit alone)",
     )

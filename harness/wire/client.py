@@ -15,12 +15,12 @@ from typing import Any
 
 import aiohttp
 
-from harness.arrivals import StampedHandler, connector, take
-from harness.emulator.server import SENT_HEADER
 from harness.scenario import Timeouts
-from harness.sse import SSEDecoder
-from harness.stream import StreamState
-from harness.turns import TURNS
+from harness.wire import seam
+from harness.wire.arrivals import StampedHandler, connector, take
+from harness.wire.sse import SSEDecoder
+from harness.wire.stream import StreamState
+from harness.wire.turns import TURNS
 
 
 @dataclass
@@ -65,8 +65,12 @@ class StreamingClient:
         self.max_stale = concurrency + 4
         trace = aiohttp.TraceConfig()
         trace.on_request_headers_sent.append(_on_headers_sent)
+        conn, gone = connector(concurrency + 4)
+        # Where response bytes are stamped (seam.py): at socket reads, unless aiohttp changed.
+        self.stamping = seam.PARSE_TIME if gone else seam.SOCKET_READ
+        self.stamping_warning = seam.warning(gone) if gone else None
         self.session = aiohttp.ClientSession(
-            connector=connector(concurrency + 4),
+            connector=conn,
             trace_configs=[trace],
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s),
             read_bufsize=1 << 20,
@@ -101,7 +105,7 @@ class StreamingClient:
         ex = Exchange(start_ns=time.perf_counter_ns())
         headers = {**self.headers, "X-Request-Id": request_id}
         if self.send_clock:
-            headers[SENT_HEADER] = str(ex.start_ns)
+            headers[seam.SENT_HEADER] = str(ex.start_ns)
         try:
             async with asyncio.timeout(min(t.first_token_s, t.total_s)) as deadline:
                 async with self.session.post(url, data=body, headers=headers, trace_request_ctx=ex) as resp:
@@ -131,9 +135,8 @@ class StreamingClient:
             ex.end_ns = time.perf_counter_ns()
         return ex
 
-    @staticmethod
     async def _read(
-        resp: aiohttp.ClientResponse, ex: Exchange, deadline: asyncio.Timeout, total_deadline: float
+        self, resp: aiohttp.ClientResponse, ex: Exchange, deadline: asyncio.Timeout, total_deadline: float
     ) -> None:
         decoder = SSEDecoder()
         state = ex.state
@@ -141,7 +144,13 @@ class StreamingClient:
         # The response's protocol, not resp.connection: aiohttp lets go of the connection as soon
         # as the whole body is in, which for a short answer is before this line.
         handler = getattr(resp, "_protocol", None)
-        arrivals = handler.arrivals_of(resp.content) if isinstance(handler, StampedHandler) else []
+        if isinstance(handler, StampedHandler):
+            arrivals = handler.arrivals_of(resp.content)
+        else:
+            arrivals = []  # no stamps: `take` stamps the bytes as they are read here
+            if self.stamping == seam.SOCKET_READ:
+                self.stamping = seam.PARSE_TIME
+                self.stamping_warning = seam.warning(("ClientResponse._protocol",))
         async for chunk in resp.content.iter_any():
             # iter_any hands over everything received since the last read: split it back into
             # the pieces the socket delivered, each with the time it arrived.

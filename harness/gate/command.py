@@ -9,15 +9,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from harness import baseline as bl
-from harness import gate, gate_output
 from harness.errors import ExitCode, InputError
-from harness.report.load import load_runs
+from harness.gate import baselines, figures, output
+from harness.gate.rules import Rules, merge, parse_rules
+from harness.gate.verdicts import evaluate
+from harness.results import load_runs
 
 STEP_SUMMARY_LIMIT = 1 << 20
 
 
-def load_rules_file(path: Path) -> gate.Rules:
+def load_rules_file(path: Path) -> Rules:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -27,7 +28,7 @@ def load_rules_file(path: Path) -> gate.Rules:
     table = data.get("gate", data)
     if not isinstance(table, dict):
         raise InputError(f"{path}: expected a [gate] table")
-    return gate.parse_rules(table, str(path))
+    return parse_rules(table, str(path))
 
 
 def run_gate(
@@ -42,17 +43,17 @@ def run_gate(
     runs = load_runs([result])
     scenario = runs[0].meta.get("scenario", {})
     where = str(runs[0].meta.get("scenario_file", result))
-    rules = gate.parse_rules(scenario["gate"], where) if scenario.get("gate") else gate.Rules()
+    rules = parse_rules(scenario["gate"], where) if scenario.get("gate") else Rules()
     if rules_file is not None:
-        rules = gate.merge(rules, load_rules_file(rules_file))
+        rules = merge(rules, load_rules_file(rules_file))
     if not rules:
         raise InputError("no gate rules: add a [gate] table to the scenario or give --rules FILE")
-    cand_identity = bl.identity(runs)
+    cand_identity = baselines.identity(runs)
     base_fig = None
     if baseline is not None:
-        doc, base_fig = bl.load(baseline)
-        bl.check_compatible(doc["identity"], cand_identity)
-    verdicts = gate.evaluate(rules, bl.figures(runs), base_fig)
+        doc, base_fig = baselines.load(baseline)
+        baselines.check_compatible(doc["identity"], cand_identity)
+    verdicts = evaluate(rules, figures.of_runs(runs), base_fig)
     incomplete = [r.label for r in runs if r.meta.get("status") != "completed"]
     if incomplete:
         console.print(f"[yellow]warning:[/] not completed: {', '.join(incomplete)}; judging partial results")
@@ -65,11 +66,11 @@ def run_gate(
 
     title = f"kvbench gate: {cand_identity['scenario_name']}" + (f" vs {baseline}" if baseline else "")
     table = Table(title=title)
-    for col in (*gate_output.COLUMNS, "detail"):
+    for col in (*output.COLUMNS, "detail"):
         table.add_column(col, overflow="fold")
     colour = {"pass": "green", "fail": "bold red", "within noise": "yellow", "missing": "magenta"}
     for v in verdicts:
-        c = gate_output.cells(v)
+        c = output.cells(v)
         table.add_row(f"[{colour[v.verdict]}]{c[0]}[/]", *c[1:], v.detail)
     Console(width=max(160, Console().width)).print(table)
     failed = sum(v.verdict == "fail" for v in verdicts)
@@ -79,21 +80,21 @@ def run_gate(
         f" -> exit {int(code)}"
     )
 
-    md = gate_output.markdown(verdicts, title)
+    md = output.markdown(verdicts, title)
     if markdown:
         markdown.write_text(md, encoding="utf-8")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         _append_capped(Path(summary), md)
     if junit:
-        junit.write_text(gate_output.junit(verdicts, str(cand_identity["scenario_name"])), encoding="utf-8")
+        junit.write_text(output.junit(verdicts, str(cand_identity["scenario_name"])), encoding="utf-8")
     if json_out:
         meta = {
             "scenario": cand_identity["scenario_name"],
             "result": str(result),
             "baseline": str(baseline) if baseline else None,
         }
-        json_out.write_text(gate_output.as_json(verdicts, meta, int(code)), encoding="utf-8")
+        json_out.write_text(output.as_json(verdicts, meta, int(code)), encoding="utf-8")
     return code
 
 
@@ -108,3 +109,17 @@ def _append_capped(path: Path, text: str) -> None:
         data = data[:room].rsplit(b"\n", 1)[0] + b"\n\n(table cut to keep the step summary under 1 MiB)\n"
     with path.open("ab") as f:
         f.write(data)
+
+
+def save_baseline(results: list[Path], output: Path | None) -> int:
+    """`kvbench baseline save`: one scenario's runs into a baseline file."""
+    runs = load_runs(results)
+    names = {r.meta.get("scenario_name") for r in runs}
+    if len(names) != 1:
+        raise InputError(f"a baseline holds one scenario; got {', '.join(sorted(map(str, names)))}")
+    hashes = {r.meta.get("scenario_hash") for r in runs}
+    if len(hashes) != 1:
+        raise InputError("these runs ran different versions of the scenario (scenario_hash differs)")
+    out = output or Path("baselines") / f"{names.pop()}.json"
+    print(baselines.save(runs, out))
+    return ExitCode.OK

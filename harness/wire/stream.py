@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from harness.sse import SSEEvent
+from harness.wire.sse import SSEEvent
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,66 @@
+"""The one model clock: where an arm's time line starts, and how wall-clock becomes model time.
+
+Against the embedded emulator at time scale X, the emulator runs X times faster than the
+hardware it models; every time kvbench records is then model time (wall-clock x X) and run.json
+says so. Nothing else in the client converts between the two: drivers, scraper, traffic and
+worker processes are all handed a ModelClock.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+from harness.errors import InputError
+
+
+def check_scale(x: float, where: str) -> float:
+    """A time scale as given by a user: a finite number > 0."""
+    if not math.isfinite(x) or x <= 0:
+        raise InputError(f"{where}: expected a number > 0, got {x}")
+    return x
+
+
+@dataclass(frozen=True)
+class ModelClock:
+    scale: float = 1.0  # model seconds per wall-clock second
+    t0_ns: int = 0  # the arm's start, time.perf_counter_ns()
+    t0_mono: float = 0.0  # the same instant, time.monotonic() (scrapes, traffic timelines)
+
+    def start(self) -> ModelClock:
+        """This clock, started now."""
+        return replace(self, t0_ns=time.perf_counter_ns(), t0_mono=time.monotonic())
+
+    @property
+    def modelled(self) -> bool:
+        return self.scale != 1.0
+
+    def since_start(self, t_ns: int) -> float:
+        """Model seconds from the arm's start to a perf_counter_ns stamp."""
+        return self.between(self.t0_ns, t_ns)
+
+    def between(self, a_ns: int, b_ns: int) -> float:
+        return round((b_ns - a_ns) / 1e9 * self.scale, 7)
+
+    def gaps(self, stamps_ns: list[int]) -> list[float]:
+        """Model seconds between successive stamps."""
+        import numpy as np
+
+        if len(stamps_ns) < 2:
+            return []
+        return list(np.round(np.diff(np.asarray(stamps_ns, dtype=np.float64)) * (self.scale / 1e9), 7).tolist())
+
+    def at_mono(self, t_mono: float) -> float:
+        """Model seconds from the arm's start to a time.monotonic() reading."""
+        return round((t_mono - self.t0_mono) * self.scale, 3)
+
+    def model_s(self, wall_s: float) -> float:
+        return wall_s * self.scale
+
+    def wall_s(self, model_s: float) -> float:
+        """How long to wait, wall-clock, for `model_s` of model time."""
+        return model_s / self.scale
+
+    def times_label(self) -> str:
+        return "model time: wall-clock x time_scale" if self.modelled else "wall-clock"

@@ -1,0 +1,1 @@
+"""One module per `kvbench` command; cli.py only wires them to the command line."""

@@ -1,0 +1,20 @@
+"""`kvbench report RESULT...`: one self-contained HTML file from result folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.errors import ExitCode
+
+
+def main(results: list[Path], output: Path | None) -> int:
+    from harness.report.build import render
+    from harness.results import load_runs
+
+    runs = load_runs(results)
+    if output is None:
+        names = sorted({str(r.meta.get("scenario_name", "run")) for r in runs})
+        stamp = max(str(r.meta.get("run_id", "")) for r in runs)
+        output = Path("reports") / f"{'+'.join(names)}-{stamp}.html"
+    print(render(runs, output))
+    return ExitCode.OK

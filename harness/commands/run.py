@@ -1,0 +1,127 @@
+"""`kvbench run`: resolve the endpoint (or start the embedded emulator), check every option, then
+hand the arms to the runner; `--report` renders the report afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from harness import aio, endpoint, scenario
+from harness.clock import ModelClock, check_scale
+from harness.errors import InputError
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    scenario: Path
+    endpoint: str | None = None
+    model: str | None = None
+    arms: tuple[str, ...] = ()
+    out: Path = Path("results")
+    time_scale: float | None = None
+    headers: tuple[str, ...] = ()
+    api_key_env: str | None = None
+    metrics_urls: tuple[str, ...] = ()
+    workers: int = 1
+    report: bool = False
+
+
+def parse_headers(raw: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for h in raw:
+        name, sep, value = h.partition(":")
+        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+            raise InputError(f"--header: expected 'Name: value', got {h!r}")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _api_key(env: str | None) -> str | None:
+    if env is not None:
+        if not os.environ.get(env):
+            raise InputError(f"--api-key-env: environment variable {env} is not set or empty")
+        return os.environ[env]
+    return os.environ.get("OPENAI_API_KEY") or None
+
+
+def _check(opts: RunOptions, sc: scenario.Scenario, url: str | None) -> None:
+    from harness import workloads
+
+    if url is not None and opts.time_scale is not None:
+        raise InputError("--time-scale: applies only to the embedded emulator (no --endpoint given)")
+    if opts.time_scale is not None:
+        check_scale(opts.time_scale, "--time-scale")
+    if opts.workers < 1:
+        raise InputError(f"--workers: expected a number of processes >= 1, got {opts.workers}")
+    if opts.workers > 1 and not workloads.get(sc.workload.kind).shares_schedule:
+        raise InputError("--workers: a sweep sends one request at a time; it applies to closed_loop scenarios")
+    for m in opts.metrics_urls:
+        endpoint.check_url(m, "--metrics-url")
+
+
+def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
+    """Returns the exit code and the result folders written."""
+    from harness.runner import Target, run_arms
+
+    sc = scenario.load(opts.scenario)
+    headers = parse_headers(opts.headers)
+    if key := _api_key(opts.api_key_env):
+        headers["Authorization"] = f"Bearer {key}"
+    arms = tuple(sc.arm(name) for name in opts.arms) if opts.arms else sc.arms
+    url = opts.endpoint or os.environ.get("OPENAI_BASE_URL") or sc.endpoint.url
+    _check(opts, sc, url)
+    if url is not None:
+        url = endpoint.check_url(url, "--endpoint" if opts.endpoint else "endpoint URL")
+    for arm in arms:
+        if arm.endpoint:
+            endpoint.check_url(arm.endpoint, f"{sc.path}: arms.{arm.name}.endpoint")
+    scale = (opts.time_scale or sc.emulator.time_scale) if url is None else 1.0
+    with _emulator(url is None, sc.emulator.profile, scale) as emu_url:
+        base = emu_url or url
+        assert base is not None
+        if emu_url:
+            console.print(
+                f"No endpoint given: using the embedded emulator (profile {sc.emulator.profile}, "
+                f"time scale {scale:g}). Results are emulated, in model time."
+            )
+        target = Target(
+            scenario=sc,
+            arms=arms,
+            base_url=base,
+            headers=headers,
+            clock=ModelClock(scale),
+            emulated=url is None,
+            out=opts.out,
+            model=opts.model,
+            metrics_urls=opts.metrics_urls,
+            workers=opts.workers,
+        )
+        return aio.run(run_arms(target, console))
+
+
+@contextlib.contextmanager
+def _emulator(emulated: bool, profile: str, scale: float) -> Iterator[str | None]:
+    if not emulated:
+        yield None
+        return
+    from harness.emulator.serve import EmbeddedEmulator
+
+    with EmbeddedEmulator(profile, scale) as emu:
+        yield emu.base_url
+
+
+def main(opts: RunOptions, console: Console) -> int:
+    code, folders = run(opts, console)
+    if opts.report and folders:
+        from harness.report.build import render
+        from harness.results import load_runs
+
+        runs = load_runs(folders)
+        out = Path("reports") / f"{runs[0].meta['scenario_name']}-{runs[0].meta['run_id']}.html"
+        console.print(f"Report: {render(runs, out)}")
+    return code

@@ -1,0 +1,357 @@
+"""The report's sections, each built from the runs' raw records by the statistics core and
+analysis.py; published figures come from the reference file. One function per section, each
+returning the template variables it fills."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+from markupsafe import Markup
+
+from harness import analysis, checks, reference, stats
+from harness.reference import redbooks
+from harness.report import plots
+from harness.results import RunResult
+from harness.traffic.base import ACHIEVED_WARN_SHARE
+
+# (reference test, arm) -> the measured figure of the claims audit it provides
+CLAIM_KEYS = {
+    ("concurrency", "recompute"): "recompute_req_per_s",
+    ("concurrency", "cached"): "cached_req_per_s",
+    ("competing_traffic", "traffic"): "traffic_req_per_s",
+    # the clean arm of a traffic run: the fairest base for its drop (same prompts, same time)
+    ("competing_traffic", "clean"): "clean_req_per_s",
+}
+MAX_TIMELINES = 8
+
+
+def run_row(run: RunResult) -> dict[str, Any]:
+    m = run.meta
+    health = m.get("client_health") or {}
+    versions = m.get("versions") or {}
+    return {
+        "label": run.label,
+        "folder": str(run.folder),
+        "status": m.get("status"),
+        "kind": run.kind,
+        "endpoint": m.get("endpoint"),
+        "model": m.get("model"),
+        "started": m.get("started"),
+        "ended": m.get("ended"),
+        "emulated": bool(m.get("emulated")),
+        "profile": (m.get("emulator") or {}).get("profile"),
+        "time_scale": m.get("time_scale", 1.0),
+        "times": m.get("times"),
+        "requests": len(run.records),
+        "errors": sum(not r.ok for r in run.records),
+        "warnings": m.get("warnings") or [],
+        "version": versions.get("kvbench"),
+        "commit": versions.get("git_commit"),
+        "client": m.get("client") or {},
+        "scenario_hash": m.get("scenario_hash"),
+        "prompt_counting": m.get("prompt_counting"),
+        "lag_p99_ms": (health.get("loop_lag_ms") or {}).get("p99"),
+        "cpu_mean": (health.get("cpu_share_of_one_core") or {}).get("mean"),
+        "health_warning": health.get("warning"),
+    }
+
+
+def _published_sweep() -> tuple[list[dict[str, Any]], list[tuple[int, float]]]:
+    t = redbooks()["ttft"]
+    lo_n, hi_n = int(t["prompt_tokens_min"]), int(t["prompt_tokens_max"])
+    points = [
+        {"label": "cold", "length": lo_n, "value": float(t["no_cache_s"][str(lo_n)])},
+        {"label": "cold", "length": hi_n, "value": float(t["no_cache_s"][str(hi_n)])},
+        {"label": "warm", "length": lo_n, "value": float(t["cached_s_range"][0])},
+        {"label": "warm", "length": hi_n, "value": float(t["cached_s_range"][1])},
+    ]
+    return points, [(hi_n, float(redbooks()["claims"]["ttft_speedup"]))]
+
+
+def _ttft_series(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    series = []
+    for i, phase in enumerate(("cold", "warm")):
+        g = sorted((row for row in groups if row["phase"] == phase), key=lambda row: row["target_tokens"])
+        if not g:
+            continue
+        lo = [row["ttft_s_p50_ci_lo"] for row in g]
+        series.append(
+            {
+                "label": phase,
+                "lengths": [row["target_tokens"] for row in g],
+                "p50": [row["ttft_s_p50"] for row in g],
+                "lo": lo if all(v is not None for v in lo) else None,
+                "hi": [row["ttft_s_p50_ci_hi"] for row in g],
+                "style": i,
+            }
+        )
+    return series
+
+
+def _fit_svg(fit: analysis.CostFit) -> Markup:
+    def points(phase: str) -> tuple[np.ndarray, np.ndarray]:
+        rows = [r for r in fit.residuals if r["phase"] == phase]
+        return np.asarray([r["tokens"] for r in rows]), np.asarray([r["measured_s"] for r in rows])
+
+    return Markup(
+        plots.cost_fit(points("cold"), points("warm"), fit.a, fit.b, fit.c, fit.s_per_token, fit.break_even_tokens)
+    )
+
+
+def sweep(run: RunResult) -> dict[str, Any]:
+    rows = stats.sweep_rows(run.records, intervals=True)
+    groups = analysis.group_stats(stats.ok(run.records), by=("phase", "target_tokens"))
+    series = _ttft_series(groups)
+    published, pub_speedup = _published_sweep() if run.reference_test == "ttft" else ([], [])
+    kv = int(run.scenario.get("model", {}).get("kv_bytes_per_token") or reference.kv_bytes_per_token())
+    fit = analysis.fit_cost_model(run.records, kv)
+    speedup_svg = plots.speedup_vs_length(
+        [r["length"] for r in rows],
+        [r["speedup"] for r in rows],
+        [r["speedup_ci_lo"] for r in rows],
+        [r["speedup_ci_hi"] for r in rows],
+        pub_speedup,
+    )
+    return {
+        "label": run.label,
+        "rows": rows,
+        "groups": groups,
+        "published": published,
+        "ttft_svg": Markup(plots.ttft_vs_length(series, published)) if series else None,
+        "speedup_svg": Markup(speedup_svg) if rows else None,
+        "fit": fit,
+        "fit_svg": _fit_svg(fit) if fit else None,
+        "fit_residuals": fit.residuals if fit else [],
+    }
+
+
+def loops(runs: list[RunResult]) -> dict[str, Any]:
+    rows = []
+    for r in runs:
+        if r.kind == "sweep" or not r.records:
+            continue
+        rows.append(
+            {
+                "label": r.label,
+                "cl": stats.throughput(r.records),
+                "published": reference.req_per_s(r.reference_test, r.arm),
+                "concurrency": r.scenario.get("workload", {}).get("concurrency"),
+            }
+        )
+    bars = None
+    if rows:
+        bars = plots.bars(
+            [x["label"] for x in rows],
+            [x["cl"].req_per_s for x in rows],
+            [x["published"] for x in rows],
+            "requests per second",
+        )
+    return {"loops": rows, "bars_svg": Markup(bars) if bars else None}
+
+
+def measured_claims(
+    runs: list[RunResult], sweeps: list[dict[str, Any]], loop_rows: list[dict[str, Any]]
+) -> dict[str, float | None]:
+    """The figures of this set of runs that the claims audit sets beside the published ones."""
+    m: dict[str, float | None] = {}
+    for s in sweeps:
+        for r in s["rows"]:
+            if r["length"] == reference.ttft_speedup_length() and r["speedup"]:
+                m["ttft_speedup_max"] = r["speedup"]
+    by_label = {x["label"]: x["cl"] for x in loop_rows}
+    for run in runs:
+        key = CLAIM_KEYS.get((run.reference_test or "", run.arm))
+        if run.label in by_label and key and key not in m:
+            m[key] = by_label[run.label].req_per_s
+    rec, cac, tra = m.get("recompute_req_per_s"), m.get("cached_req_per_s"), m.get("traffic_req_per_s")
+    if rec and cac:
+        m["concurrency_speedup"] = cac / rec
+    clean = m.pop("clean_req_per_s", None)
+    if not cac and clean:
+        m["cached_req_per_s"] = cac = clean
+    base = clean or cac
+    if base and tra:
+        m["traffic_base_req_per_s"] = base
+        m["traffic_drop_pct"] = stats.drop(base, tra)["drop_pct"]
+    if rec and tra:
+        m["traffic_vs_recompute"] = tra / rec
+    return m
+
+
+def claims(measured: dict[str, float | None]) -> dict[str, Any]:
+    comparisons = []
+    base, loaded = measured.get("traffic_base_req_per_s"), measured.get("traffic_req_per_s")
+    if base and loaded:
+        pub = reference.traffic_drop()
+        comparisons.append(
+            {
+                "what": "cached req/s, clean -> with competing traffic",
+                **stats.drop(base, loaded),
+                "published_before": pub["before"],
+                "published_after": pub["after"],
+                "published_drop_pct": pub["drop_pct"],
+            }
+        )
+    return {"claims": analysis.claims_audit(redbooks(), measured), "comparisons": comparisons}
+
+
+def cards(
+    measured: dict[str, float | None], loop_rows: list[dict[str, Any]], sweeps: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    claimed = redbooks()["claims"]
+    out: list[dict[str, Any]] = []
+    if measured.get("ttft_speedup_max"):
+        n = reference.ttft_speedup_length()
+        value = f"{measured['ttft_speedup_max']:.1f}x"
+        out.append(
+            {
+                "title": f"TTFT speedup at {n // 1000}K tokens",
+                "value": value,
+                "published": f"{claimed['ttft_speedup']}x",
+            }
+        )
+    elif sweeps and sweeps[0]["rows"] and sweeps[0]["rows"][-1]["speedup"]:
+        last = sweeps[0]["rows"][-1]
+        out.append(
+            {
+                "title": f"TTFT speedup at {last['length']:,} tokens",
+                "value": f"{last['speedup']:.1f}x",
+                "published": None,
+            }
+        )
+    for x in loop_rows:
+        if x["cl"].req_per_s is not None:
+            pub = f"{x['published']:g} req/s" if x["published"] else None
+            out.append(
+                {"title": f"{x['label']} throughput", "value": f"{x['cl'].req_per_s:.3g} req/s", "published": pub}
+            )
+    if measured.get("concurrency_speedup"):
+        value = f"{measured['concurrency_speedup']:.1f}x"
+        out.append({"title": "Concurrency speedup", "value": value, "published": f"{claimed['concurrency_speedup']}x"})
+    if measured.get("traffic_drop_pct") is not None:
+        drop = reference.traffic_drop()
+        out.append(
+            {
+                "title": "Drop under competing traffic",
+                "value": f"{measured['traffic_drop_pct']:.1f} %",
+                "published": f"{drop['claimed_pct']} % claimed, {drop['drop_pct']:.1f} % from the published figures",
+            }
+        )
+    return out
+
+
+def distributions(runs: list[RunResult]) -> dict[str, Any]:
+    have = [r for r in runs if r.records]
+    ttft = [(r.label, stats.values(r.records, "ttft_s")) for r in have]
+    e2e = [(r.label, stats.values(r.records, "e2e_s")) for r in have]
+    return {
+        "ttft_cdf": Markup(plots.cdfs(ttft, "TTFT (s, log scale)", "cdf-ttft")) if ttft else None,
+        "e2e_cdf": Markup(plots.cdfs(e2e, "end-to-end latency (s, log scale)", "cdf-e2e")) if e2e else None,
+    }
+
+
+def _traffic_line(run: RunResult) -> tuple[np.ndarray, np.ndarray] | None:
+    if not run.traffic_rows:
+        return None
+    per_t: dict[float, float] = {}
+    for row in run.traffic_rows:
+        per_t[row["t_s"]] = per_t.get(row["t_s"], 0.0) + (row["read_bps"] + row["write_bps"]) / 1e9
+    ts = sorted(per_t)
+    return np.array(ts), np.array([per_t[t] for t in ts])
+
+
+def _nan(x: float | None) -> float:
+    return np.nan if x is None else x
+
+
+def timelines(runs: list[RunResult]) -> dict[str, Any]:
+    have = [r for r in runs if r.records]
+    out = []
+    for r in have[:MAX_TIMELINES]:
+        key = "phase" if r.kind == "sweep" else "arm"
+        groups = []
+        for (name,), g in stats.groups(r.records, (key,)).items():
+            start = np.asarray([x.start_s for x in g], dtype=float)
+            first = np.asarray([x.start_s + _nan(x.ttft_s) for x in g], dtype=float)
+            end = np.asarray([_nan(x.end_s()) for x in g], dtype=float)
+            groups.append((str(name), start, first, end))
+        traffic = _traffic_line(r)
+        out.append(
+            {
+                "label": r.label,
+                "n": len(r.records),
+                "svg": Markup(plots.timeline(groups, traffic)),
+                "traffic": traffic is not None,
+            }
+        )
+    return {"timelines": out, "timelines_omitted": max(0, len(have) - MAX_TIMELINES)}
+
+
+def verification(runs: list[RunResult]) -> dict[str, Any]:
+    cache_rows = [
+        {"label": r.label, **analysis.cache_verification(r.records, checks.allowance_of(r.meta))}
+        for r in runs
+        if r.records
+    ]
+    errors = []
+    for r in runs:
+        counts = Counter(str(x.error) for x in r.records if x.error is not None)
+        errors += [{"label": r.label, "error": e, "count": n} for e, n in counts.most_common(20)]
+    group_tables = [{"label": r.label, "rows": analysis.group_stats(r.records)} for r in runs if r.records]
+    return {"cache_rows": cache_rows, "errors": errors, "group_tables": group_tables}
+
+
+def traffic(runs: list[RunResult]) -> dict[str, Any]:
+    rows = []
+    for r in runs:
+        t = r.traffic
+        if not t:
+            continue
+        share = t.get("achieved_share")
+        rows.append(
+            {
+                "label": r.label,
+                "tool": t.get("tool"),
+                "emulated": t.get("emulated"),
+                "target": t.get("target_bytes_per_s"),
+                "achieved": t.get("achieved_bytes_per_s"),
+                "share": share,
+                "low": share is not None and share < ACHIEVED_WARN_SHARE,
+                "clients": t.get("per_client") or {},
+                "warnings": t.get("warnings") or [],
+                "note": t.get("note", ""),
+            }
+        )
+    return {"traffic": rows}
+
+
+def _server_row(label: str, phase: str, p: dict[str, Any]) -> dict[str, Any]:
+    m = p.get("mapped", {})
+    ratio = p.get("server_hit_ratio")
+    return {
+        "label": label,
+        "phase": phase,
+        "requests": p.get("requests"),
+        "hit_ratio": ratio,
+        "low": phase == "warm" and ratio is not None and ratio < checks.LOW_WARM_HIT_RATIO,
+        "families": ", ".join(m.get("families", [])) or "unknown (raw deltas kept)",
+        "external_hits": m.get("external_hit_tokens", m.get("kvbm_matched_tokens")),
+        "onboarded": m.get("kvbm_onboard_blocks_d2d"),
+        "offloaded": m.get("kvbm_offload_blocks_d2d"),
+        "client_ttft": p.get("client_ttft_mean_s"),
+        "server_ttft": p.get("server_ttft_mean_s"),
+        "overhead": p.get("client_minus_server_ttft_s"),
+    }
+
+
+def server(runs: list[RunResult]) -> dict[str, Any]:
+    rows, unreachable = [], []
+    for r in runs:
+        sm = r.server_metrics
+        if not sm:
+            continue
+        rows += [_server_row(r.label, phase, p) for phase, p in sm.get("phases", {}).items()]
+        unreachable += [(r.label, u, why) for u, why in (sm.get("unreachable") or {}).items()]
+    return {"server_rows": rows, "server_unreachable": unreachable}

@@ -1,0 +1,240 @@
+"""What every workload kind shares: the arm it runs (`ArmSpec`), and the `Sender` that sends one
+request, turns the exchange into a `RequestRecord` and announces it, as it ends, to whoever
+subscribed (the writer, the progress display, the server-metrics scraper, the checks): one event
+per finished request, locust-style."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from harness import checks, endpoint, prompts
+from harness.clock import ModelClock
+from harness.progress import RunProgress
+from harness.prompts import Prompt, PromptBuilder
+from harness.results import RequestRecord
+from harness.scenario import Arm, Distribution, Scenario
+from harness.scrape import Scraper
+from harness.wire.client import Exchange, StreamingClient
+
+# A run stops early after this many consecutive requests that could not connect.
+DEAD_ENDPOINT_STREAK = 10
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """What an arm sends, where, and on which clock: fixed for the arm's life."""
+
+    scenario: Scenario
+    arm: Arm
+    base_url: str
+    model: str
+    run_id: str
+    server: str  # what the endpoint turned out to be: "vllm", "llama.cpp", ... or "openai"
+    clock: ModelClock
+
+    @property
+    def bust(self) -> bool:
+        return self.arm.cache == "bust"
+
+    @property
+    def url(self) -> str:
+        path = "/chat/completions" if self.scenario.endpoint.api == "chat" else "/completions"
+        return endpoint.join(self.base_url, path)
+
+    def reuse_lead(self, prompt: Prompt) -> str:
+        """The prompt's lead, made this arm's own: arms are separate experiments, so one arm never
+        finds the KV another left behind (even where a cache reset leaves offloaded tiers full)."""
+        digest = hashlib.blake2b(f"{self.arm.name}/{prompt.lead}".encode(), digest_size=8).digest()
+        return prompts.lead(int.from_bytes(digest, "big"))
+
+    def body(self, text: str, salt: str | None) -> bytes:
+        ep = self.scenario.endpoint
+        body: dict[str, Any] = {"model": self.model, "max_tokens": ep.max_tokens, "temperature": ep.temperature}
+        body.update(ep.extra_body)
+        body["stream"] = True
+        body["stream_options"] = {**body.get("stream_options", {}), "include_usage": True}
+        if ep.api == "chat":
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            body["prompt"] = text
+        if salt is not None:
+            body["cache_salt"] = salt
+        if self.bust and self.server == "llama.cpp":
+            body["cache_prompt"] = False  # llama.cpp: do not reuse (or keep) this prompt's KV
+        return orjson.dumps(body)
+
+    def record(self, seq: int, ex: Exchange, prompt: Prompt, phase: str, **extra: Any) -> RequestRecord:
+        c, st = self.clock, ex.state
+
+        def since_start(t_ns: int | None) -> float | None:
+            return None if t_ns is None else c.between(ex.start_ns, t_ns)
+
+        return RequestRecord(
+            id=seq,
+            arm=self.arm.name,
+            phase=phase,
+            prompt_id=prompt.id,
+            target_tokens=prompt.target_tokens,
+            prompt_tokens=st.prompt_tokens,
+            cached_tokens=st.cached_tokens,
+            completion_tokens=st.completion_tokens,
+            start_s=c.since_start(ex.start_ns),
+            ttft_s=since_start(st.first_token_ns),
+            first_byte_s=since_start(st.first_byte_ns),
+            first_content_s=since_start(st.first_content_ns),
+            headers_s=since_start(ex.headers_ns),
+            e2e_s=since_start(ex.end_ns),
+            itl_s=c.gaps(st.token_chunk_ns),
+            ok=ex.ok,
+            error=ex.error,
+            error_kind=ex.error_kind,
+            http_status=ex.http_status,
+            retried=ex.retried,
+            **extra,
+        )
+
+
+@dataclass
+class Sender:
+    """Sends an arm's requests; counts what an arm must know while it runs."""
+
+    spec: ArmSpec
+    client: StreamingClient
+    builder: PromptBuilder
+    progress: RunProgress
+    stop: asyncio.Event
+    rng: random.Random
+    seq: int = 0  # the last request id given (worker processes start at their own offset)
+    subscribers: list[Callable[[RequestRecord], None]] = field(default_factory=list)
+    scraper: Scraper | None = None  # sweeps: server counters around every request
+    warnings: list[str] = field(default_factory=list)
+    aborted: str | None = None
+    in_flight: int = 0
+    send_salt: bool = True
+    said_no_cached: bool = False
+    off_target: set[str] = field(default_factory=set)
+    dead_streak: int = 0
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+        self.progress.console.print(f"[yellow]warning:[/] {text}", markup=True, highlight=False)
+
+    def new_lead(self) -> str:
+        return prompts.lead(self.rng.randrange(10**prompts.LEAD_DIGITS))
+
+    def lead_for(self, prompt: Prompt) -> str:
+        """A bust arm's request is unique; others reuse the prompt's (arm-own) lead."""
+        return self.new_lead() if self.spec.bust else self.spec.reuse_lead(prompt)
+
+    async def send(self, prompt: Prompt, phase: str, lead_text: str, **extra: Any) -> RequestRecord:
+        spec = self.spec
+        self.seq += 1
+        seq = self.seq
+        salt = lead_text.strip(" []") if spec.bust and spec.scenario.endpoint.send_cache_salt != "never" else None
+        request_id = f"{spec.run_id}-{spec.arm.name}-{seq}"
+        before = await self.scraper.snapshot() if self.scraper else None
+        self.in_flight += 1
+        try:
+            ex = await self.client.stream(spec.url, spec.body(prompt.text(lead_text), self._salt(salt)), request_id)
+            if self._salt_refused(salt, ex):
+                ex = await self.client.stream(spec.url, spec.body(prompt.text(lead_text), None), request_id)
+        finally:
+            self.in_flight -= 1
+        record = spec.record(seq, ex, prompt, phase, **extra)
+        if self.scraper is not None:
+            self.scraper.record(phase, before, await self.scraper.snapshot(), [record])
+        self._check_length(record)
+        for notify in self.subscribers:
+            notify(record)
+        self._count_dead(ex)
+        return record
+
+    def _salt(self, salt: str | None) -> str | None:
+        return salt if self.send_salt else None
+
+    def _salt_refused(self, salt: str | None, ex: Exchange) -> bool:
+        if salt is None or self.spec.scenario.endpoint.send_cache_salt != "auto":
+            return False
+        if ex.http_status not in (400, 422) or "cache_salt" not in (ex.error or ""):
+            return False
+        if self.send_salt:  # said once; requests already in flight with a salt are sent again too
+            self.send_salt = False
+            self.warn("the endpoint refuses `cache_salt`; bust requests rely on their unique leading text alone")
+        return True
+
+    def _count_dead(self, ex: Exchange) -> None:
+        self.dead_streak = self.dead_streak + 1 if ex.error_kind == "connect" else 0
+        if self.dead_streak >= DEAD_ENDPOINT_STREAK and not self.aborted:
+            self.aborted = f"{self.dead_streak} requests in a row could not connect: {ex.error}"
+            self.stop.set()
+
+    def _check_length(self, r: RequestRecord) -> None:
+        """The server's own count of what was really sent (a bust lead can tokenize differently)."""
+        target, got = r.target_tokens, r.prompt_tokens
+        off = target and got is not None and abs(got - target) > self.spec.scenario.prompts.tolerance * target
+        if off and r.prompt_id not in self.off_target:
+            self.off_target.add(r.prompt_id)
+            self.warn(f"request {r.id} ({r.prompt_id}): the server counted {got} prompt tokens, target {target}")
+
+    @property
+    def cold_allowance(self) -> int:
+        """Cached tokens a cold request may report (known once the first prompt is built)."""
+        return checks.cold_allowance(self.spec.scenario.workload.shared_prefix_tokens, self.builder.template_tokens)
+
+    def check_cold(self, r: RequestRecord) -> None:
+        if r.ok and (r.cached_tokens or 0) > self.cold_allowance:
+            self.warn(
+                f"request {r.id} ({r.prompt_id}) was meant to be cold but the server reports "
+                f"{r.cached_tokens} cached tokens: its cold TTFT is not cold"
+            )
+
+    def check_warm(self, r: RequestRecord) -> None:
+        if not r.ok or r.prompt_tokens is None:
+            return
+        if r.cached_tokens is None:
+            if not self.said_no_cached:
+                self.said_no_cached = True
+                self.warn(
+                    "the server does not report usage.prompt_tokens_details.cached_tokens, so warm requests "
+                    "cannot be verified (vLLM: start it with --enable-prompt-tokens-details)"
+                )
+            return
+        if not checks.warm_hit(r.cached_tokens, r.prompt_tokens):
+            self.warn(
+                f"request {r.id} ({r.prompt_id}) was meant to be warm but only {r.cached_tokens} of "
+                f"{r.prompt_tokens} prompt tokens came from cache: its warm TTFT is not warm"
+            )
+
+    async def build(self, prompt_id: str, target: int, shared: str = "") -> Prompt:
+        prompt = await self.builder.build(prompt_id, target, shared)
+        if not self.builder.within_tolerance(prompt):
+            self.warn(
+                f"prompt {prompt_id}: {prompt.tokens} tokens, target {target} "
+                f"(outside ±{self.spec.scenario.prompts.tolerance:.1%})"
+            )
+        return prompt
+
+
+def draw_length(d: Distribution, rng: random.Random) -> int:
+    if d.kind == "fixed":
+        return d.value
+    if d.kind == "uniform":
+        return rng.randint(d.min, d.max)
+    return max(d.min, min(d.max, round(rng.gauss(d.mean, d.stddev))))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a workload settles before the arm's clock starts: its prompts and its schedule of
+    (schedule index, prompt index) pairs. Arms of one run share it."""
+
+    total: int  # requests the arm will send
+    prompts: tuple[Prompt, ...] = ()
+    schedule: tuple[tuple[int, int], ...] = ()

@@ -1,0 +1,39 @@
+"""`kind = "sweep"`: per length and repetition, one cold request (a fresh prompt) then
+`warm_repeats` requests of the same prompt, one request in flight at a time so that queueing
+never pollutes TTFT. Prompts are built as the sweep reaches them (between requests)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from harness.workloads.base import Plan, Sender
+
+NAME = "sweep"
+SHARES_SCHEDULE = False  # each warm request follows its cold one: one connection
+
+
+async def plan(sender: Sender) -> Plan:
+    w = sender.spec.scenario.workload
+    return Plan(total=len(w.lengths) * w.repetitions * (1 + w.warm_repeats))
+
+
+async def drive(
+    sender: Sender, plan: Plan, take: Iterator[tuple[int, int]] | None = None, connections: int = 1, first: int = 0
+) -> None:
+    w = sender.spec.scenario.workload
+    bust = sender.spec.bust
+    for length in w.lengths:
+        for rep in range(w.repetitions):
+            if sender.stop.is_set():
+                return
+            sender.progress.note(f"building a {length}-token prompt")
+            prompt = await sender.build(f"L{length}-r{rep}", length)
+            lead = sender.lead_for(prompt)
+            sender.check_cold(await sender.send(prompt, "cold", lead, repeat=0))
+            for i in range(w.warm_repeats):
+                if sender.stop.is_set():
+                    return
+                if bust:  # every request unique: all of them are cold
+                    sender.check_cold(await sender.send(prompt, "cold", sender.new_lead(), repeat=i + 1))
+                else:
+                    sender.check_warm(await sender.send(prompt, "warm", lead, repeat=i + 1))
