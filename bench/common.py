@@ -15,6 +15,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# The tree whose kvbench the benches run (bench/ab.py points it at an older commit in turn).
+CODE = {"root": ROOT}
 
 from harness.emulator.serve import EmbeddedEmulator  # noqa: E402
 from harness.results import read_requests  # noqa: E402
@@ -146,7 +148,8 @@ def kvbench_run(
 
     r = subprocess.run(
         [*run_argv(out / "s.toml", base_url, out / "out"), *(extra or [])],
-        cwd=ROOT,
+        cwd=CODE["root"],
+        env={**os.environ, "PYTHONPATH": str(CODE["root"])},
         capture_output=True,
         text=True,
         preexec_fn=functools.partial(pin, cores or client_cores()),

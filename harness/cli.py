@@ -14,6 +14,7 @@ import typer
 from harness import __version__
 from harness.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError
 from harness.progress import stderr_console
+from harness.scenario import EmulatorCfg
 
 
 def _handled(fn: Callable[..., int]) -> Callable[..., int]:
@@ -217,7 +218,7 @@ def validate(
 def emulator(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 8000,
-    profile: Annotated[str, typer.Option(help="Emulator profile: redbooks-g4 or recompute.")] = "redbooks-g4",
+    profile: Annotated[str, typer.Option(help="Emulator profile: redbooks-g4 or recompute.")] = EmulatorCfg.profile,
     time_scale: Annotated[float, typer.Option(help="Run X times faster than the modelled hardware.")] = 1.0,
     api_key_env: Annotated[
         str | None, typer.Option(help="Require 'Authorization: Bearer <value of this variable>'.")

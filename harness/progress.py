@@ -13,6 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from harness.clock import ModelClock
 from harness.stats import percentile
 
+RECENT = 200  # requests the live TTFT median is taken over
+
 
 class RunProgress:
     def __init__(self, console: Console) -> None:
@@ -20,7 +22,7 @@ class RunProgress:
         self.tty = console.is_terminal
         self._progress: Progress | None = None
         self._task: Any = None
-        self._recent: deque[float] = deque(maxlen=200)
+        self._recent: deque[float] = deque(maxlen=RECENT)
         self.errors = 0
         self.done = 0
         self.total = 0
@@ -61,7 +63,7 @@ class RunProgress:
             self.errors += 1
         elif ttft_s is not None:
             self._recent.append(ttft_s)
-        p50 = percentile(self._recent, 50)
+        p50 = self.p50
         p50_text = f"{p50:.3f}s" if p50 is not None else "-"
         if self._progress is not None:
             self._progress.update(self._task, advance=1, errors=self.errors, p50=p50_text, description=self.label)
@@ -70,6 +72,11 @@ class RunProgress:
             self.console.print(
                 f"{self.label}: {self.done}/{self.total} done, {self.errors} errors, TTFT p50 {p50_text}"
             )
+
+    @property
+    def p50(self) -> float | None:
+        """TTFT median of the last RECENT requests that succeeded."""
+        return percentile(self._recent, 50)
 
     def stop(self) -> None:
         if self._progress is not None:

@@ -14,9 +14,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+from harness import reference
 from harness.errors import InputError
 
 SCHEMA_VERSION = 1
+# The embedded emulator's profiles (harness/emulator/profiles.py defines them under these names).
+EMULATOR_PROFILES = ("recompute", "redbooks-g4")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HTTP_HOOK_RE = re.compile(r"^(GET|POST|PUT|DELETE) (\S+)$")
 
@@ -120,7 +123,8 @@ class EmulatorCfg:
 
 @dataclass(frozen=True)
 class ModelCfg:
-    kv_bytes_per_token: int = 73728
+    # default: gpt-oss-120b's, from the reference file
+    kv_bytes_per_token: int = field(default_factory=reference.kv_bytes_per_token)
 
 
 @dataclass(frozen=True)
@@ -341,13 +345,15 @@ def _endpoint(t: _Table) -> EndpointCfg:
     )
     tt.done()
     cfg = EndpointCfg(
-        api=t.text("api", "chat", ("chat", "completions")),
-        max_tokens=t.integer("max_tokens", 16, minimum=1, what="an integer number of output tokens"),
-        temperature=t.number("temperature", 0.0, minimum=0.0),
+        api=t.text("api", EndpointCfg.api, ("chat", "completions")),
+        max_tokens=t.integer(
+            "max_tokens", EndpointCfg.max_tokens, minimum=1, what="an integer number of output tokens"
+        ),
+        temperature=t.number("temperature", EndpointCfg.temperature, minimum=0.0),
         extra_body=dict(extra or {}),
         url=t.text("url"),
         model=t.text("model"),
-        send_cache_salt=t.text("send_cache_salt", "auto", ("auto", "always", "never")),
+        send_cache_salt=t.text("send_cache_salt", EndpointCfg.send_cache_salt, ("auto", "always", "never")),
         timeouts=timeouts,
     )
     t.done()
@@ -356,10 +362,10 @@ def _endpoint(t: _Table) -> EndpointCfg:
 
 def _prompts(t: _Table) -> PromptsCfg:
     cfg = PromptsCfg(
-        source=t.text("source", "synthetic", ("synthetic", "file")),
-        seed=t.integer("seed", 42, minimum=0),
+        source=t.text("source", PromptsCfg.source, ("synthetic", "file")),
+        seed=t.integer("seed", PromptsCfg.seed, minimum=0),
         path=t.text("path"),
-        tolerance=t.number("tolerance", 0.005, minimum=0.0),
+        tolerance=t.number("tolerance", PromptsCfg.tolerance, minimum=0.0),
     )
     if cfg.source == "file" and not cfg.path:
         raise InputError(f'{t.file}: prompts.path: missing; expected a JSONL file (source = "file")')
@@ -406,8 +412,8 @@ def _workload(t: _Table) -> Workload:
             lengths=tuple(
                 t.check_int(f"lengths[{i}]", v, 1, "an integer number of tokens") for i, v in enumerate(lengths)
             ),
-            warm_repeats=t.integer("warm_repeats", 1, minimum=0),
-            repetitions=t.integer("repetitions", 1, minimum=1),
+            warm_repeats=t.integer("warm_repeats", Workload.warm_repeats, minimum=0),
+            repetitions=t.integer("repetitions", Workload.repetitions, minimum=1),
         )
     else:
         w = Workload(
@@ -416,7 +422,9 @@ def _workload(t: _Table) -> Workload:
             concurrency=t.integer("concurrency", required=True, minimum=1, what="an integer number of connections"),
             pool=t.integer("pool", required=True, minimum=1, what="an integer number of distinct prompts"),
             prompt_tokens=_distribution(t, "prompt_tokens"),
-            shared_prefix_tokens=t.integer("shared_prefix_tokens", 0, minimum=0, what="an integer number of tokens"),
+            shared_prefix_tokens=t.integer(
+                "shared_prefix_tokens", Workload.shared_prefix_tokens, minimum=0, what="an integer number of tokens"
+            ),
         )
         smallest = _smallest(w.prompt_tokens)
         if w.shared_prefix_tokens and w.shared_prefix_tokens >= smallest:
@@ -452,11 +460,11 @@ def _arms(top: _Table, file: str) -> tuple[Arm, ...]:
         arms.append(
             Arm(
                 name=name,
-                cache=t.text("cache", "reuse", ("reuse", "bust")),
+                cache=t.text("cache", Arm.cache, ("reuse", "bust")),
                 endpoint=t.text("endpoint"),
                 before=_hook(t.sub("before")) if t.has("before") else None,
                 description=t.text("description", ""),
-                traffic=t.flag("traffic", True),
+                traffic=t.flag("traffic", Arm.traffic),
             )
         )
         t.done()
@@ -478,11 +486,9 @@ def _hook(t: _Table) -> Hook:
 
 
 def _emulator(t: _Table) -> EmulatorCfg:
-    from harness.emulator.profiles import profiles
-
     cfg = EmulatorCfg(
-        profile=t.text("profile", "redbooks-g4", tuple(sorted(profiles()))),
-        time_scale=t.number("time_scale", 1.0, positive=True),
+        profile=t.text("profile", EmulatorCfg.profile, EMULATOR_PROFILES),
+        time_scale=t.number("time_scale", EmulatorCfg.time_scale, positive=True),
     )
     t.done()
     return cfg
@@ -534,18 +540,18 @@ def _traffic(t: _Table) -> TrafficCfg:
         tool=tool,
         target=target,
         target_bytes_per_s=bps,
-        rw=t.text("rw", "read", ("read", "write", "randread", "randwrite", "rw", "randrw")),
-        rwmixread=t.integer("rwmixread", 50, minimum=0, what="a percentage of reads"),
-        block_size=_size(t, "block_size", 1 << 20),
-        iodepth=t.integer("iodepth", 16, minimum=1),
-        jobs_per_client=t.integer("jobs_per_client", 4, minimum=1),
-        direct=t.flag("direct", True),
-        file_size=_size(t, "file_size", 1 << 30),
+        rw=t.text("rw", TrafficCfg.rw, ("read", "write", "randread", "randwrite", "rw", "randrw")),
+        rwmixread=t.integer("rwmixread", TrafficCfg.rwmixread, minimum=0, what="a percentage of reads"),
+        block_size=_size(t, "block_size", TrafficCfg.block_size),
+        iodepth=t.integer("iodepth", TrafficCfg.iodepth, minimum=1),
+        jobs_per_client=t.integer("jobs_per_client", TrafficCfg.jobs_per_client, minimum=1),
+        direct=t.flag("direct", TrafficCfg.direct),
+        file_size=_size(t, "file_size", TrafficCfg.file_size),
         directory=t.text("directory"),
-        allow_nonempty_directory=t.flag("allow_nonempty_directory", False),
+        allow_nonempty_directory=t.flag("allow_nonempty_directory", TrafficCfg.allow_nonempty_directory),
         clients=tuple(clients or ()),
-        fio_port=t.integer("fio_port", 8765, minimum=1),
-        start_before_s=t.number("start_before_s", 5.0, minimum=0.0),
+        fio_port=t.integer("fio_port", TrafficCfg.fio_port, minimum=1),
+        start_before_s=t.number("start_before_s", TrafficCfg.start_before_s, minimum=0.0),
         command=tuple(command) if command else None,
     )
     t.done()
@@ -574,10 +580,10 @@ def _url_list(t: _Table, k: str) -> tuple[str, ...]:
 
 def _metrics(t: _Table) -> MetricsCfg:
     cfg = MetricsCfg(
-        enabled=t.flag("enabled", True),
+        enabled=t.flag("enabled", MetricsCfg.enabled),
         urls=_url_list(t, "urls"),
         extra_urls=_url_list(t, "extra_urls"),
-        interval_s=t.number("interval_s", 0.0, minimum=0.0),
+        interval_s=t.number("interval_s", MetricsCfg.interval_s, minimum=0.0),
     )
     t.done()
     return cfg
@@ -597,7 +603,7 @@ def _gate(top: _Table, file: str) -> dict[str, Any] | None:
 
 def _reference(t: _Table) -> ReferenceCfg:
     cfg = ReferenceCfg(
-        paper=t.text("paper", "redbooks-md260021", ("redbooks-md260021",)),
+        paper=t.text("paper", ReferenceCfg.paper, ("redbooks-md260021",)),
         test=t.text("test", None, ("ttft", "concurrency", "competing_traffic"), required=True),
     )
     t.done()
@@ -605,6 +611,8 @@ def _reference(t: _Table) -> ReferenceCfg:
 
 
 def _model(t: _Table) -> ModelCfg:
-    cfg = ModelCfg(kv_bytes_per_token=t.integer("kv_bytes_per_token", 73728, minimum=1, what="an integer"))
+    cfg = ModelCfg(
+        kv_bytes_per_token=t.integer("kv_bytes_per_token", reference.kv_bytes_per_token(), minimum=1, what="an integer")
+    )
     t.done()
     return cfg

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from harness import aio
 from harness.scenario import Timeouts
+from harness.wire import seam
 from harness.wire.arrivals import take
 from harness.wire.client import Exchange, StreamingClient
 from harness.wire.turns import SLICE_NS, TURNS
@@ -184,3 +185,38 @@ def test_take_splits_reads_into_stamped_pieces(sizes: list[int], unstamped: int,
         assert sum(n for _, n in pieces) == size and all(n > 0 for _, n in pieces)
         got += [t for t, n in pieces for _ in range(n)]
     assert got == per_byte[: len(got)]
+
+
+def test_the_seam_finds_every_aiohttp_internal_it_uses() -> None:
+    """On the aiohttp pyproject allows, bytes are stamped at socket reads; the check itself sees
+    a connector without the internals as one."""
+
+    async def go() -> str:
+        async with StreamingClient(1, Timeouts(), {}) as client:
+            return client.stamping
+
+    assert seam.missing_handler_internals() == ()
+    assert aio.run(go()) == seam.SOCKET_READ
+    assert seam.missing_connector_internals(object()) == ("TCPConnector._factory", "TCPConnector._loop")
+
+
+def test_without_the_internals_the_client_stamps_at_parse_time_and_says_so(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What a future aiohttp without ResponseHandler._payload gets: a working client whose
+    records are stamped when parsed, and a warning naming what is missing."""
+    monkeypatch.setattr(seam, "missing_handler_internals", lambda: ("ResponseHandler._payload",))
+    server = HeldBackServer({"r1": 3})
+
+    async def go() -> tuple[Exchange, StreamingClient]:
+        async with StreamingClient(1, Timeouts(), {}) as client:
+            task = asyncio.ensure_future(client.stream(server.url, b"{}", "r1"))
+            await asyncio.to_thread(server.answered.acquire)
+            server.go.set()
+            return await task, client
+
+    try:
+        ex, client = aio.run(go())
+    finally:
+        server.close()
+    assert ex.ok and ex.state.first_token_ns is not None and len(ex.state.token_chunk_ns) == 3
+    assert client.stamping == seam.PARSE_TIME
+    assert client.stamping_warning and "ResponseHandler._payload" in client.stamping_warning

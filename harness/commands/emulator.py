@@ -8,13 +8,14 @@ from pathlib import Path
 
 from harness.clock import check_scale
 from harness.errors import EndpointError, ExitCode, InputError
+from harness.scenario import EmulatorCfg
 
 
 @dataclass(frozen=True)
 class EmulatorOptions:
     host: str = "127.0.0.1"
     port: int = 8000
-    profile: str = "redbooks-g4"
+    profile: str = EmulatorCfg.profile
     time_scale: float = 1.0
     api_key_env: str | None = None
     timing_log: Path | None = None

@@ -32,6 +32,9 @@ from functools import cache
 
 from harness.emulator.kvcache import Tier
 from harness.reference import redbooks
+from harness.scenario import EMULATOR_PROFILES
+
+RECOMPUTE, REDBOOKS_G4 = EMULATOR_PROFILES
 
 # Aggregate bandwidth of the G4 storage system as this model sees it, shared between one client's
 # KV loads and competing traffic. Not published: FITTED so that the paper's 200 GB/s of competing
@@ -139,12 +142,12 @@ def profiles() -> dict[str, Profile]:
         p.name: p
         for p in (
             _gpt_oss(
-                "redbooks-g4",
+                REDBOOKS_G4,
                 "gpt-oss-120b on one GPU, KV cache on shared storage only (G1, G2 off), "
                 "calibrated to IBM Redbooks MD260021",
                 (g4,),
             ),
-            _gpt_oss("recompute", "the same model with no KV cache at all: every prompt is recomputed", ()),
+            _gpt_oss(RECOMPUTE, "the same model with no KV cache at all: every prompt is recomputed", ()),
         )
     }
 

@@ -68,14 +68,14 @@ async def _serve(
 
 
 def serve(
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    profile: str = "redbooks-g4",
-    time_scale: float = 1.0,
-    api_key: str | None = None,
-    timing_log: Path | None = None,
-    embedded: bool = False,
-    slowdown: float = 1.0,
+    host: str,
+    port: int,
+    profile: str,
+    time_scale: float,
+    api_key: str | None,
+    timing_log: Path | None,
+    embedded: bool,
+    slowdown: float,
 ) -> None:
     aio.run(_serve(host, port, profile, time_scale, api_key, timing_log, embedded, slowdown))
 

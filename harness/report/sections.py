@@ -136,6 +136,7 @@ def loops(runs: list[RunResult]) -> dict[str, Any]:
             {
                 "label": r.label,
                 "cl": stats.throughput(r.records),
+                "ttft": stats.describe(stats.values(r.records, "ttft_s")),
                 "published": reference.req_per_s(r.reference_test, r.arm),
                 "concurrency": r.scenario.get("workload", {}).get("concurrency"),
             }

@@ -1,0 +1,55 @@
+"""Old and new code in alternation on the same machine, as ratios in one run: the client's
+ceiling (one process, 28 connections, 256 tokens, TTFT 0) and its first-token error against the
+server's send time (28 connections, 256 tokens sent at once, TTFT 200 ms). Each pair runs the
+old tree, then this one, against a fresh firehose; the host's load moves both alike.
+
+    python bench/ab.py REV [pairs] [requests]     # e.g. python bench/ab.py 20845cc 3 3000
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ceiling import once
+from common import CODE, ROOT, pct
+from ttft_accuracy import run as accuracy
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """The tree of `rev`, unpacked (no worktree bookkeeping left behind)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def main() -> None:
+    rev = sys.argv[1]
+    pairs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    n = int(sys.argv[3]) if len(sys.argv) > 3 else 3000
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"old": checkout(rev, Path(tmp)), "new": ROOT}
+        rps: dict[str, list[float]] = {"old": [], "new": []}
+        err: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
+        for i in range(pairs):
+            for name, tree in trees.items():
+                CODE["root"] = tree
+                rps[name].append(once(n, 28, 1)["rps"])
+                _, errs = accuracy(min(n, 1500), 28, 0.0)
+                err[name].append((statistics.mean(errs), pct(errs, 99)))
+            (om, op), (nm, np_) = err["old"][-1], err["new"][-1]
+            print(
+                f"pair {i + 1}: ceiling old {rps['old'][-1]:.0f} new {rps['new'][-1]:.0f} req/s "
+                f"({rps['new'][-1] / rps['old'][-1]:.3f}x); first-token error mean/p99 ms "
+                f"old {om:.3f}/{op:.2f} new {nm:.3f}/{np_:.2f}"
+            )
+        ratios = [b / a for a, b in zip(rps["old"], rps["new"], strict=True)]
+        spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
+        print(f"{rev} -> this tree: ceiling ratio median {statistics.median(ratios):.3f} (pairs {spread})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The layout's rules, checked on the source (docs/architecture.md says why each holds)."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+HARNESS = ROOT / "harness"
+MAX_FUNCTION_LINES = 80
+# Who may import the emulator: the CLI wiring (commands/) and the runner that starts it.
+EMULATOR_IMPORTERS = ("harness/cli.py", "harness/runner.py", "harness/commands/", "harness/emulator/")
+
+
+def modules() -> Iterator[tuple[str, ast.Module]]:
+    for f in sorted(HARNESS.rglob("*.py")):
+        yield str(f.relative_to(ROOT)), ast.parse(f.read_text(encoding="utf-8"))
+
+
+def harness_imports(tree: ast.Module) -> Iterator[tuple[str, list[str]]]:
+    """(module, names imported from it) for every import of a harness module."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness"):
+            yield node.module, [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            yield from ((a.name, []) for a in node.names if a.name.startswith("harness"))
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    long = [
+        f"{path}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path, tree in modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long == []
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    found = []
+    for path, tree in modules():
+        imported_modules = set()
+        for module, names in harness_imports(tree):
+            found += [f"{path}: from {module} import {n}" for n in names if n.startswith("_") and n[:2] != "__"]
+            imported_modules |= {n for n in names if not n[:1].isupper()}
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name)
+                and node.value.id in imported_modules
+            ):
+                found.append(f"{path}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert found == []
+
+
+def test_only_the_cli_wiring_and_the_runner_import_the_emulator() -> None:
+    found = [
+        f"{path}: {module}"
+        for path, tree in modules()
+        if not path.startswith(EMULATOR_IMPORTERS)
+        for module, names in harness_imports(tree)
+        if module.startswith("harness.emulator") or (module == "harness" and "emulator" in names)
+    ]
+    assert found == []
+
+
+def _published_numbers() -> set[float]:
+    """Every figure of the reference file that could be mistaken for no other constant."""
+    ref = tomllib.loads((HARNESS / "reference" / "redbooks-md260021.toml").read_text(encoding="utf-8"))
+    out: set[float] = set()
+
+    def walk(v: object) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, str):
+            try:
+                walk(float(v))
+            except ValueError:
+                return
+        elif isinstance(v, int | float) and not isinstance(v, bool) and (v >= 1000 or v != int(v)):
+            out.add(float(v))
+
+    for table in ("ttft", "concurrency", "competing_traffic", "model_kv"):
+        walk(ref[table])
+    # The claims (56x, 22x, 18 %) are small integers: they count whatever way they are written.
+    return out | {float(v) for v in ref["claims"].values()}
+
+
+def test_no_published_figure_is_written_outside_the_reference_file() -> None:
+    published = _published_numbers()
+    assert {32.14, 4.26, 73728.0, 56.0} <= published
+    found = [
+        f"{path}:{node.lineno}: {node.value}"
+        for path, tree in modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+        and float(node.value) in published
+    ]
+    assert found == []
+
+
+def test_every_workload_kind_is_one_module_behind_the_interface() -> None:
+    from harness import workloads
+
+    for name, kind in workloads.KINDS.items():
+        module = Path(HARNESS / "workloads" / f"{name}.py")
+        assert module.exists(), name
+        assert kind.name == name and callable(kind.plan) and callable(kind.drive)
