@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import aio
 from harness.clock import check_scale
 from harness.errors import EndpointError, ExitCode, InputError
 from harness.scenario import EmulatorCfg
@@ -37,7 +38,7 @@ def main(o: EmulatorOptions) -> int:
         if not key:
             raise InputError(f"--api-key-env: environment variable {o.api_key_env} is not set or empty")
     try:
-        serve(o.host, o.port, o.profile, o.time_scale, key, o.timing_log, o.embedded, o.slowdown)
+        aio.run(serve(o.host, o.port, o.profile, o.time_scale, key, o.timing_log, o.embedded, o.slowdown))
     except OSError as e:
         raise EndpointError(f"cannot listen on {o.host}:{o.port}: {e.strerror or e}") from None
     return ExitCode.OK

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from aiohttp import web
 
-from harness import aio
 from harness.emulator.profiles import get_profile
 from harness.emulator.server import Emulator
 from harness.errors import EndpointError
@@ -26,7 +25,7 @@ from harness.errors import EndpointError
 READY_PREFIX = "kvbench emulator listening on "
 
 
-async def _serve(
+async def serve(
     host: str,
     port: int,
     profile: str,
@@ -67,17 +66,6 @@ async def _serve(
     await runner.cleanup()
 
 
-def serve(
-    host: str,
-    port: int,
-    profile: str,
-    time_scale: float,
-    api_key: str | None,
-    timing_log: Path | None,
-    embedded: bool,
-    slowdown: float,
-) -> None:
-    aio.run(_serve(host, port, profile, time_scale, api_key, timing_log, embedded, slowdown))
 
 
 class EmbeddedEmulator:

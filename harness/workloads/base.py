@@ -10,6 +10,7 @@ import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import orjson
@@ -43,7 +44,7 @@ class ArmSpec:
     def bust(self) -> bool:
         return self.arm.cache == "bust"
 
-    @property
+    @cached_property
     def url(self) -> str:
         path = "/chat/completions" if self.scenario.endpoint.api == "chat" else "/completions"
         return endpoint.join(self.base_url, path)
