@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 from common import ROOT
-from harness.report.load import load_runs
 
 from harness.report.build import render
+from harness.results import load_runs
 
 
 def fake_run(folder: Path, n: int, concurrency: int = 28) -> None:
