@@ -2,7 +2,7 @@
 
 Against the embedded emulator at time scale X, the emulator runs X times faster than the
 hardware it models; every time kvbench records is then model time (wall-clock x X) and run.json
-says so. Nothing else in the client converts between the two: drivers, scraper, traffic and
+says so. Nothing else in the client converts between the two: workloads, scraper, traffic and
 worker processes are all handed a ModelClock.
 """
 

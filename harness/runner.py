@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harness import aio, endpoint, prompts, reference, stats, workloads
+from harness import aio, endpoint, metrics, prompts, reference, stats, workloads
 from harness.clock import ModelClock
 from harness.errors import EndpointError, ExitCode
 from harness.progress import RunProgress, show_summary
@@ -176,6 +176,10 @@ class ArmLifecycle:
         self.base = arm.endpoint.rstrip("/") if arm.endpoint else t.base_url
         self.traffic_on = t.scenario.traffic is not None and arm.traffic
         self.health: dict[str, Any] | None = None
+        # Set as the arm goes; a Ctrl-C at any point finds them defined.
+        self.scraper: Scraper | None = None
+        self.before: metrics.Snapshot | None = None  # server counters just before the clock starts
+        self.load: TrafficDriver | None = None
 
     async def run(self) -> Outcome:
         t, arm, session = self.t, self.arm, self.session
@@ -222,7 +226,6 @@ class ArmLifecycle:
         if self.scraper is not None and not self.kind.shares_schedule:
             sender.scraper = self.scraper  # one request at a time: counters around each
         self.state.plan = plan = self.state.plan or await self.kind.plan(sender)
-        self.load: TrafficDriver | None = None
         if self.traffic_on and sc.traffic is not None:
             self.load = make_driver(
                 sc.traffic, writer.folder, f"{self.state.stamp}-{self.arm.name}", self.base, t.clock
