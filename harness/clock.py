@@ -12,6 +12,8 @@ import math
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from harness.errors import InputError
 
 
@@ -45,11 +47,10 @@ class ModelClock:
 
     def gaps(self, stamps_ns: list[int]) -> list[float]:
         """Model seconds between successive stamps."""
-        import numpy as np
-
         if len(stamps_ns) < 2:
             return []
-        return list(np.round(np.diff(np.asarray(stamps_ns, dtype=np.float64)) * (self.scale / 1e9), 7).tolist())
+        gaps: list[float] = np.round(np.diff(np.asarray(stamps_ns, dtype=np.float64)) * (self.scale / 1e9), 7).tolist()
+        return gaps
 
     def at_mono(self, t_mono: float) -> float:
         """Model seconds from the arm's start to a time.monotonic() reading."""

@@ -17,7 +17,7 @@ import json
 import os
 import platform
 import subprocess
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -125,9 +125,6 @@ class RequestRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in _FIELDS}
-
-    def with_(self, **changes: Any) -> RequestRecord:
-        return replace(self, **changes)
 
     def end_s(self) -> float | None:
         return None if self.e2e_s is None else self.start_s + self.e2e_s

@@ -9,7 +9,6 @@ summary. Everything is kept on Ctrl-C or failure: records stream to disk as they
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import signal
 from collections.abc import Coroutine
@@ -35,9 +34,6 @@ from harness.units import human_bandwidth
 from harness.wire.client import StreamingClient
 from harness.workers import run_workers
 from harness.workloads.base import ArmSpec, Plan, Sender
-
-# After Ctrl-C, in-flight requests get this long (wall-clock) to finish before they are dropped.
-GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -135,7 +131,7 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
 
 
 def _on_sigint(stop: asyncio.Event, console: Console) -> None:
-    """First Ctrl-C: no new requests, in-flight ones get GRACE_S. Second: stop at once."""
+    """First Ctrl-C: no new requests, in-flight ones get aio.GRACE_S. Second: stop at once."""
     main_task = asyncio.current_task()
     presses = 0
 
@@ -249,7 +245,7 @@ class ArmLifecycle:
             else:
                 self.progress.start(self.arm.name, plan.total)
                 job = self.kind.drive(sender, plan)
-            result = await _until_done_or_stopped(job, self.state.stop)
+            result = (await aio.until_done_or_stopped(job, self.state.stop)).result()
             self.health = result if isinstance(result, dict) else None
         finally:
             self.progress.stop()
@@ -324,22 +320,6 @@ class ArmLifecycle:
 
 def _now() -> str:
     return iso(datetime.now(UTC))
-
-
-async def _until_done_or_stopped(job: Coroutine[Any, Any, Any], stop: asyncio.Event) -> Any:
-    task = asyncio.ensure_future(job)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            await asyncio.wait({task}, timeout=GRACE_S)
-    finally:
-        stopped.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    return task.result()
 
 
 def _finish_metrics(scraper: Scraper, folder: Path, sender: Sender) -> dict[str, Any]:

@@ -191,7 +191,7 @@ def mann_whitney_p(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndar
     if len(x) < 2 or len(y) < 2:
         return None
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if np.array_equal(np.unique(a), np.unique(b)) and len(np.unique(a)) == 1:
+    if np.ptp(np.concatenate((a, b))) == 0:
         return 1.0  # all values equal: no difference to test (scipy would divide by zero)
     from scipy.stats import mannwhitneyu
 

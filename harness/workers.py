@@ -15,7 +15,7 @@ import multiprocessing
 import os
 import random
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,6 @@ from harness.workloads.base import ArmSpec, Plan, Sender
 
 # The ids a worker process gives its requests start at index x ID_STRIDE, unique until merged.
 ID_STRIDE = 10**9
-GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ class _PartWriter:
         self.process = process
 
     def add(self, record: RequestRecord) -> None:
-        self.f.write(record.with_(process=self.process).to_json() + b"\n")
+        self.f.write(replace(record, process=self.process).to_json() + b"\n")
         self.f.flush()
 
 
@@ -123,13 +122,7 @@ async def _run(job: Job, sync: Sync) -> None:
         monitor.start()
         take = SharedOrder(list(job.plan.schedule), sync.taken)
         drive = workloads.get(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
-        task = asyncio.ensure_future(drive)
-        stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            await asyncio.wait({task}, timeout=GRACE_S)
-            task.cancel()
-        stopped.cancel()
+        await aio.until_done_or_stopped(drive, stop)
         health = monitor.stop()
     health["stamping"] = client.stamping
     (job.folder / f"requests.part-{job.index}.json").write_text(
@@ -183,7 +176,7 @@ async def run_workers(
             if p.is_alive() and p.pid is not None:
                 os.kill(p.pid, signal.SIGINT)
         for p in procs:
-            p.join(timeout=GRACE_S + 10)
+            p.join(timeout=aio.GRACE_S + 10)
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -222,7 +215,7 @@ def _merge(sender: Sender, jobs: list[Job], sink: RunWriter) -> list[dict[str, A
             meta.unlink()
     records.sort(key=lambda r: r.start_s)
     for i, r in enumerate(records, 1):
-        sink.add(r.with_(id=i))
+        sink.add(replace(r, id=i))
     for job in jobs:
         job.part.unlink(missing_ok=True)
     return healths

@@ -66,8 +66,6 @@ async def serve(
     await runner.cleanup()
 
 
-
-
 class EmbeddedEmulator:
     """The emulator as a child process on an ephemeral 127.0.0.1 port."""
 
