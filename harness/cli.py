@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from harness import __version__
 from harness.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError
@@ -26,7 +27,7 @@ def _handled(fn: Callable[..., int]) -> Callable[..., int]:
         try:
             code = fn(*args, **kwargs)
         except KvbenchError as e:
-            stderr_console().print(f"[red]error:[/] {e}", highlight=False)
+            stderr_console().print(f"[red]error:[/] {escape(str(e))}", highlight=False)
             raise typer.Exit(int(e.exit_code)) from None
         except KeyboardInterrupt:
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
@@ -97,6 +98,16 @@ def run(
     workers: Annotated[
         int, typer.Option(help="Closed loops: send from this many processes (one event loop each), results merged.")
     ] = 1,
+    timeout_connect: Annotated[float | None, typer.Option(help="Seconds to connect (overrides connect_s).")] = None,
+    timeout_first_token: Annotated[
+        float | None, typer.Option(help="Seconds from request start to first token (overrides first_token_s).")
+    ] = None,
+    timeout_idle: Annotated[
+        float | None, typer.Option(help="Longest gap between two reads of a response (overrides idle_s).")
+    ] = None,
+    timeout_total: Annotated[
+        float | None, typer.Option(help="Seconds to the end of a stream (overrides total_s).")
+    ] = None,
     metrics_url: Annotated[
         list[str] | None,
         typer.Option(
@@ -119,6 +130,16 @@ def run(
         metrics_urls=tuple(metrics_url or ()),
         workers=workers,
         report=report,
+        timeouts=tuple(
+            (k, v)
+            for k, v in (
+                ("connect_s", timeout_connect),
+                ("first_token_s", timeout_first_token),
+                ("idle_s", timeout_idle),
+                ("total_s", timeout_total),
+            )
+            if v is not None
+        ),
     )
     return command.main(opts, stderr_console())
 

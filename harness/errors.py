@@ -25,9 +25,10 @@ Exit codes:
   1    a gate rule failed (kvbench gate)
   2    invalid input: scenario file, CLI usage, bad gate rule, incompatible baseline
   3    endpoint failure before any result (unreachable, wrong model, HTTP 401, failed hook);
-       kvbench gate: data a rule needs is missing
-  4    the run finished but some requests failed (the count is printed)
-  130  interrupted (Ctrl-C); partial results are kept and marked "interrupted"
+       kvbench gate: data a rule needs is missing, or result lines had to be left out
+  4    the run finished but some requests failed (the count is printed), or an arm was stopped
+       after 10 requests in a row could not connect or timed out
+  130  interrupted (Ctrl-C or SIGTERM); partial results are kept and marked "interrupted"
 """
 
 

@@ -50,7 +50,7 @@ class RunProgress:
             self._progress.start()
             self._task = self._progress.add_task(label, total=total, errors=0, p50="-")
         else:
-            self.console.print(f"{label}: {total} requests")
+            self.console.print(f"{label}: {total} requests", markup=False)
         self._last_line = time.monotonic()
 
     def note(self, text: str) -> None:
@@ -59,7 +59,7 @@ class RunProgress:
             self._progress.update(self._task, description=f"{self.label} ({text})")
         elif time.monotonic() - self._last_line >= 5:
             self._last_line = time.monotonic()
-            self.console.print(f"{self.label}: {text}")
+            self.console.print(f"{self.label}: {text}", markup=False)
 
     def advance(self, ok: bool, ttft_s: float | None) -> None:
         """One more request finished. The display (and its TTFT median) is refreshed at most every
@@ -81,7 +81,8 @@ class RunProgress:
         elif now - self._last_line >= LINE_S or last:
             self._last_line = now
             self.console.print(
-                f"{self.label}: {self.done}/{self.total} done, {self.errors} errors, TTFT p50 {self._p50_text()}"
+                f"{self.label}: {self.done}/{self.total} done, {self.errors} errors, TTFT p50 {self._p50_text()}",
+                markup=False,
             )
 
     def _p50_text(self) -> str:

@@ -98,7 +98,7 @@ class RequestRecord:
     itl_s: list[float]
     ok: bool
     error: str | None
-    error_kind: str | None  # "connect" | "http" | "timeout" | "stream"
+    error_kind: str | None  # "connect" | "http" | "timeout" | "stream" | "empty"
     http_status: int | None
     retried: bool
     # Written only where they apply (a sweep's lines have no `worker`, and so on).
@@ -115,11 +115,21 @@ class RequestRecord:
         return orjson.dumps(d)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], itl: bool = True) -> RequestRecord:
+    def from_json(cls, d: Any, itl: bool = True) -> RequestRecord:
         """A parsed line; unknown keys (a later kvbench's) are ignored. `itl=False` leaves out the
-        per-token gaps: a million requests' gaps need not be in memory to summarise a run."""
+        per-token gaps: a million requests' gaps need not be in memory to summarise a run.
+        Raises ValueError naming the first field that is not what this format says."""
+        if not isinstance(d, dict):
+            raise ValueError(f"expected a JSON object, got {type(d).__name__}")
         values: dict[str, Any] = {f: d.get(f) for f in _FIELDS}
-        values["itl_s"] = (d.get("itl_s") or []) if itl else []
+        for f, kinds in _TYPES.items():
+            v = values[f]
+            if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+                raise ValueError(f"{f}: expected {_WHAT[kinds]}, got {json.dumps(v)[:40]}")
+        gaps = d.get("itl_s") or []
+        if not isinstance(gaps, list) or not all(type(g) is float or type(g) is int for g in gaps):
+            raise ValueError("itl_s: expected a list of numbers")
+        values["itl_s"] = gaps if itl else []
         values["ok"], values["retried"] = bool(d.get("ok")), bool(d.get("retried"))
         return cls(**values)
 
@@ -132,6 +142,33 @@ class RequestRecord:
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
 _OPTIONAL = ("repeat", "worker", "schedule_index", "process")
+_NUMBER, _MAYBE_NUMBER, _MAYBE_INT, _MAYBE_TEXT = (
+    (int, float),
+    (int, float, type(None)),
+    (int, type(None)),
+    (str, type(None)),
+)
+_WHAT = {
+    _NUMBER: "a number",
+    _MAYBE_NUMBER: "a number or null",
+    _MAYBE_INT: "an integer or null",
+    _MAYBE_TEXT: "a string or null",
+    (int,): "an integer",
+    (str,): "a string",
+    (bool, type(None)): "true or false",
+}
+_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (int,),
+    "arm": (str,),
+    "phase": (str,),
+    "prompt_id": (str,),
+    "start_s": _NUMBER,
+    **{f: _MAYBE_INT for f in ("target_tokens", "prompt_tokens", "cached_tokens", "completion_tokens", "http_status")},
+    **{f: _MAYBE_INT for f in _OPTIONAL},
+    **{f: _MAYBE_NUMBER for f in ("ttft_s", "first_byte_s", "first_content_s", "headers_s", "e2e_s")},
+    **{f: _MAYBE_TEXT for f in ("error", "error_kind")},
+    **{f: (bool, type(None)) for f in ("ok", "retried")},
+}
 
 
 class RunWriter:
@@ -164,18 +201,20 @@ REQUESTS = "requests.jsonl"
 RUN = "run.json"
 
 
-def read_requests(path: Path, itl: bool = True) -> list[RequestRecord]:
-    """Every complete line of a requests file (`path`: the file, or its run folder); a line cut
-    short by a crash is skipped."""
+def read_requests(path: Path, itl: bool = True, skipped: list[str] | None = None) -> list[RequestRecord]:
+    """Every readable line of a requests file (`path`: the file, or its run folder). A line that
+    is not a record (cut short by a crash, or damaged) is left out and, when `skipped` is given,
+    said there: file, line and why."""
     file = path / REQUESTS if path.is_dir() else path
     out = []
     with file.open("rb") as f:
-        for line in f:
+        for n, line in enumerate(f, 1):
             try:
-                d = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            out.append(RequestRecord.from_json(d, itl))
+                out.append(RequestRecord.from_json(orjson.loads(line), itl))
+            except (orjson.JSONDecodeError, ValueError) as e:
+                if skipped is not None:
+                    why = "cut short (the run was stopped while writing it)" if not line.endswith(b"\n") else str(e)
+                    skipped.append(f"{file}:{n}: {why}")
     return out
 
 
@@ -189,6 +228,7 @@ class RunResult:
     traffic: dict[str, Any] | None = None  # traffic.json
     traffic_rows: list[dict[str, Any]] = field(default_factory=list)  # traffic.jsonl
     server_metrics: dict[str, Any] | None = None  # metrics.json
+    skipped: list[str] = field(default_factory=list)  # lines of requests.jsonl that are not records
 
     @property
     def label(self) -> str:
@@ -229,6 +269,8 @@ def _json_file(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: unreadable: {e}") from None
+    except RecursionError:
+        raise InputError(f"{path}: unreadable: nested too deeply") from None
 
 
 def read_run(folder: Path, itl: bool = True) -> RunResult:
@@ -236,8 +278,9 @@ def read_run(folder: Path, itl: bool = True) -> RunResult:
     if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA_VERSION:
         version = meta.get("schema_version") if isinstance(meta, dict) else None
         raise InputError(f"{folder / RUN}: schema_version {version!r}, expected {SCHEMA_VERSION}")
-    records = read_requests(folder, itl) if (folder / REQUESTS).exists() else []
-    run = RunResult(folder, meta, records)
+    skipped: list[str] = []
+    records = read_requests(folder, itl, skipped) if (folder / REQUESTS).exists() else []
+    run = RunResult(folder, meta, records, skipped=skipped)
     if (folder / "metrics.json").exists():
         run.server_metrics = _json_file(folder / "metrics.json")
     if (folder / "traffic.json").exists():
@@ -258,3 +301,12 @@ def load_runs(paths: list[Path], itl: bool = True) -> list[RunResult]:
             raise InputError(f"{path}: no run.json here or in the folders below (is this a kvbench result folder?)")
         out += [read_run(f, itl) for f in folders]
     return out
+
+
+def skipped_warning(runs: list[RunResult]) -> str | None:
+    """What readers tell the user when lines of requests.jsonl were left out."""
+    lines = [line for r in runs for line in r.skipped]
+    if not lines:
+        return None
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return f"{len(lines)} line(s) of requests.jsonl are not request records and were left out: {lines[0]}{more}"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from harness import aio, endpoint, metrics, prompts, reference, stats, workloads
 from harness.clock import ModelClock
@@ -131,7 +132,9 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
 
 
 def _on_sigint(stop: asyncio.Event, console: Console) -> None:
-    """First Ctrl-C: no new requests, in-flight ones get aio.GRACE_S. Second: stop at once."""
+    """First Ctrl-C (or SIGTERM, as `timeout`, CI cancellation and `docker stop` send): no new
+    requests, in-flight ones get aio.GRACE_S. Second: stop at once. Either way the results are
+    kept and marked interrupted."""
     main_task = asyncio.current_task()
     presses = 0
 
@@ -147,7 +150,8 @@ def _on_sigint(stop: asyncio.Event, console: Console) -> None:
         elif main_task:
             main_task.cancel()
 
-    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, handler)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, handler)
 
 
 def _traffic_drop(outcomes: list[Outcome], console: Console) -> None:
@@ -283,9 +287,9 @@ class ArmLifecycle:
         extra["cold_cached_allowance"] = sender.cold_allowance
         if sender.aborted:
             extra["error"] = sender.aborted
-            self.progress.console.print(f"[red]Run stopped:[/] {sender.aborted}")
+            self.progress.console.print(f"[red]Run stopped:[/] {escape(sender.aborted)}")
         writer.finish(status, **extra)
-        self.progress.console.print(f"Results: {writer.folder} ({status}, {len(records)} requests)")
+        self.progress.console.print(f"Results: {writer.folder} ({status}, {len(records)} requests)", markup=False)
         rate = summary.get("req_per_s") if self.kind.shares_schedule else None
         return Outcome(writer.folder, status, summary["failed"], rate, sender.aborted is not None, self.traffic_on)
 
@@ -333,7 +337,7 @@ def _finish_metrics(scraper: Scraper, folder: Path, sender: Sender) -> dict[str,
             "(vLLM serves /metrics by default; llama.cpp needs --metrics; or give --metrics-url)"
         )
     if doc["verdict"]:
-        sender.progress.console.print(f"Server counters: {doc['verdict']}")
+        sender.progress.console.print(f"Server counters: {doc['verdict']}", markup=False)
     return {
         "verdict": doc["verdict"],
         "urls": doc["urls"],
@@ -354,7 +358,8 @@ def _finish_traffic(res: TrafficResult, folder: Path, sender: Sender) -> dict[st
         sender.progress.console.print(
             f"Competing traffic ({res.tool}): "
             f"{human_bandwidth(achieved)} achieved"
-            + (f" of {human_bandwidth(res.target_bytes_per_s)} target" if res.target_bytes_per_s else "")
+            + (f" of {human_bandwidth(res.target_bytes_per_s)} target" if res.target_bytes_per_s else ""),
+            markup=False,
         )
     return {
         "tool": res.tool,

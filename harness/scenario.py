@@ -6,8 +6,10 @@ Every key is documented in scenarios/README.md.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import math
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -222,6 +224,10 @@ class _Table:
 
     def required(self, k: str, what: str) -> Any:
         if k not in self.data:
+            # A mistyped key is the likelier mistake than a forgotten one: name it first.
+            typo = difflib.get_close_matches(k, [str(x) for x in self.data if x not in self.used], n=1)
+            if typo:
+                raise InputError(f"{self.file}: {self.key(typo[0])}: unknown key (did you mean {k!r}?)")
             raise InputError(f"{self.file}: {self.key(k)}: missing; expected {what}")
         return self.get(k)
 
@@ -261,6 +267,8 @@ class _Table:
             return default
         if not isinstance(v, int | float) or isinstance(v, bool):
             self.fail(k, "expected a number", v)
+        if not math.isfinite(v):
+            self.fail(k, "expected a finite number", v)
         if positive and v <= 0:
             self.fail(k, "expected a number > 0", v)
         if minimum is not None and v < minimum:
@@ -282,8 +290,10 @@ class _Table:
     def done(self) -> None:
         unknown = sorted(set(self.data) - self.used)
         if unknown:
+            close = difflib.get_close_matches(unknown[0], sorted(self.used), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             known = ", ".join(sorted(self.used))
-            raise InputError(f"{self.file}: {self.key(unknown[0])}: unknown key (known here: {known})")
+            raise InputError(f"{self.file}: {self.key(unknown[0])}: unknown key ({hint}known here: {known})")
 
 
 def load(path: str | Path) -> Scenario:
@@ -298,6 +308,8 @@ def load(path: str | Path) -> Scenario:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{p}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise InputError(f"{p}: tables or arrays nested too deeply") from None
     return parse(data, str(p))
 
 

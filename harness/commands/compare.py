@@ -8,7 +8,7 @@ from pathlib import Path
 from harness import stats
 from harness.errors import ExitCode, InputError
 from harness.report.format import num
-from harness.results import RunResult, load_runs
+from harness.results import RunResult, load_runs, skipped_warning
 
 ALPHA = 0.05
 
@@ -65,15 +65,21 @@ def compare(base: list[RunResult], cand: list[RunResult]) -> list[Row]:
 
 def main(base: Path, candidate: Path) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    rows = compare(load_runs([base]), load_runs([candidate]))
+    from harness.progress import stderr_console
+
+    runs = load_runs([base]), load_runs([candidate])
+    if warning := skipped_warning([*runs[0], *runs[1]]):
+        stderr_console().print(f"[yellow]warning:[/] {escape(warning)}")
+    rows = compare(*runs)
     if not rows:
         raise InputError("nothing to compare: no run (scenario/arm) appears in both")
-    table = Table(title=f"{base} -> {candidate}")
+    table = Table(title=escape(f"{base} -> {candidate}"))
     for col in ("run", "figure", "base", "candidate", "ratio", "verdict"):
         table.add_column(col, justify="left" if col in ("run", "figure", "verdict") else "right")
     for r in rows:
-        table.add_row(r.run, r.figure, num(r.base, 4), num(r.candidate, 4), num(r.ratio), r.verdict)
+        table.add_row(escape(r.run), escape(r.figure), num(r.base, 4), num(r.candidate, 4), num(r.ratio), r.verdict)
     Console().print(table)
     return ExitCode.OK

@@ -4,9 +4,10 @@ hand the arms to the runner; `--report` renders the report afterwards."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -29,6 +30,7 @@ class RunOptions:
     metrics_urls: tuple[str, ...] = ()
     workers: int = 1
     report: bool = False
+    timeouts: tuple[tuple[str, float], ...] = ()  # --timeout-*: (Timeouts field, seconds)
 
 
 def parse_headers(raw: tuple[str, ...]) -> dict[str, str]:
@@ -68,7 +70,7 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
     """Returns the exit code and the result folders written."""
     from harness.runner import Target, run_arms
 
-    sc = scenario.load(opts.scenario)
+    sc = _with_timeouts(scenario.load(opts.scenario), opts.timeouts)
     headers = parse_headers(opts.headers)
     if key := _api_key(opts.api_key_env):
         headers["Authorization"] = f"Bearer {key}"
@@ -104,6 +106,18 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
         return aio.run(run_arms(target, console))
 
 
+def _with_timeouts(sc: scenario.Scenario, overrides: tuple[tuple[str, float], ...]) -> scenario.Scenario:
+    """The scenario with the command line's --timeout-* values in place of its own."""
+    for name, seconds in overrides:
+        flag = "--timeout-" + name.removesuffix("_s").replace("_", "-")
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise InputError(f"{flag}: expected a number of seconds > 0, got {seconds}")
+    if not overrides:
+        return sc
+    timeouts = replace(sc.endpoint.timeouts, **dict(overrides))
+    return replace(sc, endpoint=replace(sc.endpoint, timeouts=timeouts))
+
+
 @contextlib.contextmanager
 def _emulator(emulated: bool, profile: str, scale: float) -> Iterator[str | None]:
     if not emulated:
@@ -123,5 +137,5 @@ def main(opts: RunOptions, console: Console) -> int:
 
         runs = load_runs(folders)
         out = Path("reports") / f"{runs[0].meta['scenario_name']}-{runs[0].meta['run_id']}.html"
-        console.print(f"Report: {render(runs, out)}")
+        console.print(f"Report: {render(runs, out)}", markup=False)
     return code

@@ -7,13 +7,15 @@ import tomllib
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.errors import ExitCode, InputError
 from harness.gate import baselines, figures, output
 from harness.gate.rules import Rules, merge, parse_rules
 from harness.gate.verdicts import evaluate
-from harness.results import load_runs
+from harness.progress import stderr_console
+from harness.results import load_runs, skipped_warning
 
 STEP_SUMMARY_LIMIT = 1 << 20
 
@@ -25,6 +27,8 @@ def load_rules_file(path: Path) -> Rules:
         raise InputError(f"{path}: no such rules file") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise InputError(f"{path}: cannot read rules: {e}") from None
+    except RecursionError:
+        raise InputError(f"{path}: cannot read rules: tables or arrays nested too deeply") from None
     table = data.get("gate", data)
     if not isinstance(table, dict):
         raise InputError(f"{path}: expected a [gate] table")
@@ -56,7 +60,10 @@ def run_gate(
     verdicts = evaluate(rules, figures.of_runs(runs), base_fig)
     incomplete = [r.label for r in runs if r.meta.get("status") != "completed"]
     if incomplete:
-        console.print(f"[yellow]warning:[/] not completed: {', '.join(incomplete)}; judging partial results")
+        console.print(f"[yellow]warning:[/] not completed: {escape(', '.join(incomplete))}; judging partial results")
+    if skipped := skipped_warning(runs):
+        incomplete.append("skipped lines")  # damaged data is missing data: never a silent pass
+        console.print(f"[yellow]warning:[/] {escape(skipped)}")
     if any(v.verdict == "fail" for v in verdicts):
         code = ExitCode.GATE_FAILED
     elif any(v.verdict == "missing" for v in verdicts) or incomplete:
@@ -65,13 +72,13 @@ def run_gate(
         code = ExitCode.OK
 
     title = f"kvbench gate: {cand_identity['scenario_name']}" + (f" vs {baseline}" if baseline else "")
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for col in (*output.COLUMNS, "detail"):
         table.add_column(col, overflow="fold")
     colour = {"pass": "green", "fail": "bold red", "within noise": "yellow", "missing": "magenta"}
     for v in verdicts:
         c = output.cells(v)
-        table.add_row(f"[{colour[v.verdict]}]{c[0]}[/]", *c[1:], v.detail)
+        table.add_row(f"[{colour[v.verdict]}]{c[0]}[/]", *map(escape, [*c[1:], v.detail]))
     Console(width=max(160, Console().width)).print(table)
     failed = sum(v.verdict == "fail" for v in verdicts)
     missing = sum(v.verdict == "missing" for v in verdicts)
@@ -114,6 +121,8 @@ def _append_capped(path: Path, text: str) -> None:
 def save_baseline(results: list[Path], output: Path | None) -> int:
     """`kvbench baseline save`: one scenario's runs into a baseline file."""
     runs = load_runs(results)
+    if skipped := skipped_warning(runs):
+        stderr_console().print(f"[yellow]warning:[/] {escape(skipped)}")
     names = {r.meta.get("scenario_name") for r in runs}
     if len(names) != 1:
         raise InputError(f"a baseline holds one scenario; got {', '.join(sorted(map(str, names)))}")

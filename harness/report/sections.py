@@ -13,7 +13,7 @@ from markupsafe import Markup
 from harness import analysis, checks, reference, stats
 from harness.reference import redbooks
 from harness.report import plots
-from harness.results import RunResult
+from harness.results import RunResult, skipped_warning
 from harness.traffic.base import ACHIEVED_WARN_SHARE
 
 # (reference test, arm) -> the measured figure of the claims audit it provides
@@ -46,7 +46,7 @@ def run_row(run: RunResult) -> dict[str, Any]:
         "times": m.get("times"),
         "requests": len(run.records),
         "errors": sum(not r.ok for r in run.records),
-        "warnings": m.get("warnings") or [],
+        "warnings": (m.get("warnings") or []) + ([skipped_warning([run])] if run.skipped else []),
         "version": versions.get("kvbench"),
         "commit": versions.get("git_commit"),
         "client": m.get("client") or {},

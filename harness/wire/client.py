@@ -37,7 +37,7 @@ class Exchange:
     http_status: int | None = None
     state: StreamState = field(default_factory=StreamState)
     error: str | None = None
-    error_kind: str | None = None  # "connect", "http", "timeout", "stream"
+    error_kind: str | None = None  # "connect", "http", "timeout", "stream", "empty"
     stale: bool = False  # a pooled connection the server had closed: nothing reached it
     retried: bool = False
 
@@ -116,14 +116,17 @@ class StreamingClient:
                         ex.error, ex.error_kind = f"HTTP {resp.status}: {text.strip()[:1000]}", "http"
                         return ex
                     await self._read(resp, ex, deadline, total_deadline)
-        except TimeoutError:
-            if ex.state.first_token_ns is None:
-                ex.error = f"timeout: no first token within {min(t.first_token_s, t.total_s):g} s"
-            else:
-                ex.error = f"timeout: stream not finished within {t.total_s:g} s"
-            ex.error_kind = "timeout"
+        # aiohttp's own timeouts are TimeoutErrors too: they must be told apart first.
+        except aiohttp.ConnectionTimeoutError:
+            ex.error, ex.error_kind = f"timeout: no connection within {t.connect_s:g} s (connect_s)", "connect"
         except aiohttp.ServerTimeoutError:
             ex.error, ex.error_kind = f"timeout: no data for {t.idle_s:g} s (idle_s)", "timeout"
+        except TimeoutError:
+            if ex.state.first_token_ns is None and t.first_token_s < t.total_s:
+                ex.error = f"timeout: no first token within {t.first_token_s:g} s (first_token_s)"
+            else:
+                ex.error = f"timeout: stream not finished within {t.total_s:g} s (total_s)"
+            ex.error_kind = "timeout"
         except aiohttp.ClientConnectorError as e:
             ex.error, ex.error_kind = f"connection failed: {e}", "connect"
         except (aiohttp.ClientError, ConnectionError) as e:
@@ -175,3 +178,5 @@ class StreamingClient:
             ex.error, ex.error_kind = f"error in stream: {state.error}", "stream"
         elif not state.done and state.finish_reason is None:
             ex.error, ex.error_kind = "stream ended before [DONE]", "stream"
+        elif state.first_token_ns is None:
+            ex.error, ex.error_kind = "the response carried no token", "empty"

@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any
 
 import orjson
+from rich.markup import escape
 
 from harness import checks, endpoint, prompts
 from harness.clock import ModelClock
@@ -24,8 +25,9 @@ from harness.scenario import Arm, Distribution, Scenario
 from harness.scrape import Scraper
 from harness.wire.client import Exchange, StreamingClient
 
-# A run stops early after this many consecutive requests that could not connect.
+# A run stops early after this many consecutive requests that could not connect or timed out.
 DEAD_ENDPOINT_STREAK = 10
+DEAD_KINDS = {"connect": "could not connect", "timeout": "timed out"}
 
 
 @dataclass(frozen=True)
@@ -122,10 +124,11 @@ class Sender:
     said_no_cached: bool = False
     off_target: set[str] = field(default_factory=set)
     dead_streak: int = 0
+    dead_kinds: set[str] = field(default_factory=set)
 
     def warn(self, text: str) -> None:
         self.warnings.append(text)
-        self.progress.console.print(f"[yellow]warning:[/] {text}", markup=True, highlight=False)
+        self.progress.console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
 
     def new_lead(self) -> str:
         return prompts.lead(self.rng.randrange(10**prompts.LEAD_DIGITS))
@@ -171,9 +174,16 @@ class Sender:
         return True
 
     def _count_dead(self, ex: Exchange) -> None:
-        self.dead_streak = self.dead_streak + 1 if ex.error_kind == "connect" else 0
+        """A dead or hung endpoint stops the arm: it would otherwise take every remaining request
+        into its timeout, hours with the default ones."""
+        if ex.error_kind not in DEAD_KINDS:
+            self.dead_streak, self.dead_kinds = 0, set()
+            return
+        self.dead_streak += 1
+        self.dead_kinds.add(ex.error_kind)
         if self.dead_streak >= DEAD_ENDPOINT_STREAK and not self.aborted:
-            self.aborted = f"{self.dead_streak} requests in a row could not connect: {ex.error}"
+            what = " or ".join(DEAD_KINDS[k] for k in sorted(self.dead_kinds))
+            self.aborted = f"{self.dead_streak} requests in a row {what}: {ex.error}"
             self.stop.set()
 
     def _check_length(self, r: RequestRecord) -> None:

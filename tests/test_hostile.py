@@ -1,0 +1,337 @@
+"""Hostile servers and bad files (issue 12): each defect reproduced, against a small fault server
+on an ephemeral port where a server is needed, and answered with a recorded error or a clear
+message and a documented exit code, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from aiohttp import web
+
+from harness.results import read_requests
+from tests.conftest import ROOT, kvbench, write_scenario
+
+GOLDEN = Path(__file__).parent / "golden" / "runs"
+
+
+class FaultServer:
+    """An OpenAI-compatible server whose chat completions misbehave as `mode` says:
+    "ok" (role, one token, usage, [DONE]), "no-token" (role, usage, [DONE]),
+    "stall-after-role" (role, then nothing for 30 s), "hang" (no answer at all for 30 s)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.requests = 0
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.closing = asyncio.Event()
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        self.runner = web.AppRunner(app, access_log=None)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def stall(self) -> None:
+        """Nothing for 30 s, or until the server closes."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.closing.wait(), 30)
+
+    async def models(self, _r: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def tokenize(self, r: web.Request) -> web.Response:
+        body = await r.json()
+        text = body["messages"][0]["content"] if "messages" in body else body["prompt"]
+        return web.json_response({"count": len(text.split()) + 4})
+
+    async def chat(self, r: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        body = await r.json()
+        if self.mode == "hang":
+            await self.stall()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(r)
+
+        async def event(obj: object) -> None:
+            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+
+        await event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        if self.mode == "stall-after-role":
+            await self.stall()
+        if self.mode == "ok":
+            await event({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "length"}]})
+        n = len(body["messages"][0]["content"].split()) + 4
+        await event({"choices": [], "usage": {"prompt_tokens": n, "completion_tokens": 1}})
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.closing.set)
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def fault(request: pytest.FixtureRequest) -> Iterator[FaultServer]:
+    server = FaultServer(request.param)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+LOOP = """
+name = "hostile"
+[endpoint]
+max_tokens = 1
+[metrics]
+enabled = false
+[workload]
+kind = "closed_loop"
+requests = {requests}
+concurrency = {concurrency}
+pool = 4
+prompt_tokens = 200
+"""
+
+
+def run_against(fault: FaultServer, tmp_path: Path, *flags: str, requests: int = 8, concurrency: int = 2):
+    sc = write_scenario(tmp_path / "s.toml", LOOP.format(requests=requests, concurrency=concurrency))
+    r = kvbench("run", str(sc), "--endpoint", fault.url, "--out", str(tmp_path / "out"), *flags)
+    assert "Traceback" not in r.stderr, r.stderr
+    (folder,) = (tmp_path / "out" / "hostile").iterdir()
+    return r, folder, json.loads((folder / "run.json").read_text())
+
+
+def no_traceback(r: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+
+
+# --- defect 3: error text is printed as text, never as rich markup --------------------------
+
+
+def test_paths_and_messages_with_brackets_are_printed_as_they_are(tmp_path: Path) -> None:
+    odd = tmp_path / "[" / "[/x].toml"
+    r = kvbench("validate", str(odd))
+    no_traceback(r)
+    assert r.returncode == 2 and "[/x].toml: no such scenario file" in r.stderr
+    r = kvbench("report", str(tmp_path / "["))
+    assert r.returncode == 2 and f"{tmp_path / '['}: no such result folder" in r.stderr
+    # the gate's own hint names the [gate] table
+    folder = tmp_path / "run"
+    shutil.copytree(next((GOLDEN / "golden-loop").iterdir()), folder)
+    r = kvbench("gate", str(folder))
+    assert r.returncode == 2 and "add a [gate] table" in r.stderr
+
+
+# --- defect 3: NaN, infinity and deep nesting in scenario files ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("[endpoint]\ntemperature = nan", "endpoint.temperature: expected a finite number, got nan"),
+        ("[endpoint.timeouts]\nidle_s = inf", "endpoint.timeouts.idle_s: expected a finite number, got inf"),
+        ("[emulator]\ntime_scale = -inf", "emulator.time_scale: expected a finite number"),
+        ("[prompts]\ntolerance = nan", "prompts.tolerance: expected a finite number"),
+    ],
+)
+def test_non_finite_numbers_are_refused(tmp_path: Path, line: str, key: str) -> None:
+    sc = write_scenario(tmp_path / "s.toml", f'name = "t"\n[workload]\nkind = "sweep"\nlengths = [100]\n{line}\n')
+    r = kvbench("validate", str(sc))
+    no_traceback(r)
+    assert r.returncode == 2 and key in r.stderr
+
+
+def test_deep_nesting_is_refused(tmp_path: Path) -> None:
+    deep = "{a = " * 400 + "1" + "}" * 400
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        f'name = "t"\n[workload]\nkind = "sweep"\nlengths = [100]\n[endpoint]\nextra_body = {deep}\n',
+    )
+    r = kvbench("validate", str(sc))
+    no_traceback(r)
+    assert r.returncode == 2 and "nested too deeply" in r.stderr
+
+
+def test_a_mistyped_required_key_is_named_with_a_suggestion(tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "s.toml", 'name = "t"\n[workload]\nkind = "sweep"\nlenghts = [100]\n')
+    r = kvbench("validate", str(sc))
+    assert r.returncode == 2 and "workload.lenghts: unknown key (did you mean 'lengths'?)" in r.stderr
+
+
+def test_an_unknown_key_gets_a_suggestion(tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "s.toml", 'name = "t"\n[workload]\nkind = "sweep"\nlengths = [100]\nrepetition = 2\n'
+    )
+    r = kvbench("validate", str(sc))
+    assert r.returncode == 2 and "workload.repetition: unknown key (did you mean 'repetitions'?" in r.stderr
+
+
+# --- defects 3 and 8: damaged result files ----------------------------------------------------
+
+
+def damaged(tmp_path: Path) -> Path:
+    folder = tmp_path / "runs" / "golden-loop" / "x-cached"
+    shutil.copytree(next(p for p in (GOLDEN / "golden-loop").iterdir() if p.name.endswith("-cached")), folder)
+    good = json.loads((folder / "requests.jsonl").read_text().splitlines()[0])
+    with (folder / "requests.jsonl").open("a") as f:
+        f.write("1\n[]\nnull\n")
+        f.write(json.dumps({**good, "ttft_s": ""}) + "\n")
+        f.write('{"id": 99, "arm": "cac')  # cut short by a crash
+    return folder
+
+
+def test_damaged_lines_are_left_out_and_counted(tmp_path: Path) -> None:
+    folder = damaged(tmp_path)
+    skipped: list[str] = []
+    assert len(read_requests(folder, skipped=skipped)) == 60
+    assert [s.split(": ", 1)[1] for s in skipped] == [
+        "expected a JSON object, got int",
+        "expected a JSON object, got list",
+        "expected a JSON object, got NoneType",
+        'ttft_s: expected a number or null, got ""',
+        "cut short (the run was stopped while writing it)",
+    ]
+    assert skipped[0].startswith(f"{folder / 'requests.jsonl'}:61:")
+
+
+def test_every_reader_says_so_and_the_gate_does_not_pass(tmp_path: Path) -> None:
+    folder = damaged(tmp_path)
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[gate.thresholds]\n"error_rate" = ["value == 0"]\n')
+    for args, code in (
+        (("report", str(folder), "-o", str(tmp_path / "r.html")), 0),
+        (("compare", str(folder), str(folder)), 0),
+        (("baseline", "save", str(folder), "-o", str(tmp_path / "b.json")), 0),
+        (("gate", str(folder), "--rules", str(rules)), 3),
+    ):
+        r = kvbench(*args)
+        no_traceback(r)
+        assert r.returncode == code, (args, r.stderr)
+        assert "line(s) of requests.jsonl are not request records" in r.stderr, args
+    assert "not request records" in (tmp_path / "r.html").read_text()
+
+
+def test_a_run_json_that_is_not_an_object_is_refused(tmp_path: Path) -> None:
+    folder = damaged(tmp_path)
+    (folder / "run.json").write_text("null")
+    for args in (("report", str(folder)), ("gate", str(folder)), ("compare", str(folder), str(folder))):
+        r = kvbench(*args)
+        no_traceback(r)
+        assert r.returncode == 2 and "run.json: schema_version None, expected 1" in r.stderr
+
+
+# --- defect 8: a response with no token is a failed request ----------------------------------
+
+
+@pytest.mark.parametrize("fault", ["no-token"], indirect=True)
+def test_a_response_without_a_token_fails(fault: FaultServer, tmp_path: Path) -> None:
+    r, folder, _ = run_against(fault, tmp_path)
+    assert r.returncode == 4 and "8 request(s) failed" in r.stderr
+    assert {(x.ok, x.error_kind, x.error) for x in read_requests(folder)} == {
+        (False, "empty", "the response carried no token")
+    }
+
+
+@pytest.mark.parametrize("fault", ["ok"], indirect=True)
+def test_the_fault_server_itself_passes(fault: FaultServer, tmp_path: Path) -> None:
+    r, folder, meta = run_against(fault, tmp_path)
+    assert r.returncode == 0 and meta["status"] == "completed", r.stderr
+    assert all(x.ok for x in read_requests(folder))
+
+
+# --- defect 7: timeouts name the limit that was reached; command-line overrides --------------
+
+
+@pytest.mark.parametrize("fault", ["stall-after-role"], indirect=True)
+def test_an_idle_stall_is_reported_as_idle(fault: FaultServer, tmp_path: Path) -> None:
+    r, folder, meta = run_against(fault, tmp_path, "--timeout-idle", "0.5", requests=2, concurrency=2)
+    assert r.returncode == 4
+    errors = {x.error for x in read_requests(folder)}
+    assert errors == {"timeout: no data for 0.5 s (idle_s)"}
+    assert meta["scenario"]["endpoint"]["timeouts"]["idle_s"] == 0.5
+
+
+@pytest.mark.parametrize("flag", ["--timeout-idle", "--timeout-first-token", "--timeout-connect", "--timeout-total"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_timeout_flags_are_checked(tmp_path: Path, flag: str, value: str) -> None:
+    r = kvbench("run", "scenarios/smoke.toml", "--out", str(tmp_path), flag, value)
+    no_traceback(r)
+    assert r.returncode == 2 and f"{flag}: expected a number of seconds > 0" in r.stderr
+
+
+# --- defect 5: a hung endpoint is given up on -------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["hang"], indirect=True)
+def test_a_hung_endpoint_stops_the_arm(fault: FaultServer, tmp_path: Path) -> None:
+    start = time.monotonic()
+    r, folder, meta = run_against(fault, tmp_path, "--timeout-first-token", "0.3", requests=200, concurrency=4)
+    assert r.returncode == 4 and meta["status"] == "failed"
+    assert "requests in a row timed out" in meta["error"] and "Run stopped" in r.stderr
+    recs = read_requests(folder)
+    assert 10 <= len(recs) < 40 and all(x.error_kind == "timeout" for x in recs)
+    assert time.monotonic() - start < 60
+
+
+# --- defect 9: SIGTERM is Ctrl-C --------------------------------------------------------------
+
+
+def emulator_pids() -> set[str]:
+    found = subprocess.run(["pgrep", "-f", "harness emulator"], capture_output=True, text=True).stdout
+    return set(found.split())
+
+
+def test_sigterm_keeps_the_results_and_stops_the_emulator(tmp_path: Path) -> None:
+    before = emulator_pids()
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", "scenarios/redbooks-concurrency.toml", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    lines = lambda: sum(len(p.read_text().splitlines()) for p in tmp_path.glob("*/*/requests.jsonl"))  # noqa: E731
+    while time.monotonic() < deadline and lines() < 3:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    (folder,) = tmp_path.glob("*/*/run.json")
+    assert json.loads(folder.read_text())["status"] == "interrupted"
+    deadline = time.monotonic() + 3  # the emulator leaves when its stdin closes
+    while emulator_pids() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert emulator_pids() - before == set()
