@@ -98,7 +98,7 @@ class RequestRecord:
     itl_s: list[float]
     ok: bool
     error: str | None
-    error_kind: str | None  # "connect" | "http" | "timeout" | "stream" | "empty"
+    error_kind: str | None  # "connect" | "http" | "timeout" | "stream" | "empty" | "protocol"
     http_status: int | None
     retried: bool
     # Written only where they apply (a sweep's lines have no `worker`, and so on).

@@ -111,7 +111,8 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
     progress = RunProgress(console)
     outcomes: list[Outcome] = []
     concurrency = t.scenario.workload.concurrency if t.scenario.workload.kind == "closed_loop" else 1
-    async with StreamingClient(concurrency, t.scenario.endpoint.timeouts, t.headers, send_clock=t.emulated) as client:
+    ep = t.scenario.endpoint
+    async with StreamingClient(concurrency, ep.timeouts, t.headers, t.emulated, ep.max_line_bytes) as client:
         session = await open_session(t, client)
         for arm in t.arms:
             try:

@@ -18,6 +18,7 @@ from typing import Any, Literal, NoReturn
 
 from harness import reference
 from harness.errors import InputError
+from harness.wire.sse import MAX_LINE_BYTES
 
 SCHEMA_VERSION = 1
 # The embedded emulator's profiles (harness/emulator/profiles.py defines them under these names).
@@ -44,6 +45,7 @@ class EndpointCfg:
     model: str | None = None
     send_cache_salt: Literal["auto", "always", "never"] = "auto"
     timeouts: Timeouts = Timeouts()
+    max_line_bytes: int = MAX_LINE_BYTES  # the longest SSE line (or event) a response may send
 
 
 @dataclass(frozen=True)
@@ -366,6 +368,7 @@ def _endpoint(t: _Table) -> EndpointCfg:
         url=t.text("url"),
         model=t.text("model"),
         send_cache_salt=t.text("send_cache_salt", EndpointCfg.send_cache_salt, ("auto", "always", "never")),
+        max_line_bytes=_size(t, "max_line_bytes", EndpointCfg.max_line_bytes),
         timeouts=timeouts,
     )
     t.done()

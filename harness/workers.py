@@ -103,7 +103,9 @@ async def _run(job: Job, sync: Sync) -> None:
     writer = _PartWriter(job.part, job.index)
     quiet = RunProgress(Console(file=open(os.devnull, "w"), force_terminal=False))  # noqa: SIM115
     sc = job.spec.scenario
-    async with StreamingClient(job.connections, sc.endpoint.timeouts, job.headers, send_clock=job.send_clock) as client:
+    async with StreamingClient(
+        job.connections, sc.endpoint.timeouts, job.headers, job.send_clock, sc.endpoint.max_line_bytes
+    ) as client:
         sender = Sender(
             spec=job.spec,
             client=client,

@@ -30,7 +30,8 @@ GOLDEN = Path(__file__).parent / "golden" / "runs"
 class FaultServer:
     """An OpenAI-compatible server whose chat completions misbehave as `mode` says:
     "ok" (role, one token, usage, [DONE]), "no-token" (role, usage, [DONE]),
-    "stall-after-role" (role, then nothing for 30 s), "hang" (no answer at all for 30 s)."""
+    "stall-after-role" (role, then nothing for 30 s), "hang" (no answer at all for 30 s),
+    "endless-line" (every other request: `data: BBBB...` with no newline, as fast as it is read)."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -83,6 +84,13 @@ class FaultServer:
         await event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         if self.mode == "stall-after-role":
             await self.stall()
+        if self.mode == "endless-line" and self.requests % 2:
+            await resp.write(b"data: ")
+            block = b"B" * 65536
+            while not self.closing.is_set():
+                await resp.write(block)
+        if self.mode == "endless-line":
+            await event({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "length"}]})
         if self.mode == "ok":
             await event({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "length"}]})
         n = len(body["messages"][0]["content"].split()) + 4
@@ -266,6 +274,50 @@ def test_the_fault_server_itself_passes(fault: FaultServer, tmp_path: Path) -> N
     r, folder, meta = run_against(fault, tmp_path)
     assert r.returncode == 0 and meta["status"] == "completed", r.stderr
     assert all(x.ok for x in read_requests(folder))
+
+
+# --- defect 1: an endless line takes bounded memory and fails the request alone ---------------
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@pytest.mark.parametrize("fault", ["endless-line"], indirect=True)
+def test_an_endless_line_fails_its_request_in_bounded_memory(fault: FaultServer, tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "s.toml", LOOP.format(requests=12, concurrency=2))
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    cmd = [sys.executable, "-m", "harness", "run", str(sc), "--endpoint", fault.url, "--out", str(tmp_path / "o")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0.0
+    while proc.poll() is None:
+        peak = max(peak, rss_mb(proc.pid))
+        time.sleep(0.02)
+    _, err = proc.communicate()
+    assert proc.returncode == 4 and "Traceback" not in err, err
+    (folder,) = (tmp_path / "o" / "hostile").iterdir()
+    recs = read_requests(folder)
+    endless = [x for x in recs if not x.ok]
+    assert len(recs) == 12 and 4 <= len(endless) <= 8
+    assert {(x.error_kind, x.error) for x in endless} == {
+        ("protocol", "protocol: an SSE line of more than 4,194,304 bytes (max_line_bytes)")
+    }
+    assert all(x.ttft_s is not None for x in recs if x.ok)
+    assert peak < 300, f"peak RSS {peak:.0f} MB"
+    print(f"endless line: peak RSS {peak:.0f} MB")
+
+
+def test_max_line_bytes_is_a_size(tmp_path: Path) -> None:
+    base = 'name = "t"\n[workload]\nkind = "sweep"\nlengths = [100]\n[endpoint]\n'
+    assert (
+        kvbench("validate", str(write_scenario(tmp_path / "a.toml", base + 'max_line_bytes = "64KiB"\n'))).returncode
+        == 0
+    )
+    r = kvbench("validate", str(write_scenario(tmp_path / "b.toml", base + "max_line_bytes = -3\n")))
+    assert r.returncode == 2 and "endpoint.max_line_bytes" in r.stderr
 
 
 # --- defect 7: timeouts name the limit that was reached; command-line overrides --------------

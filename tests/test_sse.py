@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.wire.sse import SSEDecoder, SSEEvent
+from harness.wire.sse import SSEDecoder, SSEEvent, SSELimitError
 from harness.wire.stream import StreamState, chunk_tokens
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -162,3 +162,34 @@ def test_tool_call_is_a_token() -> None:
 def test_chunk_tokens(chunk: dict[str, object], any_token: bool, content: bool) -> None:
     got = chunk_tokens(chunk)
     assert (got.any_token, got.content) == (any_token, content)
+
+
+def test_a_line_beyond_the_limit_is_refused_however_it_arrives() -> None:
+    line = b"data: " + b"B" * 1000
+    whole = SSEDecoder(max_line_bytes=999)
+    with pytest.raises(SSELimitError, match="SSE line of more than 999 bytes"):
+        whole.feed(line)
+    pieces = SSEDecoder(max_line_bytes=999)
+    with pytest.raises(SSELimitError):
+        for i in range(0, len(line), 7):
+            pieces.feed(line[i : i + 7])
+    fits = SSEDecoder(max_line_bytes=len(line))
+    assert [fits.feed(line[i : i + 7]) for i in range(0, len(line), 7)][-1] == []
+    assert fits.feed(b"\n\n") == [SSEEvent(b"B" * 1000)]
+
+
+def test_an_event_beyond_the_limit_is_refused() -> None:
+    d = SSEDecoder(max_line_bytes=100)
+    with pytest.raises(SSELimitError, match="SSE event"):
+        d.feed(b"data: " + b"x" * 60 + b"\ndata: " + b"y" * 60 + b"\n")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=50), min_size=1, max_size=40))
+def test_a_long_line_in_pieces_is_one_event(pieces: list[bytes]) -> None:
+    body = b"".join(pieces).replace(b"\n", b"").replace(b"\r", b"")
+    d = SSEDecoder()
+    events = []
+    for p in [b"data: ", *[body[i : i + 3] for i in range(0, len(body), 3)], b"\r", b"\n\n"]:
+        events += d.feed(p)
+    assert events == [SSEEvent(body)]

@@ -25,6 +25,10 @@ from harness.wire import seam
 from harness.wire.turns import SLICE_NS, TURNS
 
 RELEASE_BYTES = 8192  # ~50 SSE events: about 0.1 ms of aiohttp's parsing
+# Bytes one connection may hold before it is parsed: beyond this, reading pauses until the parser
+# has caught up to half of it, so a server that sends faster than it can be parsed (a flood) holds
+# at most this much per connection.
+HOLD_BYTES = 1 << 20
 
 
 class Backlog:
@@ -63,6 +67,8 @@ class StampedHandler(ResponseHandler):
         super().__init__(loop)
         self.backlog = backlog
         self.held: deque[tuple[int, bytes]] = deque()
+        self.held_bytes = 0
+        self.held_pause = False  # reading paused here (aiohttp pauses for reasons of its own)
         self._stamped: aiohttp.StreamReader | None = None  # the payload `arrivals` belong to
         self.arrivals: list[tuple[int, int]] = []
         self._last_ns = 0  # stamp of the read released last
@@ -76,8 +82,13 @@ class StampedHandler(ResponseHandler):
         now = time.perf_counter_ns()
         TURNS.polled(now)
         self.held.append((now, data))
+        self.held_bytes += len(data)
         if len(self.held) == 1:
             self.backlog.add(self)
+        if self.held_bytes > HOLD_BYTES and self.transport is not None and not self.transport.is_closing():
+            # again after aiohttp resumed reading for its own reasons: pausing twice is harmless
+            self.held_pause = True
+            self.transport.pause_reading()
 
     def resume_reading(self, resume_parser: bool = True) -> None:
         # aiohttp calls this for every HTTP chunk it hands to a reader (one per SSE event here),
@@ -106,6 +117,11 @@ class StampedHandler(ResponseHandler):
             data = data[:RELEASE_BYTES]
         else:
             self.held.popleft()
+        self.held_bytes -= len(data)
+        if self.held_pause and self.held_bytes <= HOLD_BYTES // 2:
+            self.held_pause = False
+            if not self._reading_paused and self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
         self._last_ns = t
         self._feed(t, data)
 

@@ -18,7 +18,7 @@ import aiohttp
 from harness.scenario import Timeouts
 from harness.wire import seam
 from harness.wire.arrivals import StampedHandler, connector, take
-from harness.wire.sse import SSEDecoder
+from harness.wire.sse import MAX_LINE_BYTES, SSEDecoder, SSELimitError
 from harness.wire.stream import StreamState
 from harness.wire.turns import TURNS
 
@@ -37,7 +37,7 @@ class Exchange:
     http_status: int | None = None
     state: StreamState = field(default_factory=StreamState)
     error: str | None = None
-    error_kind: str | None = None  # "connect", "http", "timeout", "stream", "empty"
+    error_kind: str | None = None  # "connect", "http", "timeout", "stream", "empty", "protocol"
     stale: bool = False  # a pooled connection the server had closed: nothing reached it
     retried: bool = False
 
@@ -57,8 +57,16 @@ async def _on_headers_sent(
 
 
 class StreamingClient:
-    def __init__(self, concurrency: int, timeouts: Timeouts, headers: dict[str, str], send_clock: bool = False) -> None:
+    def __init__(
+        self,
+        concurrency: int,
+        timeouts: Timeouts,
+        headers: dict[str, str],
+        send_clock: bool = False,
+        max_line_bytes: int = MAX_LINE_BYTES,
+    ) -> None:
         self.timeouts = timeouts
+        self.max_line_bytes = max_line_bytes
         self.send_clock = send_clock  # tell the embedded emulator when each request left (see its _arrival)
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
         # The default connector caps at 100 connections; size it for the run instead.
@@ -115,7 +123,10 @@ class StreamingClient:
                         text = (await resp.content.read(65536)).decode("utf-8", "replace")
                         ex.error, ex.error_kind = f"HTTP {resp.status}: {text.strip()[:1000]}", "http"
                         return ex
-                    await self._read(resp, ex, deadline, total_deadline)
+                    try:
+                        await self._read(resp, ex, deadline, total_deadline)
+                    except SSELimitError as e:  # leaving the block closes the connection
+                        ex.error, ex.error_kind = f"protocol: {e}", "protocol"
         # aiohttp's own timeouts are TimeoutErrors too: they must be told apart first.
         except aiohttp.ConnectionTimeoutError:
             ex.error, ex.error_kind = f"timeout: no connection within {t.connect_s:g} s (connect_s)", "connect"
@@ -141,7 +152,7 @@ class StreamingClient:
     async def _read(
         self, resp: aiohttp.ClientResponse, ex: Exchange, deadline: asyncio.Timeout, total_deadline: float
     ) -> None:
-        decoder = SSEDecoder()
+        decoder = SSEDecoder(self.max_line_bytes)
         state = ex.state
         rescheduled = False
         # The response's protocol, not resp.connection: aiohttp lets go of the connection as soon

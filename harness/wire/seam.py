@@ -23,7 +23,7 @@ PARSE_TIME = "parse-time"
 SENT_HEADER = "X-Kvbench-Sent-Ns"
 
 _HANDLER_METHODS = ("data_received", "resume_reading", "eof_received", "connection_lost")
-_HANDLER_ATTRS = ("_reading_paused", "_payload")
+_HANDLER_ATTRS = ("_reading_paused", "_payload", "transport")
 _CONNECTOR_ATTRS = ("_factory", "_loop")
 
 

@@ -1,13 +1,23 @@
 """Incremental Server-Sent Events decoder (pure, no I/O).
 
 Bytes go in as they arrive from the socket, in pieces of any size; complete events come out.
-Lines may end in CRLF, LF or CR (the SSE spec allows all three), may be split anywhere, and
-may be of any length: nothing here has a line limit, unlike aiohttp's own readline.
+Lines may end in CRLF, LF or CR (the SSE spec allows all three) and may be split anywhere. A
+line (or an event's data) longer than `max_line_bytes` raises SSELimitError: a server that
+streams without ever ending a line must not take the client's memory. The unfinished line is
+kept as a list of pieces and joined once, when its end arrives, so work stays linear in the
+bytes received however the line is split.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# The longest SSE line (or event) accepted by default: far above any chunk an engine sends.
+MAX_LINE_BYTES = 4 << 20
+
+
+class SSELimitError(ValueError):
+    """A line or an event beyond the decoder's limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,10 +28,13 @@ class SSEEvent:
 
 
 class SSEDecoder:
-    __slots__ = ("_buf", "_data", "_event", "_has_data", "_id")
+    __slots__ = ("_buf", "_data", "_event", "_has_data", "_id", "_pending", "_pending_len", "max_line_bytes")
 
-    def __init__(self) -> None:
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self.max_line_bytes = max_line_bytes
         self._buf = b""
+        self._pending: list[bytes] = []  # an unfinished line that outgrew one piece
+        self._pending_len = 0
         self._data: list[bytes] = []
         self._event: str | None = None
         self._id: str | None = None
@@ -29,7 +42,18 @@ class SSEDecoder:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Add bytes; return the events they complete (possibly none)."""
-        buf = self._buf + chunk if self._buf else chunk
+        if self._buf and b"\n" not in chunk and b"\r" not in chunk and not self._buf.endswith(b"\r"):
+            # still inside one line: keep the piece, join nothing (a held CR may end the line)
+            self._pending.append(chunk)
+            self._pending_len += len(chunk)
+            if len(self._buf) + self._pending_len > self.max_line_bytes:
+                self._too_long("line")
+            return []
+        if self._pending:
+            buf = b"".join((self._buf, *self._pending, chunk))
+            self._pending, self._pending_len = [], 0
+        else:
+            buf = self._buf + chunk if self._buf else chunk
         if b"\r" in buf:
             # A CR at the very end may be the first half of a CRLF: keep it until we know.
             hold_cr = buf.endswith(b"\r")
@@ -40,6 +64,8 @@ class SSEDecoder:
                 buf += b"\r"
         lines = buf.split(b"\n")
         self._buf = lines.pop()
+        if len(self._buf) > self.max_line_bytes:
+            self._too_long("line")
         out: list[SSEEvent] = []
         for line in lines:
             # The common case inline (one call per line costs more than the work it does).
@@ -53,13 +79,19 @@ class SSEDecoder:
                 self._has_data = False
             else:
                 self._line(line, out)
+        if len(self._data) > 1 and sum(map(len, self._data)) > self.max_line_bytes:
+            self._too_long("event")
         return out
+
+    def _too_long(self, what: str) -> None:
+        self._buf, self._pending, self._pending_len, self._data = b"", [], 0, []
+        raise SSELimitError(f"an SSE {what} of more than {self.max_line_bytes:,} bytes (max_line_bytes)")
 
     def close(self) -> list[SSEEvent]:
         """End of stream: a final event without its blank line is still delivered."""
         out: list[SSEEvent] = []
-        rest = self._buf.rstrip(b"\r")
-        self._buf = b""
+        rest = b"".join((self._buf, *self._pending)).rstrip(b"\r")
+        self._buf, self._pending, self._pending_len = b"", [], 0
         if rest:
             self._line(rest, out)
         self._line(b"", out)
