@@ -10,10 +10,11 @@ import difflib
 import hashlib
 import json
 import math
+import os
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal, NoReturn
 
 from harness import reference
@@ -579,9 +580,34 @@ def _traffic(t: _Table) -> TrafficCfg:
         )
     if cfg.tool == "command" and not cfg.command:
         raise InputError(f'{t.file}: traffic.command: missing; expected ["argv", ...] (tool = "command")')
+    if cfg.directory is not None:
+        check_traffic_directory(cfg.directory, f"{t.file}: traffic.directory", remote=bool(cfg.clients))
     if cfg.clients and cfg.tool != "fio":
         t.fail("clients", 'expected no clients: only tool = "fio" spans hosts (fio --client)', list(cfg.clients))
     return cfg
+
+
+# Competing traffic never writes under these (nor at "/"): they are the system, not storage.
+SYSTEM_PATHS = tuple(map(PurePosixPath, ("/dev", "/proc", "/sys", "/boot", "/etc", "/bin", "/sbin", "/usr", "/lib")))
+# Characters a traffic directory may not hold: control characters would start new lines (and so
+# new options) in fio's job file, ":" separates several directories and "$" expands variables.
+_JOB_FILE_UNSAFE = re.compile(r"[\x00-\x1f\x7f:$]")
+
+
+def check_traffic_directory(directory: str, where: str, remote: bool = False) -> PurePosixPath:
+    """The rules every use of traffic.directory applies (validate, run, fio's client hosts):
+    text that is safe in a job file, absolute where it is used on other hosts, not a system path.
+    Returns the path, normalised (a local run resolves links too, in traffic/base.py)."""
+    if _JOB_FILE_UNSAFE.search(directory):
+        raise InputError(f"{where}: refusing {directory!r}: control characters, ':' and '$' are not allowed")
+    path = PurePosixPath(directory)
+    if remote and not path.is_absolute():
+        raise InputError(f"{where}: {directory!r}: expected an absolute path (it is used on the fio client hosts)")
+    if path.is_absolute():
+        path = PurePosixPath(os.path.normpath(path))
+        if path == PurePosixPath("/") or any(path == f or f in path.parents for f in SYSTEM_PATHS):
+            raise InputError(f"{where}: refusing {directory!r}: a system path, not a storage mount")
+    return path
 
 
 def _url_list(t: _Table, k: str) -> tuple[str, ...]:

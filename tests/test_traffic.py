@@ -19,7 +19,7 @@ import pytest
 from harness.clock import ModelClock
 from harness.errors import InputError
 from harness.scenario import TrafficCfg
-from harness.traffic.base import TrafficResult, prepare_directory
+from harness.traffic.base import TrafficResult, cleanup_directory, prepare_directory
 from harness.traffic.fio import FioDriver, job_file, json_objects, snapshots, timeline
 from harness.units import parse_bandwidth, parse_size
 from tests.conftest import ROOT, kvbench, write_scenario
@@ -94,7 +94,7 @@ def test_refuses_a_nonempty_directory_it_did_not_create(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not empty and kvbench did not create it"):
         prepare_directory(str(tmp_path), allow_nonempty=False, run_name="x")
     work, created = prepare_directory(str(tmp_path), allow_nonempty=True, run_name="x")
-    assert work.parent == tmp_path and created is None
+    assert work.parent == tmp_path and created == []
 
 
 def test_achieved_below_90_percent_is_flagged() -> None:
@@ -290,3 +290,36 @@ time_scale = 10.0
     clean = json.loads((folders["clean"] / "run.json").read_text())["summary"]["req_per_s"]
     loaded = json.loads((folders["traffic"] / "run.json").read_text())["summary"]["req_per_s"]
     assert loaded < 0.95 * clean
+
+
+@pytest.mark.parametrize(
+    ("directory", "extra", "message"),
+    [
+        ("/mnt/x\nexec_prerun=touch /tmp/owned", "", "control characters, ':' and '$' are not allowed"),
+        ("/mnt/x\ndirectory=/usr", "", "control characters"),
+        ("/mnt/a:/etc", "", "':' and '$'"),
+        ("/mnt/${HOME}", "", "'$'"),
+        ("/", "", "a system path"),
+        ("/etc", 'clients = ["h1"]', "a system path"),
+        ("/mnt/../usr/lib", "", "a system path"),
+        ("relative/dir", 'clients = ["h1"]', "expected an absolute path"),
+    ],
+)
+def test_validate_applies_the_directory_rules(tmp_path: Path, directory: str, extra: str, message: str) -> None:
+    """What `run` refused, `validate` refuses too, and so does client mode: nothing unchecked
+    reaches fio's job file."""
+    sc = tmp_path / "s.toml"
+    sc.write_text(
+        'schema_version = 1\nname = "t"\n[workload]\nkind = "sweep"\nlengths = [100]\n'
+        f'[traffic]\ntool = "fio"\ntarget = "1MB/s"\ndirectory = {json.dumps(directory)}\n{extra}\n'
+    )
+    r = kvbench("validate", str(sc))
+    assert r.returncode == 2 and "traffic.directory" in r.stderr and message in r.stderr, r.stderr
+
+
+def test_parent_folders_kvbench_made_are_removed(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "c"
+    work, created = prepare_directory(str(target), allow_nonempty=False, run_name="x")
+    assert created == [target, tmp_path / "a" / "b", tmp_path / "a"]
+    cleanup_directory(work, created)
+    assert list(tmp_path.iterdir()) == []

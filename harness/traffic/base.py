@@ -13,34 +13,23 @@ from typing import Any, Protocol
 
 from harness.clock import ModelClock
 from harness.errors import InputError
-from harness.scenario import TrafficCfg
+from harness.scenario import TrafficCfg, check_traffic_directory
 from harness.units import human_bandwidth
 
 # Below this share of the target the run did not apply the load it claims.
 ACHIEVED_WARN_SHARE = 0.9
-_FORBIDDEN = (
-    Path("/dev"),
-    Path("/proc"),
-    Path("/sys"),
-    Path("/boot"),
-    Path("/etc"),
-    Path("/bin"),
-    Path("/sbin"),
-    Path("/usr"),
-    Path("/lib"),
-)
 
 
-def prepare_directory(directory: str, allow_nonempty: bool, run_name: str) -> tuple[Path, Path | None]:
-    """Check `directory` and make kvbench's own working folder inside it.
-    Returns (working folder, `directory` itself if kvbench created it, so it can be removed)."""
+def prepare_directory(directory: str, allow_nonempty: bool, run_name: str) -> tuple[Path, list[Path]]:
+    """Check `directory` and make kvbench's own working folder inside it. Returns (working
+    folder, the folders kvbench created for `directory`, deepest first, so they can be removed)."""
+    check_traffic_directory(directory, "traffic.directory")
     raw = Path(directory)
     if not raw.is_absolute():
         raw = Path.cwd() / raw
-    path = raw.resolve()
-    if path == Path("/") or any(path == f or f in path.parents for f in _FORBIDDEN):
-        raise InputError(f"traffic.directory: refusing {directory!r}: a system path, not a storage mount")
-    created = None
+    path = raw.resolve()  # links resolved: the same rules for where it really points
+    check_traffic_directory(str(path), "traffic.directory")
+    created: list[Path] = []
     if path.exists():
         mode = path.stat().st_mode
         if stat.S_ISBLK(mode) or stat.S_ISCHR(mode):
@@ -54,18 +43,20 @@ def prepare_directory(directory: str, allow_nonempty: bool, run_name: str) -> tu
                 "(kvbench then works only inside a folder of its own there)"
             )
     else:
+        created = [p for p in (path, *path.parents) if not p.exists()]
         path.mkdir(parents=True)
-        created = path
     work = path / f"kvbench-traffic-{run_name}"
     work.mkdir()
     return work, created
 
 
-def cleanup_directory(work: Path, created: Path | None) -> None:
+def cleanup_directory(work: Path, created: list[Path]) -> None:
     shutil.rmtree(work, ignore_errors=True)
-    if created is not None:
-        with contextlib.suppress(OSError):
-            created.rmdir()  # only if empty: never remove anything kvbench did not write
+    for folder in created:  # deepest first, and only if empty: never anything kvbench did not write
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 @dataclass

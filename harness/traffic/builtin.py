@@ -27,7 +27,7 @@ class BuiltinDriver:
         self.write_bytes = 0
         self.samples: list[tuple[float, int, int]] = []
         self.work: Path | None = None
-        self.created: Path | None = None
+        self.created: list[Path] = []
         self.direct_used = False
         self.errors: list[str] = []
         self.started_mono = 0.0

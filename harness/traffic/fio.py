@@ -156,7 +156,7 @@ class FioDriver:
         self.run_name = run_name
         self.proc: subprocess.Popen[bytes] | None = None
         self.work: Path | None = None
-        self.created: Path | None = None
+        self.created: list[Path] = []
         self.started_mono = 0.0
         self.output = folder / "traffic-fio.json"
 
