@@ -63,7 +63,7 @@ async def list_models(session: aiohttp.ClientSession, base: str, headers: dict[s
                 raise EndpointError(f"HTTP {resp.status} from {shown}: {text}")
             data = await resp.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
-        raise EndpointError(f"cannot reach {shown}: {e or type(e).__name__}") from None
+        raise EndpointError(f"cannot reach {shown}: {str(e) or type(e).__name__}") from None
     except ValueError:
         raise EndpointError(f"{shown} did not answer with JSON: is this an OpenAI-compatible base URL?") from None
     ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)] if isinstance(data, dict) else []
@@ -167,7 +167,8 @@ async def run_hook(hook: Hook, arm: str, base: str, session: aiohttp.ClientSessi
                 if resp.status >= 300:
                     raise EndpointError(f"arm {arm}: before hook {method} {redact(url)}: HTTP {resp.status}: {text}")
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise EndpointError(f"arm {arm}: before hook {method} {redact(url)}: {e or type(e).__name__}") from None
+            why = str(e) or type(e).__name__
+            raise EndpointError(f"arm {arm}: before hook {method} {redact(url)}: {why}") from None
         return f"{method} {redact(url)}"
     assert hook.command is not None
     try:

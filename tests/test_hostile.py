@@ -387,3 +387,36 @@ def test_sigterm_keeps_the_results_and_stops_the_emulator(tmp_path: Path) -> Non
     while emulator_pids() - before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert emulator_pids() - before == set()
+
+
+# --- defect 10: headers and credentials ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--header", "X-A: b\r\nX-Evil: 1"], {}, "--header: 'X-A': line breaks and NUL are not allowed"),
+        (["--header", "Content-Length: 5"], {}, "--header: kvbench sets Content-Length itself"),
+        (["--header", "host: elsewhere"], {}, "--header: kvbench sets host itself"),
+        (
+            ["--endpoint", "http://u:p@127.0.0.1:9/v1"],
+            {"OPENAI_API_KEY": "sekrit-123"},
+            "carries credentials (user:pass@)",
+        ),
+    ],
+)
+def test_headers_and_credentials_that_cannot_work_are_refused(
+    tmp_path: Path, args: list[str], env: dict[str, str], message: str
+) -> None:
+    r = kvbench("run", "scenarios/smoke.toml", "--out", str(tmp_path), *args, env=env)
+    no_traceback(r)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert "sekrit-123" not in r.stderr and ":p@" not in r.stderr
+
+
+def test_an_unreachable_endpoint_says_why(tmp_path: Path) -> None:
+    r = kvbench("run", "scenarios/smoke.toml", "--out", str(tmp_path), "--endpoint", "http://127.0.0.1:9/v1")
+    no_traceback(r)
+    assert r.returncode == 3
+    reason = r.stderr.split("cannot reach http://127.0.0.1:9/v1/models:", 1)[1].strip()
+    assert reason, r.stderr

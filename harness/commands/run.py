@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from rich.console import Console
 
@@ -33,12 +34,20 @@ class RunOptions:
     timeouts: tuple[tuple[str, float], ...] = ()  # --timeout-*: (Timeouts field, seconds)
 
 
+# Headers kvbench sets itself, per request: a user's value would corrupt the framing or the route.
+OWN_HEADERS = ("content-length", "transfer-encoding", "host", "connection", "content-type")
+
+
 def parse_headers(raw: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for h in raw:
         name, sep, value = h.partition(":")
         if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
             raise InputError(f"--header: expected 'Name: value', got {h!r}")
+        if any(c in h for c in "\r\n\0"):
+            raise InputError(f"--header: {name.strip()!r}: line breaks and NUL are not allowed in a header")
+        if name.strip().lower() in OWN_HEADERS:
+            raise InputError(f"--header: kvbench sets {name.strip()} itself")
         out[name.strip()] = value.strip()
     return out
 
@@ -79,6 +88,11 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
     _check(opts, sc, url)
     if url is not None:
         url = endpoint.check_url(url, "--endpoint" if opts.endpoint else "endpoint URL")
+        if urlsplit(url).username is not None and any(k.lower() == "authorization" for k in headers):
+            raise InputError(
+                "--endpoint: the URL carries credentials (user:pass@) and an API key or Authorization header "
+                "is set too: give one of them"
+            )
     for arm in arms:
         if arm.endpoint:
             endpoint.check_url(arm.endpoint, f"{sc.path}: arms.{arm.name}.endpoint")
