@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from harness import __version__
-from harness.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError
+from harness.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError, files_error
 from harness.progress import stderr_console
 from harness.scenario import EmulatorCfg
 
@@ -31,6 +31,10 @@ def _handled(fn: Callable[..., int]) -> Callable[..., int]:
             raise typer.Exit(int(e.exit_code)) from None
         except KeyboardInterrupt:
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+        except OSError as e:  # a file kvbench writes or reads: full disk, size limit, permissions
+            message = escape(str(files_error(e, "a file")))
+            stderr_console().print(f"[red]error:[/] {message}", highlight=False)
+            raise typer.Exit(int(ExitCode.FILES)) from None
         if code:
             raise typer.Exit(int(code))
         return 0

@@ -113,10 +113,24 @@ async def server_counter(
     for flavor, count in (("vllm", vllm), ("llama.cpp", llamacpp)):
         try:
             if await count("hello world") > 0:
-                return count, flavor
+                return _guarded(count, redact(url)), flavor
         except (EndpointError, aiohttp.ClientError, ValueError, KeyError, TypeError):
             continue
     return None
+
+
+def _guarded(count: Counter, where: str) -> Counter:
+    """A counter whose failures (a server that dies while prompts are sized) are EndpointErrors."""
+
+    async def guarded(text: str) -> int:
+        try:
+            return await count(text)
+        except EndpointError:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError) as e:
+            raise EndpointError(f"counting prompt tokens at {where}: {str(e) or type(e).__name__}") from None
+
+    return guarded
 
 
 async def usage_counter(

@@ -7,6 +7,7 @@ never a traceback.
 from __future__ import annotations
 
 from enum import IntEnum
+from pathlib import Path
 
 
 class ExitCode(IntEnum):
@@ -16,6 +17,7 @@ class ExitCode(IntEnum):
     ENDPOINT = 3  # endpoint / infrastructure failure before any result, or a failed arm hook
     MISSING_DATA = 3  # kvbench gate: a metric a rule needs is absent
     REQUESTS_FAILED = 4  # the run finished (or was aborted) with failed requests
+    FILES = 5  # a file could not be written or read: disk full, file size limit, permissions
     INTERRUPTED = 130  # Ctrl-C; partial results kept
 
 
@@ -28,6 +30,8 @@ Exit codes:
        kvbench gate: data a rule needs is missing, or result lines had to be left out
   4    the run finished but some requests failed (the count is printed), or an arm was stopped
        after 10 requests in a row could not connect or timed out
+  5    a file could not be written or read (disk full, file size limit, permissions); a run
+       marks itself "failed" where run.json can still be written
   130  interrupted (Ctrl-C or SIGTERM); partial results are kept and marked "interrupted"
 """
 
@@ -40,6 +44,28 @@ class InputError(KvbenchError):
     """Bad scenario file, bad flag, bad prompt file."""
 
     exit_code = ExitCode.INVALID_INPUT
+
+
+class FilesError(KvbenchError):
+    """kvbench could not write (or read) a file of its own: results, a report, a gate output."""
+
+    exit_code = ExitCode.FILES
+
+
+def write_file(path: Path, text: str) -> Path:
+    """Write a whole output file; a failure (full disk, size limit) is a FilesError naming it, and
+    leaves no partial file behind."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        raise files_error(e, str(path)) from None
+    return path
+
+
+def files_error(e: OSError, what: str) -> FilesError:
+    where = e.filename or what
+    return FilesError(f"{where}: {e.strerror or e}" + (" (no space left)" if e.errno == 28 else ""))
 
 
 class EndpointError(KvbenchError):

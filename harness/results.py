@@ -13,6 +13,7 @@ The format is documented in results/README.md; `SCHEMA_VERSION` changes when it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -25,7 +26,7 @@ from typing import IO, Any
 import orjson
 
 from harness import __version__
-from harness.errors import InputError
+from harness.errors import InputError, files_error
 
 SCHEMA_VERSION = 1
 
@@ -181,20 +182,30 @@ class RunWriter:
         self._write_meta()
 
     def add(self, record: RequestRecord) -> None:
-        self._requests.write(record.to_json() + b"\n")
-        self._requests.flush()
+        try:
+            self._requests.write(record.to_json() + b"\n")
+            self._requests.flush()
+        except OSError as e:
+            raise files_error(e, str(self.folder / REQUESTS)) from None
         self.count += 1
 
     def finish(self, status: str, **extra: Any) -> None:
         self.meta.update(extra)
         self.meta["status"] = status
-        self._write_meta()
-        self._requests.close()
+        try:
+            self._write_meta()
+        finally:
+            with contextlib.suppress(OSError):  # what could not be flushed is lost either way
+                self._requests.close()
 
     def _write_meta(self) -> None:
         tmp = self.folder / "run.json.tmp"
-        tmp.write_text(json.dumps(self.meta, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, self.folder / RUN)
+        try:
+            tmp.write_text(json.dumps(self.meta, indent=2, default=str) + "\n", encoding="utf-8")
+            os.replace(tmp, self.folder / RUN)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise files_error(e, str(self.folder / RUN)) from None
 
 
 REQUESTS = "requests.jsonl"

@@ -9,6 +9,7 @@ summary. Everything is kept on Ctrl-C or failure: records stream to disk as they
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 from collections.abc import Coroutine
@@ -22,7 +23,7 @@ from rich.markup import escape
 
 from harness import aio, endpoint, metrics, prompts, reference, stats, workloads
 from harness.clock import ModelClock
-from harness.errors import EndpointError, ExitCode
+from harness.errors import EndpointError, ExitCode, FilesError
 from harness.progress import RunProgress, show_summary
 from harness.prompts import PromptBuilder
 from harness.results import RunWriter, iso, machine, read_requests, utc_stamp, versions
@@ -201,7 +202,9 @@ class ArmLifecycle:
             interrupted = True
         except BaseException as e:
             self.progress.stop()
-            writer.finish("failed", ended=_now(), error=f"{type(e).__name__}: {e}", warnings=sender.warnings)
+            # run.json says "failed" if it can still be written (a full disk may refuse that too)
+            with contextlib.suppress(FilesError):
+                writer.finish("failed", ended=_now(), error=f"{type(e).__name__}: {e}", warnings=sender.warnings)
             raise
         return await self._finish(sender, writer, interrupted)
 

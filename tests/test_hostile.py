@@ -99,6 +99,8 @@ class FaultServer:
         return resp
 
     def close(self) -> None:
+        if self.loop.is_closed():
+            return
         self.loop.call_soon_threadsafe(self.closing.set)
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -420,3 +422,62 @@ def test_an_unreachable_endpoint_says_why(tmp_path: Path) -> None:
     assert r.returncode == 3
     reason = r.stderr.split("cannot reach http://127.0.0.1:9/v1/models:", 1)[1].strip()
     assert reason, r.stderr
+
+
+# --- defect 3: a full disk, and a server that dies while prompts are sized --------------------
+
+
+def limited(args: list[str], kib: int, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """kvbench with files limited to `kib` KiB (ulimit -f: writes past it fail as a full disk would)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    env["KVBENCH_PROMPT_CACHE"] = "off"
+    cmd = " ".join([f"ulimit -f {kib};", sys.executable, "-m", "harness", *args])
+    return subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_run_json_readable(tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        'name = "full"\n[endpoint]\nmax_tokens = 64\n[workload]\nkind = "closed_loop"\nrequests = 400\n'
+        "concurrency = 8\npool = 4\nprompt_tokens = 500\n[emulator]\ntime_scale = 50.0\n",
+    )
+    r = limited(["run", str(sc), "--out", str(tmp_path / "out")], 48, tmp_path)
+    no_traceback(r)
+    assert r.returncode == 5 and "requests.jsonl: File too large" in r.stderr, r.stderr
+    (folder,) = (tmp_path / "out" / "full").iterdir()
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "failed" and "File too large" in meta["error"]
+    assert not list(folder.glob("*.tmp"))
+    assert read_requests(folder)  # what was written is readable
+
+
+def test_report_and_gate_outputs_onto_a_full_disk(tmp_path: Path) -> None:
+    run = next((GOLDEN / "smoke").iterdir())
+    r = limited(["report", str(run), "-o", str(tmp_path / "r.html")], 8, tmp_path)
+    no_traceback(r)
+    assert r.returncode == 5 and "r.html: File too large" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("fault", ["ok"], indirect=True)
+def test_a_server_that_dies_while_prompts_are_sized(fault: FaultServer, tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        'name = "gone"\n[metrics]\nenabled = false\n[workload]\nkind = "sweep"\n'
+        "lengths = [50, 60, 70]\nrepetitions = 3\n",
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    env["KVBENCH_PROMPT_CACHE"] = "off"
+    # a kept-alive connection of a stopped server is left open but unread: the idle limit ends it
+    cmd = [sys.executable, "-m", "harness", "run", str(sc), "--endpoint", fault.url, "--out", str(tmp_path / "o")]
+    cmd += ["--timeout-idle", "2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while fault.requests < 1 and time.monotonic() < deadline:  # the first length is being sent
+        time.sleep(0.01)
+    fault.close()
+    _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err, err
+    assert proc.returncode == 3 and "counting prompt tokens at http://127.0.0.1:" in err, err
+    (folder,) = (tmp_path / "o" / "gone").iterdir()
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "failed" and "counting prompt tokens" in meta["error"]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness import __version__, stats
-from harness.errors import InputError
+from harness.errors import InputError, write_file
 from harness.gate import figures
 from harness.gate.figures import Figures
 from harness.results import RunResult
@@ -102,7 +102,7 @@ def save(runs: list[RunResult], path: Path) -> Path:
         ],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    write_file(path, json.dumps(doc, indent=1) + "\n")
     return path
 
 

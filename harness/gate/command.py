@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.errors import ExitCode, InputError
+from harness.errors import ExitCode, InputError, write_file
 from harness.gate import baselines, figures, output
 from harness.gate.rules import Rules, merge, parse_rules
 from harness.gate.verdicts import evaluate
@@ -89,19 +89,19 @@ def run_gate(
 
     md = output.markdown(verdicts, title)
     if markdown:
-        markdown.write_text(md, encoding="utf-8")
+        write_file(markdown, md)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         _append_capped(Path(summary), md)
     if junit:
-        junit.write_text(output.junit(verdicts, str(cand_identity["scenario_name"])), encoding="utf-8")
+        write_file(junit, output.junit(verdicts, str(cand_identity["scenario_name"])))
     if json_out:
         meta = {
             "scenario": cand_identity["scenario_name"],
             "result": str(result),
             "baseline": str(baseline) if baseline else None,
         }
-        json_out.write_text(output.as_json(verdicts, meta, int(code)), encoding="utf-8")
+        write_file(json_out, output.as_json(verdicts, meta, int(code)))
     return code
 
 

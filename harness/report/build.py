@@ -10,6 +10,7 @@ from typing import Any
 import jinja2
 
 from harness import __version__
+from harness.errors import write_file
 from harness.reference import redbooks
 from harness.report import sections
 from harness.report.format import num
@@ -51,5 +52,5 @@ def render(runs: list[RunResult], out: Path) -> Path:
     env.filters["num"] = num
     html = env.get_template("report.html.j2").render(**build_context(runs))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(html, encoding="utf-8")
+    write_file(out, html)
     return out

@@ -1,0 +1,112 @@
+"""Random scenario files, gate rules and result folders fed to validate, gate, report, compare
+and baseline: never a traceback, only documented exit codes (issue 12). In process, through the
+CLI's own entry point, so that hundreds of examples take seconds."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.errors import ExitCode
+
+GOLDEN = Path(__file__).parent / "golden" / "runs"
+DOCUMENTED = {int(c) for c in ExitCode}
+KEYS = [
+    "schema_version", "name", "workload", "kind", "lengths", "requests", "concurrency", "pool", "prompt_tokens",
+    "endpoint", "max_tokens", "temperature", "timeouts", "idle_s", "extra_body", "arms", "cache", "traffic",
+    "tool", "target", "directory", "gate", "thresholds", "regression", "metrics", "emulator", "time_scale",
+    "distribution", "min", "max", "max_line_bytes", "reference", "test",
+]  # fmt: skip
+
+scalars = st.one_of(
+    st.integers(-5, 10**7),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.text(max_size=20),
+    st.sampled_from(["sweep", "closed_loop", "fio", "reuse", "bust", "[/x]", "p50 < 1", "+10%", "200GB/s", "/"]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+tables = st.dictionaries(st.sampled_from(KEYS), values, max_size=8)
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(x)}" for k, x in v.items()) + "}"
+
+
+def toml(d: dict[str, Any]) -> str:
+    return "".join(f"{json.dumps(k)} = {toml_value(v)}\n" for k, v in d.items())
+
+
+def cli(*args: str) -> None:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code in DOCUMENTED, (args, result.output)
+    if result.exception is not None:
+        assert isinstance(result.exception, SystemExit), repr(result.exception)
+
+
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(st.one_of(tables.map(toml), st.text(max_size=200)), st.booleans())
+def test_random_scenario_files(text: str, valid_header: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "s.toml"
+        header = 'schema_version = 1\nname = "f"\n' if valid_header else ""
+        path.write_text(header + text, encoding="utf-8")
+        cli("validate", str(path))
+
+
+@FUZZ
+@given(tables.map(lambda d: "[gate]\n" + toml(d)), st.sampled_from(["smoke", "golden-loop"]))
+def test_random_gate_rules(text: str, scenario: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        rules = Path(tmp) / "rules.toml"
+        rules.write_text(text, encoding="utf-8")
+        cli("gate", str(GOLDEN / scenario), "--rules", str(rules), "--json", str(Path(tmp) / "g.json"))
+
+
+@FUZZ
+@given(
+    st.dictionaries(st.sampled_from(["schema_version", "scenario", "arm", "status", "summary", "run_id"]), values),
+    st.lists(st.one_of(values.map(json.dumps), st.text(max_size=30)), max_size=5),
+    st.dictionaries(st.sampled_from(["ttft_s", "e2e_s", "ok", "phase", "target_tokens", "start_s", "itl_s"]), values),
+)
+def test_random_result_folders(meta: dict[str, Any], extra_lines: list[str], record: dict[str, Any]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "r"
+        shutil.copytree(next((GOLDEN / "golden-loop").iterdir()), folder)
+        recorded = json.loads((folder / "run.json").read_text())
+        (folder / "run.json").write_text(json.dumps({**recorded, **meta}))
+        lines = (folder / "requests.jsonl").read_text().splitlines()
+        lines[0] = json.dumps({**json.loads(lines[0]), **record})
+        (folder / "requests.jsonl").write_text("\n".join(lines + extra_lines) + "\n")
+        cli("report", str(folder), "-o", str(Path(tmp) / "r.html"))
+        cli("compare", str(folder), str(folder))
+        cli("baseline", "save", str(folder), "-o", str(Path(tmp) / "b.json"))
+        cli("gate", str(folder), "--baseline", str(Path(tmp) / "b.json"))
