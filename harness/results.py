@@ -284,11 +284,67 @@ def _json_file(path: Path) -> Any:
         raise InputError(f"{path}: unreadable: nested too deeply") from None
 
 
+_NUMBER_OR_INT = (int, float)
+# What readers rely on in run.json, by type; a key may be absent or null. Nested tables are dicts,
+# lists of one type are one-element lists.
+_RUN_JSON: dict[str, Any] = {
+    **dict.fromkeys(
+        ("run_id", "scenario_name", "scenario_file", "scenario_hash", "arm", "status", "endpoint", "model"), str
+    ),
+    **dict.fromkeys(("started", "ended", "times", "prompt_counting", "error"), str),
+    "time_scale": _NUMBER_OR_INT,
+    "emulated": bool,
+    "t0_monotonic_ns": int,
+    "cold_cached_allowance": int,
+    "warnings": [str],
+    "versions": {"kvbench": str, "git_commit": str},
+    "client": {"hostname": str, "os": str, "cpu": str, "cores": int, "python": str, "implementation": str},
+    "emulator": {"profile": str, "time_scale": _NUMBER_OR_INT},
+    "client_health": {
+        "loop_lag_ms": {"p99": _NUMBER_OR_INT},
+        "cpu_share_of_one_core": {"mean": _NUMBER_OR_INT},
+        "warning": str,
+    },
+    "summary": {},
+    "scenario": {
+        "workload": {
+            "kind": str,
+            "concurrency": int,
+            "lengths": [int],
+            "shared_prefix_tokens": int,
+            "prompt_tokens": {},
+        },
+        "reference": {"test": str},
+        "gate": {},
+        "model": {"kv_bytes_per_token": int},
+    },
+}
+
+
+def _check_types(value: Any, spec: Any, where: str) -> None:
+    """Raise InputError naming the first key of `value` that is not of the type `spec` says."""
+    if value is None:
+        return
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            raise InputError(f"{where}: expected an object, got {json.dumps(value)[:40]}")
+        for k, sub in spec.items():
+            _check_types(value.get(k), sub, f"{where}.{k}")
+    elif isinstance(spec, list):
+        if not isinstance(value, list):
+            raise InputError(f"{where}: expected a list, got {json.dumps(value)[:40]}")
+        for i, v in enumerate(value):
+            _check_types(v, spec[0], f"{where}[{i}]")
+    elif not isinstance(value, spec) or (isinstance(value, bool) and spec is not bool):
+        raise InputError(f"{where}: expected {getattr(spec, '__name__', 'a number')}, got {json.dumps(value)[:40]}")
+
+
 def read_run(folder: Path, itl: bool = True) -> RunResult:
     meta = _json_file(folder / RUN)
     if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA_VERSION:
         version = meta.get("schema_version") if isinstance(meta, dict) else None
         raise InputError(f"{folder / RUN}: schema_version {version!r}, expected {SCHEMA_VERSION}")
+    _check_types(meta, _RUN_JSON, str(folder / RUN))
     skipped: list[str] = []
     records = read_requests(folder, itl, skipped) if (folder / REQUESTS).exists() else []
     run = RunResult(folder, meta, records, skipped=skipped)

@@ -91,7 +91,7 @@ def test_random_gate_rules(text: str, scenario: str) -> None:
         cli("gate", str(GOLDEN / scenario), "--rules", str(rules), "--json", str(Path(tmp) / "g.json"))
 
 
-@FUZZ
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.dictionaries(st.sampled_from(["schema_version", "scenario", "arm", "status", "summary", "run_id"]), values),
     st.lists(st.one_of(values.map(json.dumps), st.text(max_size=30)), max_size=5),
