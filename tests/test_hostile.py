@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -481,3 +482,61 @@ def test_a_server_that_dies_while_prompts_are_sized(fault: FaultServer, tmp_path
     (folder,) = (tmp_path / "o" / "gone").iterdir()
     meta = json.loads((folder / "run.json").read_text())
     assert meta["status"] == "failed" and "counting prompt tokens" in meta["error"]
+
+
+# --- defect 7: broken HTTP framing fails at once ----------------------------------------------
+
+
+def raw_server(first: bytes, then: bytes) -> tuple[socket.socket, str]:
+    """Answers every request with `first`, then `then` 0.1 s later, then keeps the connection
+    open and silent (as a server whose framing broke might)."""
+    sock = socket.create_server(("127.0.0.1", 0))
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            raw = b""
+            while b"\r\n\r\n" not in raw:
+                raw += conn.recv(65536)
+            conn.sendall(first)
+            time.sleep(0.1)
+            conn.sendall(then)
+            time.sleep(5)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=one, args=(sock.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return sock, f"http://127.0.0.1:{sock.getsockname()[1]}/v1/chat/completions"
+
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        (HEAD + b"zz\r\n", b""),  # broken at the first chunk
+        (HEAD + b"%x\r\n%s\r\n" % (len(EVENT), EVENT), b"zz\r\ndata: x\r\n"),  # broken after a token
+    ],
+    ids=["at-once", "mid-body"],
+)
+def test_broken_chunked_encoding_is_a_protocol_error_at_once(first: bytes, then: bytes) -> None:
+    from harness import aio
+    from harness.scenario import Timeouts
+    from harness.wire.client import StreamingClient
+
+    sock, url = raw_server(first, then)
+
+    async def go() -> tuple[str | None, str | None]:
+        async with StreamingClient(1, Timeouts(first_token_s=30, idle_s=30, total_s=30), {}) as client:
+            ex = await client.stream(url, b"{}", "r")
+            return ex.error_kind, ex.error
+
+    try:
+        kind, error = aio.run(go())
+    finally:
+        sock.close()
+    assert kind == "protocol" and error is not None and "chunk size" in error, error

@@ -17,9 +17,11 @@ import asyncio
 import functools
 import time
 from collections import deque
+from typing import Any
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
+from aiohttp.http_exceptions import HttpProcessingError
 
 from harness.wire import seam
 from harness.wire.turns import SLICE_NS, TURNS
@@ -29,6 +31,10 @@ RELEASE_BYTES = 8192  # ~50 SSE events: about 0.1 ms of aiohttp's parsing
 # has caught up to half of it, so a server that sends faster than it can be parsed (a flood) holds
 # at most this much per connection.
 HOLD_BYTES = 1 << 20
+
+
+class FramingError(aiohttp.ClientPayloadError):
+    """The response's HTTP framing broke (e.g. a bad chunk size) after its headers."""
 
 
 class Backlog:
@@ -95,6 +101,16 @@ class StampedHandler(ResponseHandler):
         # paused or not; unpaused, it would only feed the parser nothing: a dozen calls an event.
         if self._reading_paused:
             super().resume_reading(resume_parser)
+
+    def set_exception(self, exc: BaseException, *args: Any) -> None:
+        """aiohttp closes a connection whose HTTP framing breaks mid-body (a bad chunk size) but
+        leaves the response body waiting, with its read timeout dropped: the request would wait
+        for its total timeout. Fail the body at once."""
+        super().set_exception(exc, *args)
+        payload = self._payload
+        broken = isinstance(exc, HttpProcessingError)  # not a read timeout: aiohttp passes those on
+        if broken and payload is not None and payload.exception() is None and not payload.is_eof():
+            payload.set_exception(FramingError(f"broken HTTP framing: {exc}"))
 
     def eof_received(self) -> None:
         self.release_all()

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from harness.scenario import Timeouts
 from harness.wire import seam
-from harness.wire.arrivals import StampedHandler, connector, take
+from harness.wire.arrivals import FramingError, StampedHandler, connector, take
 from harness.wire.sse import MAX_LINE_BYTES, SSEDecoder, SSELimitError
 from harness.wire.stream import StreamState
 from harness.wire.turns import TURNS
@@ -138,6 +139,9 @@ class StreamingClient:
             else:
                 ex.error = f"timeout: stream not finished within {t.total_s:g} s (total_s)"
             ex.error_kind = "timeout"
+        # the server's HTTP broke its own rules (aiohttp's pure-Python parser raises its own errors)
+        except (FramingError, aiohttp.ClientResponseError, HttpProcessingError) as e:
+            ex.error, ex.error_kind = f"protocol: {e}", "protocol"
         except aiohttp.ClientConnectorError as e:
             ex.error, ex.error_kind = f"connection failed: {e}", "connect"
         except (aiohttp.ClientError, ConnectionError) as e:
