@@ -299,7 +299,16 @@ _RUN_JSON: dict[str, Any] = {
     "warnings": [str],
     "versions": {"kvbench": str, "git_commit": str},
     "client": {"hostname": str, "os": str, "cpu": str, "cores": int, "python": str, "implementation": str},
-    "emulator": {"profile": str, "time_scale": _NUMBER_OR_INT},
+    "emulator": {
+        "profile": str,
+        "time_scale": _NUMBER_OR_INT,
+        "lateness": {
+            "requests": int,
+            "time_scale": _NUMBER_OR_INT,
+            "share_of_modelled_ttft": {"p50": _NUMBER_OR_INT, "p99": _NUMBER_OR_INT},
+            "first_token_late_s": {"p50": _NUMBER_OR_INT, "p99": _NUMBER_OR_INT, "max": _NUMBER_OR_INT},
+        },
+    },
     "client_health": {
         "loop_lag_ms": {"p99": _NUMBER_OR_INT},
         "cpu_share_of_one_core": {"mean": _NUMBER_OR_INT},

@@ -18,10 +18,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from rich.console import Console
 from rich.markup import escape
 
-from harness import aio, endpoint, metrics, prompts, reference, stats, workloads
+from harness import aio, endpoint, metrics, prompts, reference, selfcheck, stats, workloads
 from harness.clock import ModelClock
 from harness.errors import EndpointError, ExitCode, FilesError
 from harness.progress import RunProgress, show_summary
@@ -238,6 +239,8 @@ class ArmLifecycle:
             await self.load.start()
             await asyncio.sleep(t.clock.wall_s(sc.traffic.start_before_s))
         self.before = await self.scraper.snapshot() if self.scraper is not None and sender.scraper is None else None
+        if t.emulated:
+            await self._emulator_lateness("POST")  # a new count for this arm
         aio.freeze_heap()
         clock = sender.spec.clock.start()
         sender.spec = replace(sender.spec, clock=clock)
@@ -265,6 +268,17 @@ class ArmLifecycle:
             if self.load is not None:
                 writer.meta["traffic"] = _finish_traffic(await self.load.stop(clock), writer.folder, sender)
 
+    async def _emulator_lateness(self, method: str) -> dict[str, Any] | None:
+        """The embedded emulator's own count of how late it was against its model (None if it
+        could not be asked: the run's figures do not depend on it)."""
+        url = endpoint.join(endpoint.root(self.base), "/kvbench/lateness")
+        try:
+            async with self.session.client.session.request(method, url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                got = await r.json() if r.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        return got if isinstance(got, dict) else None
+
     def _scraper(self) -> Scraper | None:
         sc, t = self.t.scenario, self.t
         if not sc.metrics.enabled:
@@ -278,6 +292,10 @@ class ArmLifecycle:
         for w in (health.get("warning"), self.session.client.stamping_warning):
             if w and w not in sender.warnings:
                 sender.warn(w)
+        if self.t.emulated and isinstance(writer.meta.get("emulator"), dict):
+            writer.meta["emulator"]["lateness"] = late = await self._emulator_lateness("GET")
+            if (warning := selfcheck.emulator_warning(late)) is not None:
+                sender.warn(warning)
         records = read_requests(writer.folder, itl=False)
         if self.scraper is not None:
             if sender.scraper is None:

@@ -540,3 +540,29 @@ def test_broken_chunked_encoding_is_a_protocol_error_at_once(first: bytes, then:
     finally:
         sock.close()
     assert kind == "protocol" and error is not None and "chunk size" in error, error
+
+
+# --- defect 6: the emulator says when it cannot keep its modelled time ------------------------
+
+
+def test_the_emulator_says_when_it_falls_behind_its_model(tmp_path: Path) -> None:
+    """Long prompts at a time scale far above what the emulator's tokenizing keeps up with: the
+    lateness is measured, recorded and warned about, in the terminal, run.json and the report."""
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        'name = "fast"\n[endpoint]\nmax_tokens = 2\n[metrics]\nenabled = false\n[workload]\nkind = "closed_loop"\n'
+        "requests = 24\nconcurrency = 8\npool = 8\nprompt_tokens = 30000\n[emulator]\ntime_scale = 400.0\n",
+    )
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "o"), "--report")
+    assert r.returncode == 0, r.stderr
+    assert "the emulator could not keep its modelled time" in r.stderr
+    (folder,) = (tmp_path / "o" / "fast").iterdir()
+    meta = json.loads((folder / "run.json").read_text())
+    late = meta["emulator"]["lateness"]
+    assert late["requests"] == 24 and late["share_of_modelled_ttft"]["p50"] > 0.02
+    assert any("could not keep its modelled time" in w for w in meta["warnings"])
+    (report,) = (ROOT / "reports").glob(f"fast-{meta['run_id']}.html")
+    try:
+        assert "the emulator fell behind its model" in report.read_text()
+    finally:
+        report.unlink()

@@ -12,7 +12,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -23,9 +23,11 @@ from harness.emulator import tokenizer
 from harness.emulator.kvcache import KVCache, Match, block_hashes
 from harness.emulator.metrics import Counters, render
 from harness.emulator.profiles import Profile
+from harness.stats import percentile
 from harness.wire.seam import SENT_HEADER
 
 _PROMPT_CACHE_SIZE = 256
+LATE_KEPT = 100_000  # requests whose lateness is kept (bounded memory for endless runs)
 _OUTPUT_WORDS = ("the", "cache", "block", "token", "storage", "tier", "load", "prompt")
 
 
@@ -113,6 +115,8 @@ class Emulator:
         # A slowdown stretches every modelled delay (a regression on purpose, to test gates).
         self.engine = Engine(profile, time_scale / slowdown)
         self.counters = Counters()
+        # (first-token lateness, modelled TTFT) in model seconds, per request since the last reset
+        self.late: deque[tuple[float, float]] = deque(maxlen=LATE_KEPT)
         self._api_key = api_key
         self._timing: IO[str] | None = timing_log.open("a", encoding="utf-8") if timing_log else None
         self._prompts: OrderedDict[tuple[bytes, str | None], tuple[int, list[int]]] = OrderedDict()
@@ -127,6 +131,8 @@ class Emulator:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/health", self.health)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        app.router.add_get("/kvbench/lateness", self.lateness)
+        app.router.add_post("/kvbench/lateness", self.lateness)
         app.router.add_get("/kvbench/traffic", self.traffic)
         app.router.add_post("/kvbench/traffic", self.traffic)
         app.on_cleanup.append(self._close)
@@ -260,6 +266,28 @@ class Emulator:
             }
         )
 
+    async def lateness(self, request: web.Request) -> web.Response:
+        """How late the first tokens were against this model's own schedule, in model seconds,
+        since the last POST (which starts a new count): the emulator's CPU work (tokenizing long
+        prompts, block hashing) must fit inside the modelled times, or its figures are wrong."""
+        if request.method == "POST":
+            self.late.clear()
+            return web.json_response({"requests": 0})
+        late = [x for x, _ in self.late]
+        share = [x / m for x, m in self.late if m > 0]
+        return web.json_response(
+            {
+                "requests": len(late),
+                "first_token_late_s": {
+                    "p50": percentile(late, 50),
+                    "p99": percentile(late, 99),
+                    "max": max(late, default=None),
+                },
+                "share_of_modelled_ttft": {"p50": percentile(share, 50), "p99": percentile(share, 99)},
+                "time_scale": self.engine.scale,
+            }
+        )
+
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         if (denied := self._unauthorised(request)) is not None:
             return denied
@@ -312,6 +340,8 @@ class Emulator:
                 if i == 0:
                     first_token_ns = time.perf_counter_ns()
                     self.counters.observe_ttft((time.perf_counter() - arrived) * self.engine.scale)
+                    late = max(0.0, first_token_ns / 1e9 - prefill.first_token_at) * self.engine.scale
+                    self.late.append((late, (prefill.first_token_at - arrived) * self.engine.scale))
             self.counters.generation_tokens += max_tokens
             self.counters.requests += 1
             usage = out.usage(max_tokens, prefill.match.cached_tokens)

@@ -8,9 +8,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -27,21 +24,27 @@ PUBLISHED: dict[str, Any] = {"color": "black", "marker": "X", "linestyle": "none
 DENSE = 2000  # above this many drawn elements a layer is rasterized to keep the file small
 
 
+def shown(text: str) -> str:
+    """Text from result files as a plot may show it: no control characters (the font has none),
+    no mathtext (a "$" would be parsed as TeX)."""
+    return "".join(c if c.isprintable() else "?" for c in text).replace("$", r"\$")
+
+
 def style(i: int) -> dict[str, Any]:
     return STYLES[i % len(STYLES)]
 
 
 def _fig(name: str, w: float = 7.5, h: float = 4.2) -> Figure:
-    plt.rcParams.update({"svg.fonttype": "path", "svg.hashsalt": name, "font.size": 10})
-    fig = plt.figure(figsize=(w, h), dpi=100)
-    return fig
+    """A figure outside pyplot's registry: nothing to close, so a plot that fails halfway (odd
+    data) leaves nothing open behind it."""
+    matplotlib.rcParams.update({"svg.fonttype": "path", "svg.hashsalt": name, "font.size": 10})
+    return Figure(figsize=(w, h), dpi=100)
 
 
 def to_svg(fig: Figure) -> str:
     buf = io.StringIO()
     fig.tight_layout()
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-    plt.close(fig)
     svg = buf.getvalue()
     return svg[svg.index("<svg") :]
 
@@ -118,7 +121,7 @@ def bars(
         ax.annotate("-" if v is None else f"{v:.3g}", (xi - 0.2, v or 0), ha="center", va="bottom", fontsize=8)
     for xi, v in zip(x, published, strict=True):
         ax.annotate("-" if v is None else f"{v:.3g}", (xi + 0.2, v or 0), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(x, [label.replace("/", "/\n") for label in labels], fontsize=8)
+    ax.set_xticks(x, [shown(label).replace("/", "/\n") for label in labels], fontsize=8)
     ax.set_ylabel(ylabel)
     ax.legend()
     ax.grid(True, axis="y", alpha=0.3)
@@ -135,7 +138,7 @@ def cdfs(series: Sequence[tuple[str, np.ndarray]], xlabel: str, name: str) -> st
         q = np.linspace(0, 1, min(len(values), 500))
         st = dict(style(i))
         st.pop("marker")
-        ax.plot(np.quantile(values, q), q, label=f"{label} (n={len(values)})", **st)
+        ax.plot(np.quantile(values, q), q, label=f"{shown(label)} (n={len(values)})", **st)
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("share of requests")
@@ -166,13 +169,13 @@ def timeline(
             colors=st["color"],
             linestyles=st["linestyle"],
             alpha=0.6,
-            label=f"{label}: waiting",
+            label=f"{shown(label)}: waiting",
         )
         stream = LineCollection(
             [[(f, r), (e, r)] for f, e, r in zip(ft, end, rows, strict=True)],
             linewidths=2.2,
             colors=st["color"],
-            label=f"{label}: streaming",
+            label=f"{shown(label)}: streaming",
         )
         for coll in (wait, stream):
             coll.set_rasterized(total > DENSE)

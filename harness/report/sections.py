@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from markupsafe import Markup
 
-from harness import analysis, checks, reference, stats
+from harness import analysis, checks, reference, selfcheck, stats
 from harness.reference import redbooks
 from harness.report import plots
 from harness.results import RunResult, skipped_warning
@@ -55,6 +55,7 @@ def run_row(run: RunResult) -> dict[str, Any]:
         "lag_p99_ms": (health.get("loop_lag_ms") or {}).get("p99"),
         "cpu_mean": (health.get("cpu_share_of_one_core") or {}).get("mean"),
         "health_warning": health.get("warning"),
+        "emulator_warning": selfcheck.emulator_warning((m.get("emulator") or {}).get("lateness")),
     }
 
 
