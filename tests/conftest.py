@@ -22,10 +22,15 @@ def emulator(tmp_path: Path) -> Iterator[EmbeddedEmulator]:
         yield emu
 
 
+def user_env(**extra: str) -> dict[str, str]:
+    """The environment a user's kvbench starts with: no endpoint or key inherited from this one."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    return {**env, **extra}
+
+
 def kvbench(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """The CLI as a user runs it."""
-    full_env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
-    full_env.update(env or {})
+    full_env = user_env(**(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "harness", *args],
         capture_output=True,
@@ -44,7 +49,7 @@ def write_scenario(path: Path, body: str) -> Path:
 def interrupt(args: list[str], ready: Callable[[], bool], timeout: float = 120) -> tuple[int, str]:
     """Start `kvbench ARGS` as a user would, wait until `ready()`, press Ctrl-C (SIGINT);
     returns its exit code and what it printed on stderr."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    env = user_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", *args],
         cwd=ROOT,

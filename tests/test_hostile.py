@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import signal
 import socket
@@ -23,7 +22,7 @@ import pytest
 from aiohttp import web
 
 from harness.results import read_requests
-from tests.conftest import ROOT, kvbench, write_scenario
+from tests.conftest import ROOT, kvbench, user_env, write_scenario
 
 GOLDEN = Path(__file__).parent / "golden" / "runs"
 
@@ -292,7 +291,7 @@ def rss_mb(pid: int) -> float:
 @pytest.mark.parametrize("fault", ["endless-line"], indirect=True)
 def test_an_endless_line_fails_its_request_in_bounded_memory(fault: FaultServer, tmp_path: Path) -> None:
     sc = write_scenario(tmp_path / "s.toml", LOOP.format(requests=12, concurrency=2))
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    env = user_env()
     cmd = [sys.executable, "-m", "harness", "run", str(sc), "--endpoint", fault.url, "--out", str(tmp_path / "o")]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0.0
@@ -367,7 +366,7 @@ def emulator_pids() -> set[str]:
 
 def test_sigterm_keeps_the_results_and_stops_the_emulator(tmp_path: Path) -> None:
     before = emulator_pids()
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    env = user_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", "scenarios/redbooks-concurrency.toml", "--out", str(tmp_path)],
         cwd=ROOT,
@@ -430,8 +429,7 @@ def test_an_unreachable_endpoint_says_why(tmp_path: Path) -> None:
 
 def limited(args: list[str], kib: int, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     """kvbench with files limited to `kib` KiB (ulimit -f: writes past it fail as a full disk would)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
-    env["KVBENCH_PROMPT_CACHE"] = "off"
+    env = user_env(KVBENCH_PROMPT_CACHE="off")
     cmd = " ".join([f"ulimit -f {kib};", sys.executable, "-m", "harness", *args])
     return subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
@@ -466,8 +464,7 @@ def test_a_server_that_dies_while_prompts_are_sized(fault: FaultServer, tmp_path
         'name = "gone"\n[metrics]\nenabled = false\n[workload]\nkind = "sweep"\n'
         "lengths = [50, 60, 70]\nrepetitions = 3\n",
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
-    env["KVBENCH_PROMPT_CACHE"] = "off"
+    env = user_env(KVBENCH_PROMPT_CACHE="off")
     # a kept-alive connection of a stopped server is left open but unread: the idle limit ends it
     cmd = [sys.executable, "-m", "harness", "run", str(sc), "--endpoint", fault.url, "--out", str(tmp_path / "o")]
     cmd += ["--timeout-idle", "2"]
