@@ -107,6 +107,7 @@ class RequestRecord:
     worker: int | None = None  # closed loop: the connection that sent it
     schedule_index: int | None = None  # closed loop: its place in the drawn schedule
     process: int | None = None  # --workers N: the client process that sent it
+    attempts: int | None = None  # 2 when it was sent again (see `retried`); absent in older results
 
     def to_json(self) -> bytes:
         d = self.as_dict()
@@ -142,7 +143,7 @@ class RequestRecord:
 
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
-_OPTIONAL = ("repeat", "worker", "schedule_index", "process")
+_OPTIONAL = ("repeat", "worker", "schedule_index", "process", "attempts")
 _NUMBER, _MAYBE_NUMBER, _MAYBE_INT, _MAYBE_TEXT = (
     (int, float),
     (int, float, type(None)),

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -563,3 +564,75 @@ def test_the_emulator_says_when_it_falls_behind_its_model(tmp_path: Path) -> Non
         assert "the emulator fell behind its model" in report.read_text()
     finally:
         report.unlink()
+
+
+# --- defect 2: a request is sent again only when it provably never reached the server ---------
+
+BODY = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\ndata: [DONE]\n\n'
+ANSWER = HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+
+
+class CountingServer:
+    """Counts the requests it reads. "drop": closes each connection once it has read a request,
+    before any answer. "close-after-one": answers the first request of each connection (kept
+    alive), then closes the connection 0.1 s later, as llama.cpp closes idle connections."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.requests = mode, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=self._one, args=(self.sock.accept()[0],), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            raw = b""
+            while b"\r\n\r\n" not in raw:
+                raw += conn.recv(65536)
+            self.requests += 1
+            if self.mode == "close-after-one":
+                conn.sendall(ANSWER)
+                time.sleep(0.1)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def exchanges(server: CountingServer, n: int, pause_s: float) -> list[Any]:
+    from harness import aio
+    from harness.scenario import Timeouts
+    from harness.wire.client import StreamingClient
+
+    async def go() -> list[Any]:
+        out = []
+        async with StreamingClient(1, Timeouts(first_token_s=10, idle_s=10, total_s=10), {}) as client:
+            for i in range(n):
+                out.append(await client.stream(server.url, b"{}", f"r{i}"))
+                # blocking: the server's EOF arrives but the loop does not read it before the next
+                # request takes the connection from the pool (the race a resend exists for)
+                time.sleep(pause_s)
+        return out
+
+    try:
+        return aio.run(go())
+    finally:
+        server.close()
+
+
+def test_a_request_the_server_read_is_never_sent_again() -> None:
+    server = CountingServer("drop")
+    got = exchanges(server, 4, 0.0)
+    assert [(x.ok, x.attempts, x.retried) for x in got] == [(False, 1, False)] * 4
+    assert server.requests == 4  # not 8, nor 9 each
+
+
+def test_a_kept_alive_connection_the_server_had_closed_is_replaced_once() -> None:
+    server = CountingServer("close-after-one")
+    got = exchanges(server, 3, 0.3)  # each later request finds its connection closed by then
+    assert [x.ok for x in got] == [True, True, True]
+    assert [x.attempts for x in got] == [1, 2, 2] and [x.retried for x in got] == [False, True, True]
+    assert server.requests == 3  # the closed connections never read the resent requests

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import time
 from collections import deque
+from contextvars import ContextVar
 from typing import Any
 
 import aiohttp
@@ -26,6 +28,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from harness.wire import seam
 from harness.wire.turns import SLICE_NS, TURNS
 
+# The exchange whose request is being sent, so that the connection's protocol can say whether the
+# server had closed that (kept-alive) connection before the request was written.
+SENDING: ContextVar[Any] = ContextVar("kvbench_sending", default=None)
 RELEASE_BYTES = 8192  # ~50 SSE events: about 0.1 ms of aiohttp's parsing
 # Bytes one connection may hold before it is parsed: beyond this, reading pauses until the parser
 # has caught up to half of it, so a server that sends faster than it can be parsed (a flood) holds
@@ -74,6 +79,8 @@ class StampedHandler(ResponseHandler):
         self.backlog = backlog
         self.held: deque[tuple[int, bytes]] = deque()
         self.held_bytes = 0
+        self.served = 0  # requests started on this connection
+        self.peer_closed = False  # the server's EOF (or reset) has been seen
         self.held_pause = False  # reading paused here (aiohttp pauses for reasons of its own)
         self._stamped: aiohttp.StreamReader | None = None  # the payload `arrivals` belong to
         self.arrivals: list[tuple[int, int]] = []
@@ -112,11 +119,38 @@ class StampedHandler(ResponseHandler):
         if broken and payload is not None and payload.exception() is None and not payload.is_eof():
             payload.set_exception(FramingError(f"broken HTTP framing: {exc}"))
 
+    def set_response_params(self, **params: Any) -> None:
+        """aiohttp calls this on the connection it chose, just before it writes the request: the
+        moment to prove (or not) that a kept-alive connection was closed by the server already."""
+        super().set_response_params(**params)
+        ex = SENDING.get()
+        if ex is not None:
+            ex.reused = self.served > 0
+            ex.closed_before_send = ex.reused and self._closed_by_peer()
+        self.served += 1
+
+    def _closed_by_peer(self) -> bool:
+        """Has the server closed this connection? Its EOF may wait in the socket unread: peek."""
+        if self.peer_closed or self.transport is None or self.transport.is_closing():
+            return True
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            with socket.fromfd(sock.fileno(), sock.family, sock.type) as peek:
+                return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False  # open, nothing pending
+        except OSError:
+            return True  # reset by the server
+
     def eof_received(self) -> None:
+        self.peer_closed = True
         self.release_all()
         super().eof_received()
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self.peer_closed = True
         self.release_all()
         super().connection_lost(exc)
 

@@ -18,7 +18,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from harness.scenario import Timeouts
 from harness.wire import seam
-from harness.wire.arrivals import FramingError, StampedHandler, connector, take
+from harness.wire.arrivals import SENDING, FramingError, StampedHandler, connector, take
 from harness.wire.sse import MAX_LINE_BYTES, SSEDecoder, SSELimitError
 from harness.wire.stream import StreamState
 from harness.wire.turns import TURNS
@@ -39,7 +39,9 @@ class Exchange:
     state: StreamState = field(default_factory=StreamState)
     error: str | None = None
     error_kind: str | None = None  # "connect", "http", "timeout", "stream", "empty", "protocol"
-    stale: bool = False  # a pooled connection the server had closed: nothing reached it
+    reused: bool = False  # sent on a kept-alive connection
+    closed_before_send: bool = False  # ... which the server had closed before it was written
+    attempts: int = 1
     retried: bool = False
 
     @property
@@ -71,7 +73,6 @@ class StreamingClient:
         self.send_clock = send_clock  # tell the embedded emulator when each request left (see its _arrival)
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
         # The default connector caps at 100 connections; size it for the run instead.
-        self.max_stale = concurrency + 4
         trace = aiohttp.TraceConfig()
         trace.on_request_headers_sent.append(_on_headers_sent)
         conn, gone = connector(concurrency + 4)
@@ -96,15 +97,17 @@ class StreamingClient:
         await self.close()
 
     async def stream(self, url: str, body: bytes, request_id: str) -> Exchange:
-        """One request. A kept-alive connection that the server closed in the meantime (llama.cpp
-        closes them after a few requests) fails before the server saw anything: then the request
-        is sent once more on a fresh connection, and the record says so."""
+        """One request. It is sent a second time only when it provably never reached the server:
+        it failed to connect on a kept-alive connection whose EOF from the server was already
+        there when the request was written (llama.cpp closes idle connections after a few
+        seconds). Then once more, on a new connection, and the record says so. Anything else,
+        including a server that closes a connection after it has read the request, is a failed
+        request: a resend would hide it, and a "cold" request could find the KV its first
+        attempt built."""
         ex = await self._attempt(url, body, request_id)
-        for _ in range(self.max_stale):  # each stale connection fails at once and leaves the pool
-            if not ex.stale:
-                break
-            ex = await self._attempt(url, body, request_id)
-            ex.retried = True
+        if ex.error_kind == "connect" and ex.closed_before_send:
+            ex = await self._attempt(url, body, request_id)  # once: a new connection is not stale
+            ex.attempts, ex.retried = 2, True
         return ex
 
     async def _attempt(self, url: str, body: bytes, request_id: str) -> Exchange:
@@ -115,6 +118,7 @@ class StreamingClient:
         headers = {**self.headers, "X-Request-Id": request_id}
         if self.send_clock:
             headers[seam.SENT_HEADER] = str(ex.start_ns)
+        sending = SENDING.set(ex)
         try:
             async with asyncio.timeout(min(t.first_token_s, t.total_s)) as deadline:
                 async with self.session.post(url, data=body, headers=headers, trace_request_ctx=ex) as resp:
@@ -146,11 +150,9 @@ class StreamingClient:
             ex.error, ex.error_kind = f"connection failed: {e}", "connect"
         except (aiohttp.ClientError, ConnectionError) as e:
             ex.error, ex.error_kind = f"{type(e).__name__}: {e}", "connect" if ex.http_status is None else "stream"
-            ex.stale = ex.http_status is None and isinstance(
-                e, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | ConnectionResetError
-            )
         finally:
             ex.end_ns = time.perf_counter_ns()
+            SENDING.reset(sending)
         return ex
 
     async def _read(

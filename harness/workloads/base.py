@@ -100,6 +100,7 @@ class ArmSpec:
             error_kind=ex.error_kind,
             http_status=ex.http_status,
             retried=ex.retried,
+            attempts=ex.attempts,
             **extra,
         )
 
