@@ -124,6 +124,7 @@ class TrafficCfg:
 class EmulatorCfg:
     profile: str = "redbooks-g4"
     time_scale: float = 1.0
+    max_time_scale: float | None = None  # above it the emulator cannot keep this test's modelled time
 
 
 @dataclass(frozen=True)
@@ -177,8 +178,11 @@ class Scenario:
     def digest(self) -> str:
         """Hash of the scenario as written: what makes two runs comparable. It covers the file's
         own keys (so a later kvbench that adds optional keys keeps old hashes), not its gate
-        rules, reference or descriptions: they change no measurement."""
+        rules, reference, descriptions or the emulator's max_time_scale: they change no
+        measurement (the time scale a run used is recorded, and compared, on its own)."""
         d = {k: v for k, v in self.raw.items() if k not in ("gate", "description", "reference")}
+        if isinstance(d.get("emulator"), dict):
+            d["emulator"] = {k: v for k, v in d["emulator"].items() if k != "max_time_scale"}
         if isinstance(d.get("arms"), list):
             d["arms"] = [{k: v for k, v in a.items() if k != "description"} for a in d["arms"] if isinstance(a, dict)]
         canon = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
@@ -505,8 +509,11 @@ def _emulator(t: _Table) -> EmulatorCfg:
     cfg = EmulatorCfg(
         profile=t.text("profile", EmulatorCfg.profile, EMULATOR_PROFILES),
         time_scale=t.number("time_scale", EmulatorCfg.time_scale, positive=True),
+        max_time_scale=t.number("max_time_scale", 0.0, positive=True) or None,
     )
     t.done()
+    if cfg.max_time_scale is not None and cfg.time_scale > cfg.max_time_scale:
+        t.fail("time_scale", f"expected at most max_time_scale ({cfg.max_time_scale:g})", cfg.time_scale)
     return cfg
 
 

@@ -636,3 +636,19 @@ def test_a_kept_alive_connection_the_server_had_closed_is_replaced_once() -> Non
     assert [x.ok for x in got] == [True, True, True]
     assert [x.attempts for x in got] == [1, 2, 2] and [x.retried for x in got] == [False, True, True]
     assert server.requests == 3  # the closed connections never read the resent requests
+
+
+def test_a_time_scale_beyond_what_the_scenario_keeps_is_capped(tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        'name = "capped"\n[endpoint]\nmax_tokens = 2\n[workload]\nkind = "sweep"\nlengths = [500]\n'
+        "[emulator]\ntime_scale = 5.0\nmax_time_scale = 8.0\n",
+    )
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "o"), "--time-scale", "50")
+    assert r.returncode == 0, r.stderr
+    assert "time scale 50 is above this scenario's max_time_scale 8" in r.stderr
+    (folder,) = (tmp_path / "o" / "capped").iterdir()
+    assert json.loads((folder / "run.json").read_text())["time_scale"] == 8.0
+    bad = write_scenario(tmp_path / "b.toml", sc.read_text().split("\n", 1)[1].replace("5.0", "9.0"))
+    r = kvbench("validate", str(bad))
+    assert r.returncode == 2 and "emulator.time_scale: expected at most max_time_scale (8)" in r.stderr

@@ -97,6 +97,13 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
         if arm.endpoint:
             endpoint.check_url(arm.endpoint, f"{sc.path}: arms.{arm.name}.endpoint")
     scale = (opts.time_scale or sc.emulator.time_scale) if url is None else 1.0
+    cap = sc.emulator.max_time_scale
+    if url is None and cap is not None and scale > cap:
+        console.print(
+            f"[yellow]note:[/] time scale {scale:g} is above this scenario's max_time_scale {cap:g}, beyond which "
+            f"the emulator cannot keep its modelled time for this test: running at {cap:g}"
+        )
+        scale = cap
     with _emulator(url is None, sc.emulator.profile, scale) as emu_url:
         base = emu_url or url
         assert base is not None

@@ -25,9 +25,10 @@ DENSE = 2000  # above this many drawn elements a layer is rasterized to keep the
 
 
 def shown(text: str) -> str:
-    """Text from result files as a plot may show it: no control characters (the font has none),
-    no mathtext (a "$" would be parsed as TeX)."""
-    return "".join(c if c.isprintable() else "?" for c in text).replace("$", r"\$")
+    """Text from result files as a plot may show it: printable ASCII (the plots' font has no other
+    glyphs for certain; the report's tables show the text whole), no mathtext (a "$" would be
+    parsed as TeX)."""
+    return "".join(c if c.isprintable() and c.isascii() else "?" for c in text).replace("$", r"\$")
 
 
 def style(i: int) -> dict[str, Any]:
