@@ -8,6 +8,7 @@ from collections import deque
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness.clock import ModelClock
@@ -126,10 +127,28 @@ def show_summary(console: Console, scenario: str, arm: str, kind: str, s: dict[s
         return
     ttft = s["ttft_s"]
     console.print(
-        f"[bold]{scenario} / {arm}[/]: {s['completed']}/{s['requests']} completed, "
+        f"[bold]{escape(scenario)} / {escape(arm)}[/]: {s['completed']}/{s['requests']} completed, "
         f"{_fmt(s['req_per_s'], 3)} req/s, TTFT p50 {_fmt(ttft['p50'])} s, p99 {_fmt(ttft['p99'])} s, "
         f"duration {_fmt(s['duration_s'], 2)} s{unit}"
     )
+    if kind != "open_loop":
+        return
+    lag, tpot = s["schedule_lag"], s["tpot_s"]
+    line = f"  TPOT p50 {_fmt(tpot['p50'], 4)} s, p99 {_fmt(tpot['p99'], 4)} s"
+    if lag["requests"]:
+        line += (
+            f"; sent {_fmt(lag['sent_req_per_s'], 3)} of {_fmt(lag['intended_req_per_s'], 3)} req/s intended, "
+            f"schedule lag p99 {_ms(lag['p99_s'])}"
+        )
+    if (slo := s.get("slo")) is not None:
+        line += f"; SLO met by {slo['met']}/{slo['requests']}, goodput {_fmt(slo['goodput_req_per_s'], 3)} req/s"
+    if (s.get("saturation") or {}).get("saturated"):
+        line += "; saturated"
+    console.print(line, markup=False)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f} ms"
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:

@@ -108,6 +108,21 @@ class RequestRecord:
     schedule_index: int | None = None  # closed loop: its place in the drawn schedule
     process: int | None = None  # --workers N: the client process that sent it
     attempts: int | None = None  # 2 when it was sent again (see `retried`); absent in older results
+    intended_s: float | None = None  # open loop: when the schedule meant it to be sent (vs start_s)
+    held_s: float | None = None  # open loop: how long max_concurrency held it back before sending
+
+    @property
+    def lag_s(self) -> float | None:
+        """How late the request was sent against its schedule (open loop)."""
+        return None if self.intended_s is None else self.start_s - self.intended_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (vLLM's TPOT): (e2e - TTFT) / (tokens - 1)."""
+        n = self.completion_tokens
+        if self.e2e_s is None or self.ttft_s is None or n is None or n < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (n - 1)
 
     def to_json(self) -> bytes:
         d = self.as_dict()
@@ -143,7 +158,8 @@ class RequestRecord:
 
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
-_OPTIONAL = ("repeat", "worker", "schedule_index", "process", "attempts")
+_OPTIONAL = ("repeat", "worker", "schedule_index", "process", "attempts", "intended_s", "held_s")
+_OPTIONAL_NUMBERS = ("intended_s", "held_s")
 _NUMBER, _MAYBE_NUMBER, _MAYBE_INT, _MAYBE_TEXT = (
     (int, float),
     (int, float, type(None)),
@@ -166,8 +182,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "prompt_id": (str,),
     "start_s": _NUMBER,
     **{f: _MAYBE_INT for f in ("target_tokens", "prompt_tokens", "cached_tokens", "completion_tokens", "http_status")},
-    **{f: _MAYBE_INT for f in _OPTIONAL},
+    **{f: _MAYBE_INT for f in _OPTIONAL if f not in _OPTIONAL_NUMBERS},
     **{f: _MAYBE_NUMBER for f in ("ttft_s", "first_byte_s", "first_content_s", "headers_s", "e2e_s")},
+    **{f: _MAYBE_NUMBER for f in _OPTIONAL_NUMBERS},
     **{f: _MAYBE_TEXT for f in ("error", "error_kind")},
     **{f: (bool, type(None)) for f in ("ok", "retried")},
 }
@@ -244,7 +261,12 @@ class RunResult:
 
     @property
     def label(self) -> str:
-        return f"{self.meta.get('scenario_name', '?')}/{self.meta.get('arm', '?')}"
+        at = ""
+        if self.load.get("mode") == "rate" and self.rate is not None:
+            at = f"@{self.rate:.4g}req/s"
+        elif self.load.get("mode"):
+            at = f"@{self.load['mode']}"
+        return f"{self.meta.get('scenario_name', '?')}/{self.meta.get('arm', '?')}{at}"
 
     @property
     def arm(self) -> str:
@@ -257,6 +279,18 @@ class RunResult:
     @property
     def kind(self) -> str:
         return str(self.scenario.get("workload", {}).get("kind", ""))
+
+    @property
+    def load(self) -> dict[str, Any]:
+        """Open loop: the load this folder ran at (mode "rate", "serial" or "saturated"; rate
+        in req/s for "rate"); {} for other kinds."""
+        got = self.meta.get("load")
+        return got if isinstance(got, dict) else {}
+
+    @property
+    def rate(self) -> float | None:
+        r = self.load.get("rate")
+        return float(r) if isinstance(r, int | float) and not isinstance(r, bool) else None
 
     @property
     def reference_test(self) -> str | None:
@@ -316,6 +350,7 @@ _RUN_JSON: dict[str, Any] = {
         "warning": str,
     },
     "summary": {},
+    "load": {"mode": str, "rate": _NUMBER_OR_INT, "concurrency": int, "index": int},
     "scenario": {
         "workload": {
             "kind": str,

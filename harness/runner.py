@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import signal
 from collections.abc import Coroutine
@@ -22,7 +23,7 @@ import aiohttp
 from rich.console import Console
 from rich.markup import escape
 
-from harness import aio, endpoint, metrics, prompts, reference, selfcheck, stats, workloads
+from harness import aio, capacity, endpoint, metrics, prompts, reference, selfcheck, stats, workloads
 from harness.clock import ModelClock
 from harness.errors import EndpointError, ExitCode, FilesError
 from harness.progress import RunProgress, show_summary
@@ -35,8 +36,8 @@ from harness.traffic import make_driver
 from harness.traffic.base import TrafficDriver, TrafficResult
 from harness.units import human_bandwidth
 from harness.wire.client import StreamingClient
-from harness.workers import run_workers
-from harness.workloads.base import ArmSpec, Plan, Sender
+from harness.workers import WorkerPool
+from harness.workloads.base import ArmSpec, Load, Plan, Sender
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,36 @@ class Outcome:
     req_per_s: float | None
     aborted: bool
     traffic: bool
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ends_run(self) -> bool:
+        return self.status == "interrupted" or self.aborted
 
 
 @dataclass
 class RunState:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stamp: str = ""
-    plan: Plan | None = None  # settled by the first arm, shared by the others
+    plans: dict[str, Plan] = field(default_factory=dict)  # by load: settled once, shared by the arms
+
+    def prior(self) -> Plan | None:
+        """A plan already made (at another load), whose prompts a new one reuses."""
+        return next(iter(self.plans.values()), None)
+
+
+# Connections of an open loop without max_concurrency: beyond as many in flight, a request waits
+# for a connection, and the wait shows as schedule lag.
+OPEN_LOOP_CONNECTIONS = 1024
+
+
+def connections(sc: Scenario) -> int:
+    w = sc.workload
+    if w.kind == "closed_loop":
+        return w.concurrency
+    if w.kind == "open_loop":
+        return w.max_concurrency or max(OPEN_LOOP_CONNECTIONS, w.auto_concurrency)
+    return 1
 
 
 async def open_session(t: Target, client: StreamingClient) -> Session:
@@ -112,18 +136,24 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
     _on_sigint(state.stop, console)
     progress = RunProgress(console)
     outcomes: list[Outcome] = []
-    concurrency = t.scenario.workload.concurrency if t.scenario.workload.kind == "closed_loop" else 1
     ep = t.scenario.endpoint
-    async with StreamingClient(concurrency, ep.timeouts, t.headers, t.emulated, ep.max_line_bytes) as client:
+    async with StreamingClient(
+        connections(t.scenario), ep.timeouts, t.headers, t.emulated, ep.max_line_bytes
+    ) as client:
         session = await open_session(t, client)
         for arm in t.arms:
             try:
-                outcomes.append(await ArmLifecycle(t, session, arm, state, progress).run())
+                if t.scenario.workload.sweep_rates:
+                    await RateSweep(t, session, arm, state, progress).run(outcomes)
+                else:
+                    outcomes.append(await ArmLifecycle(t, session, arm, state, progress).run())
             except asyncio.CancelledError:
                 return ExitCode.INTERRUPTED, [o.folder for o in outcomes]
-            if outcomes[-1].status == "interrupted" or outcomes[-1].aborted:
+            if outcomes and outcomes[-1].ends_run:
                 break
     _traffic_drop(outcomes, console)
+    if t.scenario.workload.kind == "open_loop":
+        _capacity(t, state, outcomes, console)
     folders = [o.folder for o in outcomes]
     if any(o.status == "interrupted" for o in outcomes):
         return ExitCode.INTERRUPTED, folders
@@ -157,6 +187,76 @@ def _on_sigint(stop: asyncio.Event, console: Console) -> None:
         asyncio.get_running_loop().add_signal_handler(sig, handler)
 
 
+class RateSweep:
+    """An open loop's arm at each of its rates, one result folder each, from the lowest up; with
+    `rates = "auto"` first the two probes (one request at a time, then a saturated closed loop)
+    whose throughputs bound the rates. It stops going up once the SLO fails at a rate or the
+    server saturates."""
+
+    def __init__(self, t: Target, session: Session, arm: Arm, state: RunState, progress: RunProgress) -> None:
+        self.t, self.session, self.arm, self.state, self.progress = t, session, arm, state, progress
+
+    async def _one(self, load: Load, outcomes: list[Outcome]) -> Outcome:
+        outcome = await ArmLifecycle(self.t, self.session, self.arm, self.state, self.progress, load).run()
+        outcomes.append(outcome)
+        return outcome
+
+    async def run(self, outcomes: list[Outcome]) -> None:
+        w = self.t.scenario.workload
+        rates = list(w.rates)
+        if w.rates_auto:
+            serial = await self._one(Load("serial", index=0), outcomes)
+            if serial.ends_run:
+                return
+            saturated = await self._one(Load("saturated", concurrency=w.auto_concurrency, index=1), outcomes)
+            if saturated.ends_run:
+                return
+            low = serial.summary.get("req_per_s")
+            high = saturated.summary.get("steady_req_per_s") or saturated.summary.get("req_per_s")
+            if not low or not high:
+                self.progress.console.print("[yellow]warning:[/] the probes measured no throughput: no rates to run")
+                return
+            rates = capacity.auto_rates(low, high, w.auto_points)
+            listed = ", ".join(f"{r:.3g}" for r in rates)
+            self.progress.console.print(
+                f"{self.arm.name}: one at a time {low:.3g} req/s, saturated {high:.3g} req/s: rates {listed}",
+                markup=False,
+            )
+        share = self.t.scenario.slo.share if self.t.scenario.slo else None
+        for i, rate in enumerate(rates):
+            o = await self._one(Load("rate", rate, index=i + (2 if w.rates_auto else 0)), outcomes)
+            if o.ends_run:
+                return
+            why = capacity.stop_reason(o.summary, share)
+            if why is not None and i + 1 < len(rates):
+                self.progress.console.print(
+                    f"{self.arm.name}: stopped going up at {rate:.3g} req/s: {why}", markup=False
+                )
+                break
+
+
+def _capacity(t: Target, state: RunState, outcomes: list[Outcome], console: Console) -> None:
+    """The arms' curves and capacities, from the folders just written: capacity.json beside them,
+    and the tier's benefit in the terminal."""
+    from harness.errors import write_file
+    from harness.results import load_runs
+
+    folders = [o.folder for o in outcomes if (o.folder / "run.json").exists()]
+    if not folders:
+        return
+    doc = capacity.document(load_runs(folders, itl=False))
+    path = t.out / t.scenario.name / f"{state.stamp}-capacity.json"
+    write_file(path, json.dumps({"run_id": state.stamp, "scenario_name": t.scenario.name, **doc}, indent=1) + "\n")
+    for arm in doc["arms"]:
+        c = arm["capacity_at_slo"]
+        if c["bound"] == "no_slo":
+            continue
+        console.print(f"{arm['arm']}: {capacity.capacity_text(c)}", markup=False)
+    for b in doc["benefit"]:
+        console.print(capacity.sentence(b)[0].upper() + capacity.sentence(b)[1:], markup=False)
+    console.print(f"Capacity summary: {path}", markup=False)
+
+
 def _traffic_drop(outcomes: list[Outcome], console: Console) -> None:
     by_traffic = {o.traffic: o.req_per_s for o in outcomes if o.req_per_s}
     if len(by_traffic) < 2:
@@ -173,16 +273,22 @@ def _traffic_drop(outcomes: list[Outcome], console: Console) -> None:
 class ArmLifecycle:
     """One arm, from its folder to its summary."""
 
-    def __init__(self, t: Target, session: Session, arm: Arm, state: RunState, progress: RunProgress) -> None:
+    def __init__(
+        self, t: Target, session: Session, arm: Arm, state: RunState, progress: RunProgress, load: Load | None = None
+    ) -> None:
         self.t, self.session, self.arm, self.state, self.progress = t, session, arm, state, progress
-        self.kind = workloads.get(t.scenario.workload.kind)
+        w = t.scenario.workload
+        if load is None and w.kind == "open_loop":
+            load = Load("rate", w.rates[0])
+        self.load = load  # an open loop's: this folder's load
+        self.kind = workloads.get(w.kind)
         self.base = arm.endpoint.rstrip("/") if arm.endpoint else t.base_url
         self.traffic_on = t.scenario.traffic is not None and arm.traffic
         self.health: dict[str, Any] | None = None
         # Set as the arm goes; a Ctrl-C at any point finds them defined.
         self.scraper: Scraper | None = None
         self.before: metrics.Snapshot | None = None  # server counters just before the clock starts
-        self.load: TrafficDriver | None = None
+        self.traffic_load: TrafficDriver | None = None
 
     async def run(self) -> Outcome:
         t, arm, session = self.t, self.arm, self.session
@@ -193,7 +299,8 @@ class ArmLifecycle:
         hook = None
         if arm.before:
             hook = await endpoint.run_hook(arm.before, arm.name, self.base, session.client.session, t.headers)
-        folder = _new_folder(t.out / t.scenario.name, f"{self.state.stamp}-{arm.name}")
+        suffix = f"-{self.load.label}" if self.load is not None and t.scenario.workload.sweep_rates else ""
+        folder = _new_folder(t.out / t.scenario.name, f"{self.state.stamp}-{arm.name}{suffix}")
         writer = RunWriter(folder, self._meta(hook))
         sender = self._sender(writer)
         interrupted = False
@@ -211,7 +318,7 @@ class ArmLifecycle:
 
     def _sender(self, writer: RunWriter) -> Sender:
         t, arm, session = self.t, self.arm, self.session
-        spec = ArmSpec(t.scenario, arm, self.base, session.model, self.state.stamp, session.server, t.clock)
+        spec = ArmSpec(t.scenario, arm, self.base, session.model, self.state.stamp, session.server, t.clock, self.load)
         sender = Sender(
             spec=spec,
             client=session.client,
@@ -230,17 +337,24 @@ class ArmLifecycle:
         self.scraper = self._scraper()
         if self.scraper is not None and not self.kind.shares_schedule:
             sender.scraper = self.scraper  # one request at a time: counters around each
-        self.state.plan = plan = self.state.plan or await self.kind.plan(sender)
+        key = self.load.label if self.load is not None else ""
+        if key not in self.state.plans:
+            self.state.plans[key] = await self.kind.plan(sender, self.state.prior())
+        plan = self.state.plans[key]
         if self.traffic_on and sc.traffic is not None:
-            self.load = make_driver(
+            self.traffic_load = make_driver(
                 sc.traffic, writer.folder, f"{self.state.stamp}-{self.arm.name}", self.base, t.clock
             )
             self.progress.note(f"starting competing traffic ({sc.traffic.tool}, {sc.traffic.target})")
-            await self.load.start()
+            await self.traffic_load.start()
             await asyncio.sleep(t.clock.wall_s(sc.traffic.start_before_s))
         self.before = await self.scraper.snapshot() if self.scraper is not None and sender.scraper is None else None
         if t.emulated:
             await self._emulator_lateness("POST")  # a new count for this arm
+        pool = None
+        if t.workers > 1:
+            pool = WorkerPool(sender, self.kind.name, plan, t.workers, writer, t.emulated)
+            await pool.ready()  # processes started before the clock: an open loop's time 0 is theirs too
         aio.freeze_heap()
         clock = sender.spec.clock.start()
         sender.spec = replace(sender.spec, clock=clock)
@@ -251,8 +365,8 @@ class ArmLifecycle:
         if self.scraper is not None and sc.metrics.interval_s > 0:
             sampler = asyncio.create_task(self.scraper.sample_every(sc.metrics.interval_s, clock))
         try:
-            if t.workers > 1:
-                job: Coroutine[Any, Any, Any] = run_workers(sender, self.kind.name, plan, t.workers, writer, t.emulated)
+            if pool is not None:
+                job: Coroutine[Any, Any, Any] = pool.run(clock)
             else:
                 self.progress.start(self.arm.name, plan.total)
                 job = self.kind.drive(sender, plan)
@@ -265,8 +379,8 @@ class ArmLifecycle:
             self.health = self.health or own
             if sampler is not None:
                 sampler.cancel()
-            if self.load is not None:
-                writer.meta["traffic"] = _finish_traffic(await self.load.stop(clock), writer.folder, sender)
+            if self.traffic_load is not None:
+                writer.meta["traffic"] = _finish_traffic(await self.traffic_load.stop(clock), writer.folder, sender)
 
     async def _emulator_lateness(self, method: str) -> dict[str, Any] | None:
         """The embedded emulator's own count of how late it was against its model (None if it
@@ -301,8 +415,15 @@ class ArmLifecycle:
             if sender.scraper is None:
                 self.scraper.record("run", self.before, await self.scraper.snapshot(), records)
             writer.meta["server_metrics"] = _finish_metrics(self.scraper, writer.folder, sender)
-        summary = stats.summary(records, self.kind.name)
-        show_summary(self.progress.console, self.t.scenario.name, self.arm.name, self.kind.name, summary, self.t.clock)
+        slo = self.t.scenario.slo
+        summary = stats.summary(records, self.kind.name, slo.limits() if slo else None)
+        if "schedule_lag" in summary:
+            health["schedule_lag"] = summary["schedule_lag"]
+            if (warning := selfcheck.schedule_warning(summary["schedule_lag"])) is not None:
+                sender.warn(warning)
+        sweep = self.load is not None and self.t.scenario.workload.sweep_rates
+        title = f"{self.arm.name} at {self.load.label}" if sweep and self.load else self.arm.name
+        show_summary(self.progress.console, self.t.scenario.name, title, self.kind.name, summary, self.t.clock)
         interrupted = interrupted or (self.state.stop.is_set() and not sender.aborted)
         status = "interrupted" if interrupted else "failed" if sender.aborted else "completed"
         extra: dict[str, Any] = {"ended": _now(), "summary": summary, "warnings": sender.warnings}
@@ -312,8 +433,9 @@ class ArmLifecycle:
             self.progress.console.print(f"[red]Run stopped:[/] {escape(sender.aborted)}")
         writer.finish(status, **extra)
         self.progress.console.print(f"Results: {writer.folder} ({status}, {len(records)} requests)", markup=False)
-        rate = summary.get("req_per_s") if self.kind.shares_schedule else None
-        return Outcome(writer.folder, status, summary["failed"], rate, sender.aborted is not None, self.traffic_on)
+        rate = summary.get("req_per_s") if self.kind.name == "closed_loop" else None
+        aborted = sender.aborted is not None
+        return Outcome(writer.folder, status, summary["failed"], rate, aborted, self.traffic_on, summary)
 
     def _meta(self, hook: str | None) -> dict[str, Any]:
         t, sc, arm = self.t, self.t.scenario, self.arm
@@ -326,6 +448,7 @@ class ArmLifecycle:
             "scenario": sc.to_dict(),
             "arm": arm.name,
             "arm_cache": arm.cache,
+            "load": self.load.meta() if self.load is not None else None,
             "before_hook": hook,
             "endpoint": endpoint.redact(self.base),
             "model": self.session.model,

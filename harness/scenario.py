@@ -69,9 +69,12 @@ class Distribution:
     stddev: float = 0.0
 
 
+ARRIVALS = ("constant", "poisson", "gamma")
+
+
 @dataclass(frozen=True)
 class Workload:
-    kind: Literal["sweep", "closed_loop"]
+    kind: Literal["sweep", "closed_loop", "open_loop"]
     lengths: tuple[int, ...] = ()
     warm_repeats: int = 1
     repetitions: int = 1
@@ -80,6 +83,37 @@ class Workload:
     pool: int = 0
     prompt_tokens: Distribution | None = None
     shared_prefix_tokens: int = 0
+    # open_loop: requests sent at the times of an arrival process drawn before the run
+    arrivals: Literal["constant", "poisson", "gamma"] = "poisson"
+    gamma_shape: float = 1.0  # k: coefficient of variation 1/sqrt(k) (vLLM's --burstiness)
+    rates: tuple[float, ...] = ()  # req/s, one result folder each (one `rate`: the arm's own folder)
+    rates_auto: bool = False  # rates = "auto": probe, then spread rates up to saturation
+    sweep_rates: bool = False  # written as `rates` (a folder per rate) rather than one `rate`
+    duration_s: float | None = None  # per rate, instead of `requests`
+    warmup_requests: int = 0  # sent first at the same rate, recorded as phase "warmup", not counted
+    max_concurrency: int | None = None
+    seed: int | None = None  # the arrival times' seed (default: prompts.seed)
+    auto_points: int = 5  # rates = "auto": rates between one-at-a-time and saturated throughput
+    auto_concurrency: int = 64  # rates = "auto": connections of the saturated closed-loop probe
+
+    @property
+    def measured(self) -> int | None:
+        """Requests counted at each load (None: set by duration_s)."""
+        return self.requests or None
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency targets: a request meets the SLO when it succeeded within every limit given; a
+    load holds the SLO when at least `share` of its measured requests meet it."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None  # time per output token after the first: (e2e - ttft) / (tokens - 1)
+    e2e_s: float | None = None
+    share: float = 0.9
+
+    def limits(self) -> dict[str, float]:
+        return {k: v for k, v in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s), ("e2e_s", self.e2e_s)) if v}
 
 
 @dataclass(frozen=True)
@@ -165,6 +199,7 @@ class Scenario:
     reference: ReferenceCfg | None = None
     traffic: TrafficCfg | None = None
     metrics: MetricsCfg = MetricsCfg()
+    slo: Slo | None = None
     gate: dict[str, Any] | None = None  # the [gate] table, checked by harness.gate.parse_rules
     path: str = field(default="", compare=False)
     raw: dict[str, Any] = field(default_factory=dict, compare=False)  # the file as written
@@ -341,13 +376,14 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
         reference=_reference(top.sub("reference")) if top.has("reference") else None,
         traffic=_traffic(top.sub("traffic")) if top.has("traffic") else None,
         metrics=_metrics(top.sub("metrics")),
+        slo=_slo(top.sub("slo")) if top.has("slo") else None,
         gate=_gate(top, file),
         path=file,
         raw=data,
     )
     top.done()
     if scenario.prompts.source == "file" and scenario.workload.kind == "sweep":
-        raise InputError(f'{file}: prompts.source: a sweep builds its own prompts; "file" works with closed_loop')
+        raise InputError(f'{file}: prompts.source: a sweep builds its own prompts; "file" works with the other kinds')
     return scenario
 
 
@@ -422,7 +458,7 @@ def _distribution(t: _Table, k: str) -> Distribution:
 
 
 def _workload(t: _Table) -> Workload:
-    kind = t.text("kind", None, ("sweep", "closed_loop"), required=True)
+    kind = t.text("kind", None, ("sweep", "closed_loop", "open_loop"), required=True)
     if kind == "sweep":
         lengths = t.required("lengths", "a list of prompt lengths in tokens")
         if not isinstance(lengths, list) or not lengths:
@@ -435,25 +471,89 @@ def _workload(t: _Table) -> Workload:
             warm_repeats=t.integer("warm_repeats", Workload.warm_repeats, minimum=0),
             repetitions=t.integer("repetitions", Workload.repetitions, minimum=1),
         )
-    else:
+    elif kind == "closed_loop":
         w = Workload(
             kind="closed_loop",
             requests=t.integer("requests", required=True, minimum=1, what="an integer number of requests"),
             concurrency=t.integer("concurrency", required=True, minimum=1, what="an integer number of connections"),
-            pool=t.integer("pool", required=True, minimum=1, what="an integer number of distinct prompts"),
-            prompt_tokens=_distribution(t, "prompt_tokens"),
-            shared_prefix_tokens=t.integer(
-                "shared_prefix_tokens", Workload.shared_prefix_tokens, minimum=0, what="an integer number of tokens"
-            ),
+            **_pool(t),
         )
-        smallest = _smallest(w.prompt_tokens)
-        if w.shared_prefix_tokens and w.shared_prefix_tokens >= smallest:
-            t.fail(
-                "shared_prefix_tokens",
-                f"expected fewer tokens than the shortest prompt ({smallest})",
-                w.shared_prefix_tokens,
-            )
+    else:
+        w = _open_loop(t)
     t.done()
+    return w
+
+
+def _pool(t: _Table) -> dict[str, Any]:
+    """The prompt pool of closed and open loops."""
+    pool = dict(
+        pool=t.integer("pool", required=True, minimum=1, what="an integer number of distinct prompts"),
+        prompt_tokens=_distribution(t, "prompt_tokens"),
+        shared_prefix_tokens=t.integer(
+            "shared_prefix_tokens", Workload.shared_prefix_tokens, minimum=0, what="an integer number of tokens"
+        ),
+    )
+    smallest = _smallest(pool["prompt_tokens"])
+    if pool["shared_prefix_tokens"] and pool["shared_prefix_tokens"] >= smallest:
+        t.fail(
+            "shared_prefix_tokens",
+            f"expected fewer tokens than the shortest prompt ({smallest})",
+            pool["shared_prefix_tokens"],
+        )
+    return pool
+
+
+def _rate(t: _Table, k: str, v: Any) -> float:
+    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+        t.fail(k, "expected a rate in requests per second > 0 (finite)", v)
+    return float(v)
+
+
+def _open_loop(t: _Table) -> Workload:
+    has_rate, has_rates = t.has("rate"), t.has("rates")
+    if has_rate == has_rates:
+        t.fail("", 'expected exactly one of rate = req/s, rates = [req/s, ...] or rates = "auto"', t.data)
+    rates: tuple[float, ...] = ()
+    auto = False
+    if has_rate:
+        rates = (_rate(t, "rate", t.get("rate")),)
+    else:
+        raw = t.get("rates")
+        if raw == "auto":
+            auto = True
+        elif not isinstance(raw, list) or not raw:
+            t.fail("rates", 'expected a non-empty list of rates in requests per second, or "auto"', raw)
+        else:
+            rates = tuple(sorted({_rate(t, f"rates[{i}]", v) for i, v in enumerate(raw)}))
+    if t.has("requests") == t.has("duration_s"):
+        t.fail("", "expected exactly one of requests (per rate) or duration_s (per rate)", t.data)
+    arrivals = t.text("arrivals", Workload.arrivals, ARRIVALS)
+    shape = t.number("gamma_shape", Workload.gamma_shape, positive=True)
+    if t.has("gamma_shape") and arrivals != "gamma":
+        t.fail("gamma_shape", 'applies to arrivals = "gamma" only', shape)
+    max_conc = t.integer("max_concurrency", None, minimum=1, what="an integer number of requests in flight")
+    w = Workload(
+        kind="open_loop",
+        arrivals=arrivals,
+        gamma_shape=shape,
+        rates=rates,
+        rates_auto=auto,
+        sweep_rates=has_rates,
+        requests=t.integer("requests", 0, minimum=1, what="an integer number of requests"),
+        duration_s=t.number("duration_s", 0.0, positive=True) or None,
+        warmup_requests=t.integer("warmup_requests", 0, minimum=0, what="an integer number of requests"),
+        max_concurrency=max_conc,
+        concurrency=max_conc or 1,
+        seed=t.integer("seed", None, minimum=0),
+        auto_points=t.integer("auto_points", Workload.auto_points, minimum=1, what="an integer number of rates"),
+        auto_concurrency=t.integer(
+            "auto_concurrency", Workload.auto_concurrency, minimum=1, what="an integer number of connections"
+        ),
+        **_pool(t),
+    )
+    for k in ("auto_points", "auto_concurrency"):
+        if t.has(k) and not auto:
+            t.fail(k, 'applies to rates = "auto" only', t.data[k])
     return w
 
 
@@ -635,6 +735,19 @@ def _metrics(t: _Table) -> MetricsCfg:
     )
     t.done()
     return cfg
+
+
+def _slo(t: _Table) -> Slo:
+    limits = {k: t.number(k, 0.0, positive=True) or None for k in ("ttft_s", "tpot_s", "e2e_s")}
+    share = t.get("share")
+    if share is not None and (
+        not isinstance(share, int | float) or isinstance(share, bool) or not math.isfinite(share) or not 0 < share <= 1
+    ):
+        t.fail("share", "expected the share of requests that must meet the SLO, in (0, 1]", share)
+    t.done()
+    if not any(limits.values()):
+        t.fail("", "expected at least one of ttft_s, tpot_s, e2e_s (seconds)", t.data)
+    return Slo(**limits, share=float(share) if share is not None else Slo.share)
 
 
 def _gate(top: _Table, file: str) -> dict[str, Any] | None:

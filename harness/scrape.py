@@ -76,9 +76,7 @@ class Scraper:
             await asyncio.sleep(clock.wall_s(interval_s))
             snap = await self.snapshot()
             if snap is not None:
-                self.timeline.append(
-                    {"t_s": clock.at_mono(time.monotonic()), "values": metrics.as_json(snap)}
-                )
+                self.timeline.append({"t_s": clock.at_mono(time.monotonic()), "values": metrics.as_json(snap)})
 
     def summary(self) -> tuple[dict[str, Any], list[str]]:
         warnings: list[str] = []

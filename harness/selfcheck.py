@@ -21,6 +21,11 @@ CPU_WARN = 0.8
 # fits in the modelled times at this time scale. The median catches a systematic lag (the
 # concurrency scenario at time scale 20: 5 %, and req/s 3 % low); the p99 a tail of late requests.
 # Loop wake-up jitter alone stays below both (the TTFT sweep at 50: median 1.1 %, p99 3.5 %).
+# An open loop's schedule was not kept when its requests' p99 send lag passes the larger of
+# these (model seconds; a share of the mean gap between intended sends), or when max_concurrency
+# held any request back.
+SCHEDULE_LAG_P99_WARN_S = 0.003
+SCHEDULE_LAG_GAP_SHARE = 0.05
 EMULATOR_LATE_SHARE_P50 = 0.02
 EMULATOR_LATE_SHARE_P99 = 0.5
 
@@ -38,6 +43,29 @@ def emulator_warning(late: dict[str, Any] | None) -> str | None:
         f"the emulator could not keep its modelled time: its first tokens were late by {p50:.0%} (median) "
         f"and {p99:.0%} (p99) of their modelled TTFT, so these figures are not the model's; "
         f"run at a lower --time-scale (this run: {scale:g})"
+    )
+
+
+def schedule_warning(lag: dict[str, Any]) -> str | None:
+    """What to tell the user when an open loop's load was not offered as scheduled."""
+    p99, rate = lag.get("p99_s"), lag.get("intended_req_per_s")
+    limit = max(SCHEDULE_LAG_P99_WARN_S, SCHEDULE_LAG_GAP_SHARE / rate if rate else 0.0)
+    late = p99 is not None and p99 > limit
+    held = lag.get("held_back") or 0
+    if not late and not held:
+        return None
+    sent = lag.get("sent_req_per_s")
+    what = []
+    if late and p99 is not None:
+        what.append(
+            f"requests left late against their schedule (p99 {p99 * 1e3:.1f} ms, max {lag['max_s'] * 1e3:.1f} ms)"
+        )
+    if held:
+        what.append(f"{held} were held back by max_concurrency")
+    rates = f"; sent at {sent:.4g} req/s of {rate:.4g} intended" if sent and rate else ""
+    return (
+        "the offered load was not offered: " + " and ".join(what) + rates + ". The client or max_concurrency "
+        "limited the load: spread it over processes (--workers N), raise max_concurrency, or offer less"
     )
 
 

@@ -11,6 +11,16 @@ Definitions:
 - speedup at a length: median cold TTFT / median warm TTFT; its 95 % interval is a percentile
   bootstrap resampling cold and warm requests independently.
 - drop: (before - after) / before.
+- open loop: warm-up requests (phase "warmup") are left out of every figure but the counts of
+  requests and failures. Schedule lag: real send time (start_s) - intended send time.
+- TPOT: (e2e - TTFT) / (output tokens - 1), per request (vLLM's definition).
+- a request meets the SLO when it succeeded and its TTFT, TPOT and e2e are within every limit
+  given (a one-token answer has no TPOT and is not judged on it); share met: requests meeting
+  it / measured requests (failures count as missing it); goodput: requests meeting it per
+  second over the measured requests' span (first start to last end), DistServe's definition.
+- saturation: TTFT and the requests in flight at each send both rise through the run (Kendall's
+  tau against the send time, one-sided p < SATURATION_P) and TTFT's last quarter's median is
+  SATURATION_GROWTH x its first quarter's: the load outgrew the server instead of holding steady.
 
 Statistical tests and intervals come from scipy.stats, imported where one is computed (so that
 `kvbench run` starts without it).
@@ -27,11 +37,14 @@ import numpy as np
 from harness.results import RequestRecord
 
 Records = Sequence[RequestRecord]
-PER_REQUEST = ("ttft_s", "first_byte_s", "first_content_s", "e2e_s", "itl_s")
+PER_REQUEST = ("ttft_s", "first_byte_s", "first_content_s", "e2e_s", "itl_s", "tpot_s")
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0}
 CI_LEVEL = 0.95
 CI_RESAMPLES = 2000
 STEADY_QUANTILES = (0.1, 0.9)
+SATURATION_P = 0.01
+SATURATION_GROWTH = 1.5
+SATURATION_MIN_REQUESTS = 12  # fewer cannot show a trend
 
 
 def ok(records: Iterable[RequestRecord]) -> list[RequestRecord]:
@@ -152,23 +165,152 @@ def sweep_rows(records: Records, intervals: bool = False) -> list[dict[str, Any]
     return rows
 
 
-def summary(records: Records, kind: str) -> dict[str, Any]:
-    """run.json's summary of one arm."""
+def summary(records: Records, kind: str, slo: dict[str, float] | None = None) -> dict[str, Any]:
+    """run.json's summary of one arm (or one load of an open loop's arm). `slo`: the scenario's
+    limits by metric, for the open loop's goodput."""
     done = ok(records)
     out: dict[str, Any] = {
         "requests": len(records),
         "completed": len(done),
         "failed": len(records) - len(done),
-        "ttft_s": describe(values(done, "ttft_s")),
-        "e2e_s": describe(values(done, "e2e_s")),
     }
+    kept = measured(done)
+    out["ttft_s"] = describe(values(kept, "ttft_s"))
+    out["e2e_s"] = describe(values(kept, "e2e_s"))
     if kind == "sweep":
         out["by_length"] = sweep_rows(records)
-    else:
-        t = throughput(records)
-        out["req_per_s"] = t.req_per_s
-        out["output_tokens_per_s"] = t.output_tokens_per_s
-        out["duration_s"] = t.duration_s
+        return out
+    t = throughput(measured(records))
+    out["req_per_s"] = t.req_per_s
+    out["output_tokens_per_s"] = t.output_tokens_per_s
+    out["duration_s"] = t.duration_s
+    if kind == "open_loop":
+        out["steady_req_per_s"] = t.steady_req_per_s
+        out["tpot_s"] = describe(values(kept, "tpot_s"))
+        out["warmup_requests"] = len(records) - len(measured(records))
+        out["mean_in_flight"] = t.mean_concurrency
+        out["schedule_lag"] = schedule_lag(measured(records))
+        out["saturation"] = saturation(records)
+        if slo:
+            out["slo"] = goodput(records, slo)
+    return out
+
+
+def measured(records: Iterable[RequestRecord]) -> list[RequestRecord]:
+    """The records that count: all but an open loop's warm-up."""
+    return [r for r in records if r.phase != "warmup"]
+
+
+def schedule_lag(records: Records) -> dict[str, Any]:
+    """How late requests were sent against their schedule (model seconds), how many were held
+    back by max_concurrency, and the rate intended against the rate really sent."""
+    timed = sorted((r for r in records if r.intended_s is not None), key=lambda r: r.intended_s or 0.0)
+    lag = np.asarray([r.lag_s for r in timed], dtype=np.float64)
+    held = [r.held_s for r in timed if r.held_s]
+    out: dict[str, Any] = {
+        "requests": len(timed),
+        "p50_s": percentile(lag, 50),
+        "p99_s": percentile(lag, 99),
+        "max_s": float(lag.max()) if len(lag) else None,
+        "held_back": len(held),
+        "held_p99_s": percentile(held, 99),
+        "intended_req_per_s": None,
+        "sent_req_per_s": None,
+    }
+    if len(timed) >= 2:
+        intended_span = (timed[-1].intended_s or 0.0) - (timed[0].intended_s or 0.0)
+        starts = sorted(r.start_s for r in timed)
+        if intended_span > 0:
+            out["intended_req_per_s"] = (len(timed) - 1) / intended_span
+        if starts[-1] > starts[0]:
+            out["sent_req_per_s"] = (len(timed) - 1) / (starts[-1] - starts[0])
+    return out
+
+
+def meets(r: RequestRecord, slo: dict[str, float]) -> bool:
+    if not r.ok:
+        return False
+    for metric, limit in slo.items():
+        v = getattr(r, metric)
+        if v is None and metric == "tpot_s":
+            continue  # one output token: nothing after the first to be slow
+        if v is None or v > limit:
+            return False
+    return True
+
+
+def goodput(records: Records, slo: dict[str, float]) -> dict[str, Any]:
+    """The requests meeting every SLO limit: how many, their share, and per second."""
+    kept = measured(records)
+    met = sum(meets(r, slo) for r in kept)
+    span = throughput(kept).duration_s
+    return {
+        "limits": dict(slo),
+        "requests": len(kept),
+        "met": met,
+        "share_met": met / len(kept) if kept else None,
+        "goodput_req_per_s": met / span if span else None,
+    }
+
+
+def in_flight_at_send(records: Records) -> list[tuple[float, int]]:
+    """(send time, requests in flight just before it was sent), in send order."""
+    ends = np.sort(np.asarray([e for r in records if (e := r.end_s()) is not None], dtype=np.float64))
+    starts = sorted(r.start_s for r in records)
+    out = []
+    for k, t in enumerate(starts):
+        out.append((t, k - int(np.searchsorted(ends, t, side="right"))))
+    return out
+
+
+def saturation(records: Records) -> dict[str, Any]:
+    """Did the load outgrow the server (see the module's definition)? `saturated` is None when
+    there are too few requests to tell."""
+    kept = sorted(measured(records), key=lambda r: r.start_s)
+    done = [r for r in kept if r.ok and r.ttft_s is not None]
+    out: dict[str, Any] = {"saturated": None, "ttft_trend_p": None, "in_flight_trend_p": None, "ttft_growth": None}
+    if len(done) < SATURATION_MIN_REQUESTS:
+        return out
+    from scipy.stats import kendalltau
+
+    ttft = np.asarray([r.ttft_s for r in done], dtype=np.float64)
+    t = np.asarray([r.start_s for r in done], dtype=np.float64)
+    level = np.asarray([n for _, n in in_flight_at_send(kept)], dtype=np.float64)
+    q = max(1, len(ttft) // 4)
+    first = float(np.median(ttft[:q]))
+    growth = float(np.median(ttft[-q:])) / first if first > 0 else None
+    p_ttft = _trend_p(kendalltau, t, ttft)
+    p_level = _trend_p(kendalltau, np.arange(len(level), dtype=np.float64), level)
+    out.update(ttft_trend_p=p_ttft, in_flight_trend_p=p_level, ttft_growth=growth)
+    out["saturated"] = bool(
+        p_ttft < SATURATION_P and p_level < SATURATION_P and growth is not None and growth >= SATURATION_GROWTH
+    )
+    return out
+
+
+def _trend_p(kendalltau: Callable[..., Any], x: np.ndarray, y: np.ndarray) -> float:
+    if np.ptp(y) == 0:
+        return 1.0  # flat: no trend (and no tau to compute)
+    p = float(kendalltau(x, y, alternative="greater").pvalue)
+    return p if np.isfinite(p) else 1.0
+
+
+def arrival_fit(records: Records, arrivals: str, rate: float, shape: float) -> dict[str, Any]:
+    """How the real send times match the arrival process asked for: the coefficient of
+    variation of their gaps against the process's, and (poisson, gamma) the p-value of a
+    Kolmogorov-Smirnov test of the gaps against the process's gap distribution at `rate`."""
+    starts = np.sort(np.asarray([r.start_s for r in records if r.intended_s is not None], dtype=np.float64))
+    g = np.diff(starts)
+    expected = {"constant": 0.0, "poisson": 1.0}.get(arrivals, 1.0 / float(np.sqrt(shape)))
+    out: dict[str, Any] = {"gaps": len(g), "cv": None, "expected_cv": expected, "ks_p": None}
+    if len(g) < 2 or g.mean() <= 0:
+        return out
+    out["cv"] = float(g.std(ddof=1) / g.mean())
+    if arrivals != "constant":
+        from scipy.stats import kstest
+
+        k = 1.0 if arrivals == "poisson" else shape
+        out["ks_p"] = float(kstest(g, "gamma", args=(k, 0.0, 1.0 / (k * rate))).pvalue)
     return out
 
 

@@ -1,8 +1,9 @@
 """`kvbench run --workers N`: an arm sent by N processes, one event loop each, so that the
 client can use more than one core. The connections are split as evenly as they go; whichever
 connection of any process is free takes the next request of the schedule (one shared counter),
-so a process on a busier core takes fewer and none idles at the end. All processes start
-sending together, once each is ready. Each streams its requests to its own part file in the run
+so a process on a busier core takes fewer and none idles at the end; an open loop's processes
+take its next request in turn and send it at its time. All processes start together, once each
+is ready, on one clock whose start the parent sets then. Each streams its requests to its own part file in the run
 folder (requests.part-K.jsonl), and the parent merges them into requests.jsonl when all are done
 (or stopped), in start order. All processes share the monotonic clock, so times line up.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import aio, workloads
+from harness.clock import ModelClock
 from harness.progress import RunProgress
 from harness.prompts import PromptBuilder
 from harness.results import RequestRecord, RunWriter, read_requests
@@ -77,6 +79,7 @@ class Sync:
     taken: Any  # Value("q")
     ready: Any  # Semaphore: released by each process once it can send
     go: Any  # Event: set by the parent when all are ready
+    t0_ns: Any  # Value("q"): the arm clock's start, set just before `go`
 
 
 class _PartWriter:
@@ -121,6 +124,7 @@ async def _run(job: Job, sync: Sync) -> None:
         sync.ready.release()
         while not sync.go.wait(0.05) and not stop.is_set():
             await asyncio.sleep(0)  # Ctrl-C before the start: the signal handler must run
+        sender.spec = replace(sender.spec, clock=replace(sender.spec.clock, t0_ns=sync.t0_ns.value))
         monitor.start()
         take = SharedOrder(list(job.plan.schedule), sync.taken)
         drive = workloads.get(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
@@ -148,42 +152,60 @@ def deal(n_items: int, n: int) -> list[int]:
     return [n_items // n + (1 if k < n_items % n else 0) for k in range(n)]
 
 
-async def run_workers(
-    sender: Sender, kind: str, plan: Plan, n: int, sink: RunWriter, send_clock: bool
-) -> dict[str, Any]:
+class WorkerPool:
     """The arm of `sender` over n processes; their records end up in `sink`, merged in start
-    order. Returns the processes' combined client health."""
-    spec = sender.spec
-    folder = sink.folder
-    shares = deal(spec.scenario.workload.concurrency, n)
-    ctx = multiprocessing.get_context("spawn")
-    sync = Sync(ctx.Value("q", 0), ctx.Semaphore(0), ctx.Event())
-    headers = dict(sender.client.headers)
-    jobs = [Job(k, spec, kind, headers, plan, shares[k], sum(shares[:k]), send_clock, folder) for k in range(n)]
-    procs = [ctx.Process(target=_main, args=(job, sync), daemon=True) for job in jobs]
-    for p in procs:
-        p.start()
-    sender.progress.start(f"{spec.arm.name} ({n} processes)", plan.total)
-    offsets: dict[int, int] = {}
-    try:
+    order. `ready()` starts them and waits until each can send; `run(clock)` starts them all on
+    `clock` (just started) and returns the processes' combined client health."""
+
+    def __init__(self, sender: Sender, kind: str, plan: Plan, n: int, sink: RunWriter, send_clock: bool) -> None:
+        self.sender, self.plan, self.sink = sender, plan, sink
+        spec = sender.spec
+        shares = deal(spec.scenario.workload.concurrency, n)
+        ctx = multiprocessing.get_context("spawn")
+        self.sync = Sync(ctx.Value("q", 0), ctx.Semaphore(0), ctx.Event(), ctx.Value("q", 0))
+        headers = dict(sender.client.headers)
+        self.jobs = [
+            Job(k, spec, kind, headers, plan, shares[k], sum(shares[:k]), send_clock, sink.folder) for k in range(n)
+        ]
+        self.procs = [ctx.Process(target=_main, args=(job, self.sync), daemon=True) for job in self.jobs]
+
+    async def ready(self) -> None:
+        for p in self.procs:
+            p.start()
         ready = 0
-        while ready < n and all(p.is_alive() for p in procs):
-            ready += await asyncio.to_thread(sync.ready.acquire, True, 0.2)
-        sync.go.set()  # also when one died before it was ready: the others go on without it
-        while any(p.is_alive() for p in procs):
-            await asyncio.sleep(0.5)
-            _progress(sender.progress, jobs, offsets)
-    finally:
-        for p in procs:  # stopped early (Ctrl-C, failure): they finish what is in flight
+        try:
+            while ready < len(self.procs) and all(p.is_alive() for p in self.procs):
+                ready += await asyncio.to_thread(self.sync.ready.acquire, True, 0.2)
+        except BaseException:
+            await self._end()
+            raise
+
+    async def run(self, clock: ModelClock) -> dict[str, Any]:
+        sender = self.sender
+        sender.progress.start(f"{sender.spec.arm.name} ({len(self.procs)} processes)", self.plan.total)
+        offsets: dict[int, int] = {}
+        self.sync.t0_ns.value = clock.t0_ns
+        self.sync.go.set()  # also when one died before it was ready: the others go on without it
+        try:
+            while any(p.is_alive() for p in self.procs):
+                await asyncio.sleep(0.5)
+                _progress(sender.progress, self.jobs, offsets)
+        finally:
+            healths = await self._end()
+        return _combine(healths, len(self.jobs))
+
+    async def _end(self) -> list[dict[str, Any]]:
+        for p in self.procs:  # stopped early (Ctrl-C, failure): they finish what is in flight
             if p.is_alive() and p.pid is not None:
                 os.kill(p.pid, signal.SIGINT)
-        for p in procs:
+        for p in self.procs:
+            if p.pid is None:
+                continue
             p.join(timeout=aio.GRACE_S + 10)
             if p.is_alive():
                 p.kill()
                 p.join()
-        healths = _merge(sender, jobs, sink)
-    return _combine(healths, len(jobs))
+        return _merge(self.sender, self.jobs, self.sink)
 
 
 def _progress(progress: RunProgress, jobs: list[Job], offsets: dict[int, int]) -> None:

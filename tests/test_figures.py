@@ -85,7 +85,7 @@ def test_recorded_results_give_the_same_figures(name: str) -> None:
             same({k: getattr(t, k) for k in old}, old, f"{run.label} throughput")
     same(ctx["cards"], want["cards"], "cards")
     same([{"name": c.name, "measured": c.measured} for c in ctx["claims"]], want["claims_measured"], "claims")
-    run_values = {f"{a}|{m}|{n}": v for (a, m, n), v in figures.of_runs(runs).run_values.items()}
+    run_values = {f"{a}|{m}|{n}": v for (a, m, n, rate), v in figures.of_runs(runs).run_values.items()}
     same(run_values, want["gate_run_values"], "gate")
 
 

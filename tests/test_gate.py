@@ -29,11 +29,12 @@ def rules(text: str) -> gate.Rules:
 
 
 def figs(samples: dict[tuple[str, str, int | None], np.ndarray], run_values: dict | None = None) -> figures.Figures:
+    """Figures of runs without rates (keys as (arm, phase-or-metric, length))."""
     f = figures.Figures()
     for k, x in samples.items():
-        f.samples[k] = {"ttft_s": x, "e2e_s": x * 2}
-        f.errors[k] = (0, len(x))
-    f.run_values.update(run_values or {})
+        f.samples[(*k, None)] = {"ttft_s": x, "e2e_s": x * 2}
+        f.errors[(*k, None)] = (0, len(x))
+    f.run_values.update({(*k, None): v for k, v in (run_values or {}).items()})
     return f
 
 

@@ -61,14 +61,15 @@ def save(runs: list[RunResult], path: Path) -> Path:
     fig = figures.of_runs(runs)
     rng = np.random.default_rng(0)
     groups = []
-    for (arm, phase, length), metrics in sorted(
-        fig.samples.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)
+    for (arm, phase, length, rate), metrics in sorted(
+        fig.samples.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0, kv[0][3] or 0.0)
     ):
         entry: dict[str, Any] = {
             "arm": arm,
             "phase": phase,
             "length": length,
-            "errors": fig.errors[(arm, phase, length)],
+            "rate": rate,
+            "errors": fig.errors[(arm, phase, length, rate)],
         }
         for m, x in metrics.items():
             if len(x) == 0:
@@ -97,8 +98,10 @@ def save(runs: list[RunResult], path: Path) -> Path:
         "client": first.get("client"),
         "groups": groups,
         "run_values": [
-            {"arm": a, "metric": m, "length": n, "values": v}
-            for (a, m, n), v in sorted(fig.run_values.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0))
+            {"arm": a, "metric": m, "length": n, "rate": r, "values": v}
+            for (a, m, n, r), v in sorted(
+                fig.run_values.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0, kv[0][3] or 0.0)
+            )
         ],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,9 +122,9 @@ def load(path: Path) -> tuple[dict[str, Any], Figures]:
         raise InputError(f"{path}: baseline schema_version {doc.get('schema_version')!r}, expected {SCHEMA_VERSION}")
     fig = Figures()
     for g in doc["groups"]:
-        key = (g["arm"], g["phase"], g["length"])
+        key = (g["arm"], g["phase"], g["length"], g.get("rate"))  # no rate: a baseline from before open loops
         fig.samples[key] = {m: np.array(g[m]["samples"], dtype=float) for m in stats.PER_REQUEST if m in g}
         fig.errors[key] = (int(g["errors"][0]), int(g["errors"][1]))
     for rv in doc["run_values"]:
-        fig.run_values[(rv["arm"], rv["metric"], rv["length"])] = [float(v) for v in rv["values"]]
+        fig.run_values[(rv["arm"], rv["metric"], rv["length"], rv.get("rate"))] = [float(v) for v in rv["values"]]
     return doc, fig

@@ -1,7 +1,8 @@
 """What gate rules are checked against: `Figures` of result folders or of a baseline.
 
-Per-request samples per (arm, phase, length), failures per group, and per-run values per arm
-(one per run; a baseline may hold several runs), all from the statistics core.
+Per-request samples per (arm, phase, length, rate), failures per group, and per-run values per
+(arm, metric, length, rate) (one per run; a baseline may hold several runs), all from the
+statistics core; an open loop's rate is its folder's offered rate, None elsewhere.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness import stats
+from harness import capacity, stats
 from harness.gate.rules import Selector
 from harness.results import RunResult
+
+Key = tuple[str, str, int | None, float | None]
+RATE_MATCH = 5e-4  # a rule's rate= picks the folder whose offered rate is within this share of it
 
 
 @dataclass
@@ -20,9 +24,9 @@ class Figures:
     """What a rule can be checked against: per-request samples per (arm, phase, length) and
     per-run values per arm (one per run; a baseline may hold several runs)."""
 
-    samples: dict[tuple[str, str, int | None], dict[str, np.ndarray]] = field(default_factory=dict)
-    errors: dict[tuple[str, str, int | None], tuple[int, int]] = field(default_factory=dict)  # (failed, total)
-    run_values: dict[tuple[str, str, int | None], list[float]] = field(default_factory=dict)  # (arm, metric, length)
+    samples: dict[Key, dict[str, np.ndarray]] = field(default_factory=dict)
+    errors: dict[Key, tuple[int, int]] = field(default_factory=dict)  # (failed, total)
+    run_values: dict[Key, list[float]] = field(default_factory=dict)  # (arm, metric, length, rate)
 
     def arms(self) -> list[str]:
         return sorted({k[0] for k in self.samples} | {k[0] for k in self.run_values})
@@ -38,30 +42,48 @@ class Figures:
                 return None
             failed, total = sum(f for f, _ in sel_err), sum(t for _, t in sel_err)
             return [failed / total] if total else None
-        return self.run_values.get((sel.arm or "", metric, sel.length))
+        return next(
+            (
+                v
+                for (a, m, n, r), v in self.run_values.items()
+                if (a, m, n) == (sel.arm or "", metric, sel.length) and _same_rate(r, sel.rate)
+            ),
+            None,
+        )
 
 
-def _matches(key: tuple[str, str, int | None], sel: Selector) -> bool:
-    arm, phase, length = key
+def _same_rate(rate: float | None, wanted: float | None) -> bool:
+    if wanted is None or rate is None:
+        return wanted is None and rate is None
+    return abs(rate - wanted) <= RATE_MATCH * wanted  # as folder names show it: 4 significant digits
+
+
+def _matches(key: Key, sel: Selector) -> bool:
+    arm, phase, length, rate = key
     return (
         (sel.arm is None or sel.arm == arm)
         and (sel.phase is None or sel.phase == phase)
         and (sel.length is None or sel.length == length)
+        and (sel.rate is None or _same_rate(rate, sel.rate))
     )
 
 
 def of_runs(runs: list[RunResult]) -> Figures:
     fig = Figures()
     for run in runs:
+        rate = run.rate if run.load.get("mode") == "rate" else None
         for (phase, length), g in stats.groups(run.records, ("phase", "target_tokens")).items():
-            key = (run.arm, str(phase), length)
+            key = (run.arm, str(phase), length, rate)
             entry = fig.samples.setdefault(key, {})
             for m in stats.PER_REQUEST:
                 entry[m] = np.concatenate([entry.get(m, np.array([])), stats.values(g, m)])
             failed, total = fig.errors.get(key, (0, 0))
             fig.errors[key] = (failed + sum(not r.ok for r in g), total + len(g))
         for (metric, length), value in run_level(run).items():
-            fig.run_values.setdefault((run.arm, metric, length), []).append(value)
+            fig.run_values.setdefault((run.arm, metric, length, rate), []).append(value)
+    for curve in capacity.curves(runs):
+        if curve.capacity.req_per_s is not None:
+            fig.run_values.setdefault((curve.arm, "capacity_at_slo", None, None), []).append(curve.capacity.req_per_s)
     return fig
 
 
@@ -73,7 +95,12 @@ def run_level(run: RunResult) -> dict[tuple[str, int | None], float]:
             if row["speedup"]:
                 out[("speedup", int(row["length"]))] = float(row["speedup"])
         return out
-    t = stats.throughput(run.records)
+    if run.kind == "open_loop" and (slo := capacity.slo_of(run)) is not None:
+        g = stats.goodput(run.records, slo[0])
+        for name in ("goodput_req_per_s", "share_met"):
+            if g[name] is not None:
+                out[("slo_share_met" if name == "share_met" else name, None)] = float(g[name])
+    t = stats.throughput(stats.measured(run.records))
     for name, v in (
         ("req_per_s", t.req_per_s),
         ("steady_req_per_s", t.steady_req_per_s),

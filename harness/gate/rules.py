@@ -4,9 +4,11 @@ Grammar of a rule (documented in docs/ci.md):
 
     rule       ::= key "=" ( threshold-list | regression-table )
     key        ::= metric [ "{" selector { "," selector } "}" ]
-    metric     ::= "ttft_s" | "first_byte_s" | "first_content_s" | "e2e_s" | "itl_s"     (per request)
-                 | "req_per_s" | "steady_req_per_s" | "output_tokens_per_s" | "speedup" | "error_rate"  (per run)
-    selector   ::= ( "arm" | "phase" ) "=" name | "length" "=" integer
+    metric     ::= "ttft_s" | "first_byte_s" | "first_content_s" | "e2e_s" | "itl_s" | "tpot_s"  (per request)
+                 | "req_per_s" | "steady_req_per_s" | "output_tokens_per_s" | "speedup" | "error_rate"
+                 | "goodput_req_per_s" | "slo_share_met"                    (per run; open loop: per rate)
+                 | "capacity_at_slo"                                        (per open-loop arm)
+    selector   ::= ( "arm" | "phase" ) "=" name | "length" "=" integer | "rate" "=" number
     threshold  ::= aggregate op number          e.g. "p99 < 1.0"
     aggregate  ::= "mean" | "p50" | "p90" | "p95" | "p99" | "min" | "max" | "count"   (per-request metrics)
                  | "value" | "rate"                                                    (per-run metrics)
@@ -14,7 +16,9 @@ Grammar of a rule (documented in docs/ci.md):
     regression-table ::= "{" aggregate "=" limit { "," aggregate "=" limit } "}"
     limit      ::= ( "+" | "-" ) number "%"       "+10%": may rise at most 10 %; "-5%": may fall at most 5 %
 
-A rule without an `arm` selector is checked for every arm of the result.
+A rule without an `arm` selector is checked for every arm of the result. `rate` picks an open
+loop's result folder at that offered rate (req/s, as the scenario lists it); without it a
+per-request rule pools every rate of the arm.
 """
 
 from __future__ import annotations
@@ -28,7 +32,16 @@ from typing import Any
 from harness.errors import InputError
 from harness.stats import PER_REQUEST
 
-PER_RUN = ("req_per_s", "steady_req_per_s", "output_tokens_per_s", "speedup", "error_rate")
+PER_RUN = (
+    "req_per_s",
+    "steady_req_per_s",
+    "output_tokens_per_s",
+    "speedup",
+    "error_rate",
+    "goodput_req_per_s",
+    "slo_share_met",
+    "capacity_at_slo",
+)
 REQUEST_AGGREGATES = ("mean", "p50", "p90", "p95", "p99", "min", "max", "count")
 RUN_AGGREGATES = ("value", "rate")
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -50,9 +63,11 @@ class Selector:
     arm: str | None = None
     phase: str | None = None
     length: int | None = None
+    rate: float | None = None
 
     def text(self) -> str:
-        parts = [f"{k}={v}" for k, v in (("arm", self.arm), ("phase", self.phase), ("length", self.length)) if v]
+        pairs = (("arm", self.arm), ("phase", self.phase), ("length", self.length), ("rate", self.rate))
+        parts = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in pairs if v]
         return "{" + ",".join(parts) + "}" if parts else ""
 
 
@@ -101,16 +116,27 @@ def parse_key(key: str, where: str) -> tuple[str, Selector]:
         if not part.strip():
             continue
         name, eq, value = (s.strip() for s in part.partition("="))
-        if not eq or not value or name not in ("arm", "phase", "length"):
-            raise InputError(f"{where}: rule {key!r}: bad selector {part.strip()!r} (expected arm=, phase= or length=)")
+        if not eq or not value or name not in ("arm", "phase", "length", "rate"):
+            raise InputError(
+                f"{where}: rule {key!r}: bad selector {part.strip()!r} (expected arm=, phase=, length= or rate=)"
+            )
         if name in found:
             raise InputError(f"{where}: rule {key!r}: selector {name!r} given twice")
         if name == "length":
             if not value.isdigit():
                 raise InputError(f"{where}: rule {key!r}: length must be an integer number of tokens, got {value!r}")
             found[name] = int(value)
+        elif name == "rate":
+            try:
+                found[name] = float(value)
+            except ValueError:
+                found[name] = math.nan
+            if not math.isfinite(found[name]) or found[name] <= 0:
+                raise InputError(f"{where}: rule {key!r}: rate must be requests per second > 0, got {value!r}")
         else:
             found[name] = value
+    if metric == "capacity_at_slo" and (found.get("rate") or found.get("phase") or found.get("length")):
+        raise InputError(f"{where}: rule {key!r}: capacity_at_slo is one figure per arm; it takes only arm=")
     if metric == "speedup" and found.get("phase"):
         raise InputError(f"{where}: rule {key!r}: speedup compares cold with warm; it takes no phase")
     return metric, Selector(**found)

@@ -37,7 +37,7 @@ class Verdict:
 def _expand(sel: Selector, arms: list[str]) -> list[Selector]:
     if sel.arm is not None:
         return [sel]
-    return [Selector(a, sel.phase, sel.length) for a in arms] or [sel]
+    return [Selector(a, sel.phase, sel.length, sel.rate) for a in arms] or [sel]
 
 
 def _candidate_value(fig: Figures, metric: str, sel: Selector, agg: str) -> tuple[float | None, np.ndarray | None]:

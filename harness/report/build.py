@@ -37,6 +37,7 @@ def build_context(runs: list[RunResult]) -> dict[str, Any]:
         **sections.timelines(runs),
         **sections.verification(runs),
         **sections.traffic(runs),
+        **sections.open_loop(runs),
         **sections.server(runs),
     }
 

@@ -230,3 +230,29 @@ def cost_fit(
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return to_svg(fig)
+
+
+def against_load(series: Sequence[dict[str, Any]], ylabel: str, name: str, log: bool = False) -> str:
+    """Open loops: one curve per (arm, figure) against offered load. series: {label, x, y,
+    style (index), dashed, capacity (x of a vertical mark, or None), saturation (x or None)}."""
+    fig = _fig(name, h=3.8)
+    ax = fig.add_subplot()
+    for s in series:
+        st = dict(style(s["style"]))
+        if s.get("dashed"):
+            st["linestyle"] = ":"
+        x = np.asarray(s["x"], dtype=float)
+        y = np.asarray([np.nan if v is None else v for v in s["y"]], dtype=float)
+        ax.plot(x, y, label=shown(s["label"]), **st)
+        if s.get("capacity"):
+            ax.axvline(s["capacity"], color=st["color"], linestyle="-", alpha=0.5, linewidth=2)
+        if s.get("saturation"):
+            ax.axvline(s["saturation"], color=st["color"], linestyle="--", alpha=0.5)
+    ax.set_xlabel("offered load (requests / s, log scale)")
+    ax.set_xscale("log")  # arms with and without a tier differ by tens of times
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    return to_svg(fig)

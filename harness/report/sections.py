@@ -5,12 +5,13 @@ returning the template variables it fills."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 from markupsafe import Markup
 
-from harness import analysis, checks, reference, selfcheck, stats
+from harness import analysis, capacity, checks, reference, selfcheck, stats
 from harness.reference import redbooks
 from harness.report import plots
 from harness.results import RunResult, skipped_warning
@@ -131,7 +132,7 @@ def sweep(run: RunResult) -> dict[str, Any]:
 def loops(runs: list[RunResult]) -> dict[str, Any]:
     rows = []
     for r in runs:
-        if r.kind == "sweep" or not r.records:
+        if r.kind != "closed_loop" or not r.records:
             continue
         rows.append(
             {
@@ -357,3 +358,63 @@ def server(runs: list[RunResult]) -> dict[str, Any]:
         rows += [_server_row(r.label, phase, p) for phase, p in sm.get("phases", {}).items()]
         unreachable += [(r.label, u, why) for u, why in (sm.get("unreachable") or {}).items()]
     return {"server_rows": rows, "server_unreachable": unreachable}
+
+
+def open_loop(runs: list[RunResult]) -> dict[str, Any]:
+    """Open loops: per arm its loads (latency, goodput, schedule lag), saturation and SLO
+    capacity, curves against offered load, and the tier's benefit as capacity."""
+    arms = capacity.curves(runs)
+    if not arms:
+        return {"open_arms": [], "benefit": [], "open_ttft_svg": None, "open_goodput_svg": None}
+    ttft, good = [], []
+    for i, a in enumerate(arms):
+        x = [p.offered_req_per_s for p in a.points]
+        cap = a.capacity.req_per_s if a.capacity.bound == "measured" else None
+        ttft.append(
+            {
+                "label": f"{a.arm} TTFT p50",
+                "x": x,
+                "y": [p.ttft_p50_s for p in a.points],
+                "style": i,
+                "capacity": cap,
+                "saturation": a.saturation_rate,
+            }
+        )
+        ttft.append(
+            {"label": f"{a.arm} TTFT p99", "x": x, "y": [p.ttft_p99_s for p in a.points], "style": i, "dashed": True}
+        )
+        if any(p.goodput_req_per_s is not None for p in a.points):
+            good.append(
+                {
+                    "label": f"{a.arm} goodput",
+                    "x": x,
+                    "y": [p.goodput_req_per_s for p in a.points],
+                    "style": i,
+                    "capacity": cap,
+                    "saturation": a.saturation_rate,
+                }
+            )
+        good.append(
+            {
+                "label": f"{a.arm} completed",
+                "x": x,
+                "y": [p.achieved_req_per_s for p in a.points],
+                "style": i,
+                "dashed": True,
+            }
+        )
+    return {
+        "open_arms": [
+            {
+                "arm": a.arm,
+                "points": a.points,
+                "capacity": capacity.capacity_text(asdict(a.capacity)) if a.capacity.bound != "no_slo" else None,
+                "saturation_rate": a.saturation_rate,
+                "saturated_req_per_s": a.saturated_req_per_s,
+            }
+            for a in arms
+        ],
+        "benefit": [capacity.sentence(b) for b in capacity.benefit(arms)],
+        "open_ttft_svg": Markup(plots.against_load(ttft, "TTFT (s)", "open-ttft", log=True)),
+        "open_goodput_svg": Markup(plots.against_load(good, "requests / s", "open-goodput")),
+    }

@@ -3,7 +3,8 @@
 A kind module defines
 - `NAME`: the scenario's `[workload] kind`;
 - `SHARES_SCHEDULE`: whether several client processes can share its schedule (`--workers`);
-- `async plan(sender) -> Plan`: prompts and schedule, settled before the arm's clock starts;
+- `async plan(sender, prior=None) -> Plan`: prompts and schedule, settled before the arm's clock
+  starts (`prior`: a plan of the same arm at another load, whose prompts it may reuse);
 - `async drive(sender, plan, take=None, connections=None, first=0)`: send the requests through
   `sender.send`, which records each one and announces it to the writer, progress and checks.
 
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from harness.workloads import closed_loop, sweep
+from harness.workloads import closed_loop, open_loop, sweep
 from harness.workloads.base import Plan, Sender
 
 
@@ -25,7 +26,7 @@ from harness.workloads.base import Plan, Sender
 class Kind:
     name: str
     shares_schedule: bool
-    plan: Callable[[Sender], Awaitable[Plan]]
+    plan: Callable[[Sender, Plan | None], Awaitable[Plan]]
     drive: Callable[..., Coroutine[Any, Any, None]]
 
 
@@ -33,7 +34,7 @@ def _kind(module: Any) -> Kind:
     return Kind(module.NAME, module.SHARES_SCHEDULE, module.plan, module.drive)
 
 
-KINDS: dict[str, Kind] = {k.name: k for k in map(_kind, (sweep, closed_loop))}
+KINDS: dict[str, Kind] = {k.name: k for k in map(_kind, (sweep, closed_loop, open_loop))}
 
 
 def get(name: str) -> Kind:

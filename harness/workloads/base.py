@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from rich.markup import escape
@@ -31,6 +31,32 @@ DEAD_KINDS = {"connect": "could not connect", "timeout": "timed out"}
 
 
 @dataclass(frozen=True)
+class Load:
+    """The load one open-loop result folder was measured at: arrivals at `rate` req/s, or one of
+    the probes of `rates = "auto"`: one request at a time ("serial") or a closed loop of
+    `concurrency` connections ("saturated")."""
+
+    mode: Literal["rate", "serial", "saturated"]
+    rate: float | None = None
+    concurrency: int | None = None
+    index: int = 0  # its place in the arm's sweep of loads
+
+    @property
+    def label(self) -> str:
+        """The result folder's suffix."""
+        return f"r{self.rate:.4g}" if self.mode == "rate" else self.mode
+
+    def meta(self) -> dict[str, Any]:
+        """run.json's `load`."""
+        out: dict[str, Any] = {"mode": self.mode, "index": self.index}
+        if self.rate is not None:
+            out["rate"] = self.rate
+        if self.concurrency is not None:
+            out["concurrency"] = self.concurrency
+        return out
+
+
+@dataclass(frozen=True)
 class ArmSpec:
     """What an arm sends, where, and on which clock: fixed for the arm's life."""
 
@@ -41,6 +67,7 @@ class ArmSpec:
     run_id: str
     server: str  # what the endpoint turned out to be: "vllm", "llama.cpp", ... or "openai"
     clock: ModelClock
+    load: Load | None = None  # open loop: the load of this result folder
 
     @property
     def bust(self) -> bool:
@@ -207,6 +234,10 @@ class Sender:
                 f"{r.cached_tokens} cached tokens: its cold TTFT is not cold"
             )
 
+    def check_bust(self, r: RequestRecord) -> None:
+        if self.spec.bust and r.ok and (r.cached_tokens or 0) > 0:
+            self.warn(f"request {r.id} of bust arm {self.spec.arm.name} hit the cache ({r.cached_tokens} tokens)")
+
     def check_warm(self, r: RequestRecord) -> None:
         if not r.ok or r.prompt_tokens is None:
             return
@@ -250,3 +281,24 @@ class Plan:
     total: int  # requests the arm will send
     prompts: tuple[Prompt, ...] = ()
     schedule: tuple[tuple[int, int], ...] = ()
+    times: tuple[float, ...] = ()  # open loop: send time of each schedule index (model s after the start)
+    warmup: int = 0  # open loop: the first schedule indexes that are sent but not counted
+
+
+async def build_pool(sender: Sender) -> tuple[Prompt, ...]:
+    """The prompt pool of closed and open loops: from the prompts file, or synthetic prompts of
+    the drawn lengths around the shared prefix."""
+    sc = sender.spec.scenario
+    w = sc.workload
+    if sc.prompts.source == "file":
+        assert sc.prompts.path is not None
+        found = prompts.load_file(sc.prompts.path, sender.builder)
+        if len(found) < w.pool:
+            sender.warn(f"{sc.prompts.path} holds {len(found)} prompts, fewer than the pool of {w.pool}")
+        return tuple(found[i % len(found)] for i in range(w.pool))
+    assert w.prompt_tokens is not None
+    rng = random.Random(f"{sc.prompts.seed}/pool-lengths")
+    lengths = [draw_length(w.prompt_tokens, rng) for _ in range(w.pool)]
+    sender.progress.note(f"building {w.pool} prompts")
+    shared = await sender.builder.shared_prefix(w.shared_prefix_tokens)
+    return tuple([await sender.build(f"p{i:05d}", n, shared) for i, n in enumerate(lengths)])

@@ -8,31 +8,18 @@ import asyncio
 import random
 from collections.abc import Iterator
 
-from harness import prompts
-from harness.workloads.base import Plan, Sender, draw_length
+from harness.workloads.base import Plan, Sender, build_pool
 
 NAME = "closed_loop"
 SHARES_SCHEDULE = True
 
 
-async def plan(sender: Sender) -> Plan:
+async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
     sc = sender.spec.scenario
-    w = sc.workload
     rng = random.Random(f"{sc.prompts.seed}/schedule")
-    schedule = tuple((i, rng.randrange(w.pool)) for i in range(w.requests))
-    if sc.prompts.source == "file":
-        assert sc.prompts.path is not None
-        found = prompts.load_file(sc.prompts.path, sender.builder)
-        if len(found) < w.pool:
-            sender.warn(f"{sc.prompts.path} holds {len(found)} prompts, fewer than the pool of {w.pool}")
-        return Plan(len(schedule), tuple(found[i % len(found)] for i in range(w.pool)), schedule)
-    assert w.prompt_tokens is not None
-    rng = random.Random(f"{sc.prompts.seed}/pool-lengths")
-    lengths = [draw_length(w.prompt_tokens, rng) for _ in range(w.pool)]
-    sender.progress.note(f"building {w.pool} prompts")
-    shared = await sender.builder.shared_prefix(w.shared_prefix_tokens)
-    pool = [await sender.build(f"p{i:05d}", n, shared) for i, n in enumerate(lengths)]
-    return Plan(len(schedule), tuple(pool), schedule)
+    schedule = tuple((i, rng.randrange(sc.workload.pool)) for i in range(sc.workload.requests))
+    pool = prior.prompts if prior is not None else await build_pool(sender)
+    return Plan(len(schedule), pool, schedule)
 
 
 async def drive(
@@ -46,16 +33,13 @@ async def drive(
     the plan's schedule; workers.py passes one shared by all processes); `connections`: how many
     (default: the scenario's concurrency), numbered from `first`."""
     queue = take if take is not None else iter(plan.schedule)
-    spec = sender.spec
 
     async def connection(n: int) -> None:
         for i, p in queue:
             if sender.stop.is_set():
                 return
             prompt = plan.prompts[p]
-            r = await sender.send(prompt, "run", sender.lead_for(prompt), worker=n, schedule_index=i)
-            if spec.bust and r.ok and (r.cached_tokens or 0) > 0:
-                sender.warn(f"request {r.id} of bust arm {spec.arm.name} hit the cache ({r.cached_tokens} tokens)")
+            sender.check_bust(await sender.send(prompt, "run", sender.lead_for(prompt), worker=n, schedule_index=i))
 
-    count = connections or spec.scenario.workload.concurrency
+    count = connections or sender.spec.scenario.workload.concurrency
     await asyncio.gather(*(connection(first + n) for n in range(count)))

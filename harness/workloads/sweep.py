@@ -12,7 +12,7 @@ NAME = "sweep"
 SHARES_SCHEDULE = False  # each warm request follows its cold one: one connection
 
 
-async def plan(sender: Sender) -> Plan:
+async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
     w = sender.spec.scenario.workload
     return Plan(total=len(w.lengths) * w.repetitions * (1 + w.warm_repeats))
 

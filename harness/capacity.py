@@ -1,0 +1,297 @@
+"""An open loop's loads, read together: per arm the curve of latency and goodput against offered
+load, where it saturated, and its capacity at the SLO; across arms what a KV tier buys, as
+capacity. Pure: computed from result folders' raw records (via the statistics core), for the
+terminal and capacity.json (runner), the report and the gate alike.
+
+- A point is one load: a rate of arrivals, or the "serial" probe (one request at a time, placed
+  at the rate it achieved). The "saturated" probe (a closed loop) gives the arm's maximum
+  throughput and is not a point of the curve.
+- Capacity at the SLO: between the highest rate whose share of requests meeting the SLO holds
+  and the next one up, where the share, interpolated linearly, crosses the required share. Its
+  interval takes the share at those two rates anywhere within their 95 % Wilson intervals
+  (binomial: n requests, k met), and stays within the two rates: a sweep cannot say more than its
+  rates resolve. When every rate holds the SLO the capacity is at least the highest; when none
+  does, below the lowest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from harness import stats
+from harness.results import RunResult
+
+CI_LEVEL = 0.95
+# rates = "auto" goes this far beyond the saturated throughput, so that a rate fails
+AUTO_BEYOND = 1.2
+
+
+@dataclass(frozen=True)
+class Point:
+    mode: str  # "rate" | "serial"
+    offered_req_per_s: float
+    achieved_req_per_s: float | None
+    requests: int
+    met: int | None
+    share_met: float | None
+    share_lo: float | None
+    share_hi: float | None
+    goodput_req_per_s: float | None
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p99_s: float | None
+    lag_p99_s: float | None
+    held_back: int
+    saturated: bool | None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    req_per_s: float | None  # None: below the lowest rate
+    low: float | None
+    high: float | None
+    bound: str  # "measured" | "at_least" (every rate held) | "below" (no rate held) | "no_slo"
+    required_share: float | None
+
+
+def slo_of(run: RunResult) -> tuple[dict[str, float], float] | None:
+    """The SLO limits and required share a run was measured against (its scenario's [slo])."""
+    slo = run.scenario.get("slo")
+    if not isinstance(slo, dict):
+        return None
+    limits = {k: float(v) for k in ("ttft_s", "tpot_s", "e2e_s") if isinstance(v := slo.get(k), int | float) and v}
+    return (limits, float(slo.get("share", 0.9))) if limits else None
+
+
+def wilson(met: int, n: int) -> tuple[float, float]:
+    from scipy.stats import binomtest
+
+    ci = binomtest(met, n).proportion_ci(CI_LEVEL, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def point(run: RunResult) -> Point | None:
+    """One load of an open-loop arm (None for the saturated probe or an empty folder)."""
+    load = run.load
+    kept = stats.measured(run.records)
+    if load.get("mode") == "saturated" or not kept:
+        return None
+    t = stats.throughput(kept)
+    offered = run.rate if load.get("mode", "rate") == "rate" else t.req_per_s
+    if offered is None:
+        return None
+    slo = slo_of(run)
+    g = stats.goodput(kept, slo[0]) if slo else None
+    lo_hi = wilson(g["met"], g["requests"]) if g and g["requests"] else (None, None)
+    lag = stats.schedule_lag(kept)
+    ttft, tpot = stats.values(kept, "ttft_s"), stats.values(kept, "tpot_s")
+    return Point(
+        mode=str(load.get("mode", "rate")),
+        offered_req_per_s=float(offered),
+        achieved_req_per_s=t.req_per_s,
+        requests=len(kept),
+        met=g["met"] if g else None,
+        share_met=g["share_met"] if g else None,
+        share_lo=lo_hi[0],
+        share_hi=lo_hi[1],
+        goodput_req_per_s=g["goodput_req_per_s"] if g else None,
+        ttft_p50_s=stats.percentile(ttft, 50),
+        ttft_p99_s=stats.percentile(ttft, 99),
+        tpot_p50_s=stats.percentile(tpot, 50),
+        tpot_p99_s=stats.percentile(tpot, 99),
+        lag_p99_s=lag["p99_s"],
+        held_back=lag["held_back"],
+        saturated=stats.saturation(kept)["saturated"],
+    )
+
+
+def _cross(r_a: float, s_a: float, r_b: float, s_b: float, target: float) -> float:
+    """Where the line from (r_a, s_a) to (r_b, s_b) crosses `target`, kept within [r_a, r_b]."""
+    if s_a <= target:
+        return r_a
+    if s_b >= target:
+        return r_b
+    return r_a + (s_a - target) / (s_a - s_b) * (r_b - r_a)
+
+
+def holds(p: Point, share: float) -> bool:
+    return (p.share_met or 0.0) >= share and not p.saturated
+
+
+def capacity(points: Sequence[Point], share: float | None) -> Capacity:
+    """The capacity at the SLO of one arm's points (see the module's definition)."""
+    pts = sorted((p for p in points if p.share_met is not None), key=lambda p: p.offered_req_per_s)
+    if share is None or not pts:
+        return Capacity(None, None, None, "no_slo", share)
+    fail = next((k for k, p in enumerate(pts) if not holds(p, share)), None)
+    if fail is None:
+        top = pts[-1].offered_req_per_s
+        return Capacity(top, top, None, "at_least", share)
+    if fail == 0:
+        return Capacity(None, None, pts[0].offered_req_per_s, "below", share)
+    a, b = pts[fail - 1], pts[fail]
+    ra, rb = a.offered_req_per_s, b.offered_req_per_s
+    sa, sb = a.share_met or 0.0, b.share_met or 0.0
+    if sb >= share:  # b failed by saturation alone: what it completed is what the server sustains
+        top = b.achieved_req_per_s if b.achieved_req_per_s is not None else rb
+        return Capacity(min(max(top, ra), rb), ra, rb, "measured", share)
+    value = _cross(ra, sa, rb, sb, share)
+    low = _cross(ra, max(a.share_lo or sa, share), rb, b.share_lo or sb, share)
+    high = _cross(ra, a.share_hi or sa, rb, b.share_hi or sb, share)
+    return Capacity(value, min(low, value), max(high, value), "measured", share)
+
+
+def saturation_rate(points: Sequence[Point]) -> float | None:
+    """The lowest offered rate found saturated."""
+    hits = [p.offered_req_per_s for p in points if p.mode == "rate" and p.saturated]
+    return min(hits) if hits else None
+
+
+def auto_rates(serial_req_per_s: float, saturated_req_per_s: float, n: int) -> list[float]:
+    """The rates of `rates = "auto"`: n spread evenly above the one-at-a-time rate up to the
+    saturated throughput (as GuideLLM's sweep spreads them), and one AUTO_BEYOND it."""
+    lo, hi = serial_req_per_s, max(saturated_req_per_s, serial_req_per_s)
+    if hi <= lo * 1.001:
+        return [hi, hi * AUTO_BEYOND]
+    return [float(x) for x in np.linspace(lo, hi, n + 1)[1:]] + [hi * AUTO_BEYOND]
+
+
+def stop_reason(summary: dict[str, Any], required_share: float | None) -> str | None:
+    """Why a sweep stops going up after this load (None: go on)."""
+    sat = (summary.get("saturation") or {}).get("saturated")
+    share = (summary.get("slo") or {}).get("share_met")
+    if required_share is not None and share is not None and share < required_share:
+        return f"the SLO failed ({share:.0%} of requests met it, {required_share:.0%} required)"
+    if sat:
+        return "saturated (TTFT and requests in flight grew through the run)"
+    return None
+
+
+@dataclass(frozen=True)
+class ArmCurve:
+    arm: str
+    cache: str  # the arm's `cache`: "bust" (no tier) or "reuse"
+    points: tuple[Point, ...]
+    saturated_req_per_s: float | None  # the closed-loop probe's throughput
+    saturation_rate: float | None
+    capacity: Capacity
+
+
+def curves(runs: Sequence[RunResult]) -> list[ArmCurve]:
+    """Per open-loop arm, in the order the runs came."""
+    by_arm: dict[str, list[RunResult]] = {}
+    for r in runs:
+        if r.kind == "open_loop":
+            by_arm.setdefault(r.arm, []).append(r)
+    out = []
+    for arm, rs in by_arm.items():
+        pts = tuple(sorted((p for r in rs if (p := point(r)) is not None), key=lambda p: p.offered_req_per_s))
+        sat = [r for r in rs if r.load.get("mode") == "saturated"]
+        top = None
+        if sat:
+            t = stats.throughput(stats.measured(sat[-1].records))
+            top = t.steady_req_per_s or t.req_per_s
+        slo = next((s for r in rs if (s := slo_of(r)) is not None), None)
+        out.append(
+            ArmCurve(
+                arm,
+                str(rs[0].meta.get("arm_cache", "reuse")),
+                pts,
+                top,
+                saturation_rate(pts),
+                capacity(pts, slo[1] if slo else None),
+            )
+        )
+    return out
+
+
+def benefit(arm_curves: Sequence[ArmCurve]) -> list[dict[str, Any]]:
+    """The KV tier's benefit as SLO capacity: each reusing arm against the arm that recomputes
+    everything (cache = "bust"), with the ratio's interval from the capacities' intervals."""
+    base = next((c for c in arm_curves if c.cache == "bust"), None)
+    if base is None:
+        return []
+    out = []
+    for c in arm_curves:
+        if c is base or c.cache == "bust":
+            continue
+        b, t = base.capacity, c.capacity
+        ratio = lo = hi = None
+        # a ratio needs the capacity without the tier measured; with it, it may be a lower bound
+        if b.bound == "measured" and b.req_per_s and t.req_per_s and t.bound in ("measured", "at_least"):
+            ratio = t.req_per_s / b.req_per_s
+            lo = t.low / b.high if t.low and b.high else None
+            hi = t.high / b.low if t.high and b.low else None
+        out.append(
+            {
+                "without": base.arm,
+                "with": c.arm,
+                "capacity_without": b.req_per_s,
+                "capacity_with": t.req_per_s,
+                "bound_without": b.bound,
+                "bound_with": t.bound,
+                "ratio": ratio,
+                "ratio_low": lo,
+                "ratio_high": hi,
+            }
+        )
+    return out
+
+
+def document(runs: Sequence[RunResult]) -> dict[str, Any]:
+    """capacity.json: every arm's curve and capacity, and the tier's benefit."""
+    cs = curves(runs)
+    return {
+        "arms": [
+            {
+                "arm": c.arm,
+                "cache": c.cache,
+                "points": [asdict(p) for p in c.points],
+                "saturated_req_per_s": c.saturated_req_per_s,
+                "saturation_rate": c.saturation_rate,
+                "capacity_at_slo": asdict(c.capacity),
+            }
+            for c in cs
+        ],
+        "benefit": benefit(cs),
+    }
+
+
+def capacity_text(c: dict[str, Any]) -> str:
+    """One arm's capacity (capacity.json's capacity_at_slo) in words."""
+    share = f"{c['required_share']:.0%} of requests within the SLO"
+    if c["bound"] == "below":
+        return f"SLO capacity below {c['high']:.3g} req/s, the lowest rate measured ({share} at none)"
+    if c["bound"] == "at_least":
+        return f"SLO capacity at least {c['req_per_s']:.3g} req/s, the highest rate measured ({share} at every rate)"
+    return f"SLO capacity {c['req_per_s']:.3g} req/s (95 % interval {c['low']:.3g} to {c['high']:.3g}; {share})"
+
+
+def sentence(b: dict[str, Any]) -> str:
+    """ "the KV tier raises SLO capacity from X to Y req/s (Z x)", with the bounds said."""
+
+    def cap(v: float | None, bound: str) -> str:
+        if bound == "below":
+            return "below the lowest rate measured"
+        if v is None:
+            return "unknown"
+        return f"{'at least ' if bound == 'at_least' else ''}{v:.3g} req/s"
+
+    text = (
+        f"the KV tier ({b['with']} against {b['without']}) raises SLO capacity from "
+        f"{cap(b['capacity_without'], b['bound_without'])} to {cap(b['capacity_with'], b['bound_with'])}"
+    )
+    if b["ratio"] is not None:
+        interval = ""
+        if b["ratio_low"] is not None and b["ratio_high"] is not None:
+            interval = f", 95 % interval {b['ratio_low']:.3g} to {b['ratio_high']:.3g}"
+        at_least = "at least " if b["bound_with"] == "at_least" else ""
+        text += f" ({at_least}{b['ratio']:.3g} x{interval})"
+    elif b["bound_without"] == "below" and b["capacity_with"]:
+        text += " (without the tier no rate measured held the SLO)"
+    return text

@@ -1,0 +1,139 @@
+"""`kind = "open_loop"`: requests sent at the times of an arrival process (schedule.py), drawn
+before the run, whether or not earlier ones have answered: the load an operator's users offer.
+Each record keeps its intended send time (`intended_s`) beside the real one (`start_s`), so the
+load that was really offered is known. `max_concurrency` holds requests back when that many are
+in flight (`held_s` says for how long). Warm-up requests are sent first, at the rate, and
+answered before the measured ones start: a cold first prefix or the queue it built must not be
+measured.
+
+The probes of `rates = "auto"` run here too: one request at a time ("serial") and a closed loop
+of `auto_concurrency` connections ("saturated"), as closed_loop.py sends them.
+
+With `--workers N` the processes take the schedule's next request in turn (workers.py) and
+send it at its time on the shared clock."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from collections import deque
+from collections.abc import Iterator
+
+from harness.workloads import closed_loop, schedule
+from harness.workloads.base import Load, Plan, Sender, build_pool
+
+NAME = "open_loop"
+SHARES_SCHEDULE = True
+# Loop timers fire to the millisecond; the last SPIN_S before a send time is waited by yielding
+# to the loop (which still serves every socket), so requests leave within tens of microseconds.
+SPIN_S = 0.001
+# What it takes kvbench to put a request on the wire (its body, aiohttp's request, a connection)
+# is learnt from the last PACE_WINDOW requests, and each is dispatched that much early, so that
+# its headers leave at the intended time; never more than PACE_MAX_NS early.
+PACE_WINDOW = 32
+PACE_MAX_NS = 5_000_000
+# Requests of the "serial" probe (one at a time: its latency sets the lowest rate of the sweep).
+SERIAL_PROBE_REQUESTS = 8
+# Requests of the "saturated" probe per connection: enough for a steady state between the
+# ramp-up and the drain (its throughput is the steady-state req/s of the statistics core).
+PROBE_PER_CONNECTION = 4
+
+
+def load_of(sender: Sender) -> Load:
+    load = sender.spec.load
+    if load is None:  # a single `rate`
+        return Load("rate", sender.spec.scenario.workload.rates[0])
+    return load
+
+
+async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
+    sc = sender.spec.scenario
+    w = sc.workload
+    pool = prior.prompts if prior is not None else await build_pool(sender)
+    load = load_of(sender)
+    seed = sc.prompts.seed if w.seed is None else w.seed
+    times: tuple[float, ...] = ()
+    if load.mode == "rate":
+        assert load.rate is not None
+        times = tuple(float(t) for t in schedule.send_times(w, load.rate, seed))
+        n, warmup = len(times), w.warmup_requests
+    else:  # probes: a closed loop, counted from its first request
+        n = SERIAL_PROBE_REQUESTS if load.mode == "serial" else PROBE_PER_CONNECTION * w.auto_concurrency
+        warmup = 0
+    rng = random.Random(f"{seed}/schedule/{load.label}")
+    order = tuple((i, rng.randrange(w.pool)) for i in range(n))
+    return Plan(n, pool, order, times, warmup)
+
+
+async def drive(
+    sender: Sender,
+    plan: Plan,
+    take: Iterator[tuple[int, int]] | None = None,
+    connections: int | None = None,
+    first: int = 0,
+) -> None:
+    load = load_of(sender)
+    if load.mode != "rate":
+        count = 1 if load.mode == "serial" else (connections or load.concurrency or 1)
+        await closed_loop.drive(sender, plan, take, count, first)
+        return
+    spec = sender.spec
+    clock = spec.clock
+    cap = spec.scenario.workload.max_concurrency
+    slots = asyncio.Semaphore(cap) if cap else None
+    tasks: set[asyncio.Task[None]] = set()
+    setup: deque[int] = deque(maxlen=PACE_WINDOW)  # dispatch to headers sent, ns
+
+    async def one(i: int, p: int, shift: int) -> None:
+        dispatched = time.perf_counter_ns()
+        held = None
+        if slots is not None:
+            if slots.locked():
+                t = time.perf_counter_ns()
+                await slots.acquire()
+                held = clock.between(t, time.perf_counter_ns())
+            else:
+                await slots.acquire()
+        try:
+            prompt = plan.prompts[p]
+            phase = "warmup" if i < plan.warmup else "run"
+            intended = plan.times[i] + clock.between(0, shift)
+            r = await sender.send(
+                prompt, phase, sender.lead_for(prompt), schedule_index=i, intended_s=intended, held_s=held
+            )
+            if held is None:
+                setup.append(round(clock.wall_s(r.start_s - clock.since_start(dispatched)) * 1e9))
+            sender.check_bust(r)
+        finally:
+            if slots is not None:
+                slots.release()
+
+    queue = take if take is not None else iter(plan.schedule)
+    shift_ns = 0  # the measured schedule starts when the warm-up has been answered
+
+    async def dispatch(i: int, p: int) -> None:
+        early = min(PACE_MAX_NS, max(0, round(statistics.median(setup)))) if setup else 0
+        await until(clock.t0_ns + shift_ns + round(clock.wall_s(plan.times[i]) * 1e9) - early)
+        if not sender.stop.is_set():
+            task = asyncio.create_task(one(i, p, shift_ns))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    for i, p in queue:
+        if i >= plan.warmup and plan.warmup and not shift_ns:
+            if tasks:  # every warm-up request answered (a cold first prefix, queues drained)
+                await asyncio.gather(*tasks)
+            shift_ns = max(1, time.perf_counter_ns() - clock.t0_ns - round(clock.wall_s(plan.times[i]) * 1e9))
+        await dispatch(i, p)
+        if sender.stop.is_set():
+            break
+    if tasks:
+        await asyncio.gather(*tasks)
+
+
+async def until(due_ns: int) -> None:
+    """Wait for a time.perf_counter_ns() deadline, to within tens of microseconds."""
+    while (left := (due_ns - time.perf_counter_ns()) / 1e9) > 0:
+        await asyncio.sleep(left - SPIN_S if left > SPIN_S else 0)
