@@ -32,7 +32,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
 
 
 def folders(out: Path, name: str) -> dict[str, Path]:
-    return {p.name.split("-", 1)[1]: p for p in sorted((out / name).iterdir())}
+    return {p.name.split("-", 1)[1]: p for p in sorted((out / name).iterdir()) if p.is_dir()}
 
 
 def test_sweep_cold_warm_and_exact_lengths(llama: LlamaServer, tmp_path: Path) -> None:
@@ -104,3 +104,40 @@ name = "reuse"
     assert sum(x.cached_tokens > 0.9 * x.prompt_tokens for x in reuse) >= 4
     loop = json.loads((arms["bust"] / "metrics.json").read_text())["phases"]["run"]
     assert loop["server_hit_ratio"] < 0.1
+
+
+def test_open_loop_at_two_rates_records_goodput(llama: LlamaServer, tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        """
+name = "llama-open"
+[endpoint]
+max_tokens = 4
+[workload]
+kind = "open_loop"
+arrivals = "poisson"
+rates = [1.0, 3.0]
+requests = 12
+warmup_requests = 1
+pool = 4
+prompt_tokens = 600
+[slo]
+ttft_s = 30.0
+e2e_s = 60.0
+""",
+    )
+    r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    found = folders(tmp_path / "out", "llama-open")
+    assert sorted(found) == ["default-r1", "default-r3"]
+    for name, rate in (("default-r1", 1.0), ("default-r3", 3.0)):
+        meta = json.loads((found[name] / "run.json").read_text())
+        assert meta["load"] == {"mode": "rate", "rate": rate, "index": 0 if rate == 1.0 else 1}
+        slo = meta["summary"]["slo"]
+        assert slo["requests"] == 12 and slo["met"] == 12 and slo["goodput_req_per_s"] > 0
+        recs = read_requests(found[name])
+        assert sorted(x.schedule_index for x in recs) == list(range(13))
+        assert all(x.ok and x.intended_s is not None for x in recs)
+    doc = json.loads(next((tmp_path / "out" / "llama-open").glob("*-capacity.json")).read_text())
+    (arm,) = doc["arms"]
+    assert arm["capacity_at_slo"]["bound"] == "at_least" and arm["capacity_at_slo"]["req_per_s"] == 3.0

@@ -1,0 +1,210 @@
+"""Open loops: arrival schedules, SLOs and goodput, capacity, schedule lag, against the real
+emulator on an ephemeral port (and llama.cpp in test_llamacpp.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from harness import capacity, scenario, stats
+from harness.capacity import Point
+from harness.errors import InputError
+from harness.results import read_requests, read_run
+from harness.workloads import schedule
+from tests.conftest import kvbench, write_scenario
+
+BASE = """
+name = "ol"
+[endpoint]
+max_tokens = 4
+[workload]
+kind = "open_loop"
+pool = 4
+prompt_tokens = 1000
+"""
+
+
+def workload(extra: str) -> scenario.Workload:
+    return parse(extra).workload
+
+
+def parse(extra: str, slo: str = "") -> scenario.Scenario:
+    import tomllib
+
+    return scenario.parse(tomllib.loads("schema_version = 1\n" + BASE + extra + slo), "x.toml")
+
+
+@pytest.mark.parametrize(
+    ("extra", "slo", "where"),
+    [
+        ("rate = 0\nrequests = 5", "", "workload.rate"),
+        ("rate = -1.0\nrequests = 5", "", "workload.rate"),
+        ("rate = nan\nrequests = 5", "", "workload.rate"),
+        ("rate = inf\nrequests = 5", "", "workload.rate"),
+        ("rates = []\nrequests = 5", "", "workload.rates"),
+        ('rates = [1.0, "x"]\nrequests = 5', "", "workload.rates[1]"),
+        ('rates = "sometimes"\nrequests = 5', "", "workload.rates"),
+        ('rate = 1.0\nrequests = 5\narrivals = "gamma"\ngamma_shape = 0', "", "workload.gamma_shape"),
+        ('rate = 1.0\nrequests = 5\narrivals = "gamma"\ngamma_shape = -2.0', "", "workload.gamma_shape"),
+        ("rate = 1.0\nrequests = 5\ngamma_shape = 2.0", "", "workload.gamma_shape"),
+        ("rate = 1.0\nrates = [2.0]\nrequests = 5", "", "workload"),
+        ("rate = 1.0", "", "workload"),
+        ("rate = 1.0\nrequests = 5", "\n[slo]\nttft_s = 1.0\nshare = 0", "slo.share"),
+        ("rate = 1.0\nrequests = 5", "\n[slo]\nttft_s = 1.0\nshare = 1.5", "slo.share"),
+        ("rate = 1.0\nrequests = 5", "\n[slo]\nshare = 0.9", "slo"),
+        ("rate = 1.0\nrequests = 5", "\n[slo]\nttft_s = 0", "slo.ttft_s"),
+        ("rate = 1.0\nrequests = 5", "\n[slo]\nttft = 1.0", "slo.ttft"),
+    ],
+)
+def test_bad_open_loop_input_names_the_key(extra: str, slo: str, where: str) -> None:
+    with pytest.raises(InputError) as e:
+        parse(extra, slo)
+    assert f"x.toml: {where}" in str(e.value)
+
+
+def test_bad_rate_exits_2_from_the_cli(tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "s.toml", BASE + "rate = -3\nrequests = 5\n")
+    r = kvbench("validate", str(sc))
+    assert r.returncode == 2 and "workload.rate" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_poisson_and_gamma_schedules_have_the_asked_distribution() -> None:
+    w = workload("rate = 50.0\nrequests = 4000")
+    gaps = np.diff(schedule.send_times(w, 50.0, 7))
+    assert sps.kstest(gaps, "expon", args=(0, 1 / 50.0)).pvalue > 0.01
+    assert abs(gaps.mean() - 1 / 50.0) < 0.1 / 50.0
+    for k in (0.25, 4.0):
+        g = workload(f'rate = 50.0\nrequests = 4000\narrivals = "gamma"\ngamma_shape = {k}')
+        gaps = np.diff(schedule.send_times(g, 50.0, 7))
+        assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(k), rel=0.08)
+    const = np.diff(schedule.send_times(workload('rate = 4.0\nrequests = 10\narrivals = "constant"'), 4.0, 1))
+    assert np.allclose(const, 0.25)
+    # reproducible for a seed, different for another, and duration_s bounds the measured part
+    assert np.array_equal(schedule.send_times(w, 50.0, 7), schedule.send_times(w, 50.0, 7))
+    assert not np.array_equal(schedule.send_times(w, 50.0, 7), schedule.send_times(w, 50.0, 8))
+    d = workload("rate = 20.0\nduration_s = 10.0\nwarmup_requests = 3")
+    t = schedule.send_times(d, 20.0, 1)
+    assert 3 + 120 < len(t) < 3 + 280 and t[-1] - t[3] < 10.0
+
+
+def _point(rate: float, met: int, n: int = 40, saturated: bool = False, achieved: float | None = None) -> Point:
+    lo, hi = capacity.wilson(met, n)
+    return Point(
+        "rate", rate, achieved or rate, n, met, met / n, lo, hi, met / n * rate, 1, 1, 0.02, 0.02, 0, 0, saturated
+    )
+
+
+def test_capacity_interpolates_between_the_rates_around_the_crossing() -> None:
+    pts = [_point(1, 40), _point(2, 38), _point(3, 20), _point(4, 4)]
+    c = capacity.capacity(pts, 0.9)
+    # share 0.95 at 2, 0.5 at 3: crosses 0.9 at 2 + 0.05 / 0.45
+    assert c.bound == "measured" and c.req_per_s == pytest.approx(2 + 0.05 / 0.45)
+    assert 2 <= c.low <= c.req_per_s <= c.high <= 3
+    assert capacity.capacity(pts[:2], 0.9).bound == "at_least"
+    assert capacity.capacity(pts[2:], 0.9).bound == "below"
+    assert capacity.capacity(pts, None).bound == "no_slo"
+    # a saturated rate fails whatever its share; the capacity is what it completed
+    sat = capacity.capacity([_point(1, 40), _point(2, 40, saturated=True, achieved=1.7)], 0.9)
+    assert (sat.req_per_s, sat.low, sat.high) == (1.7, 1, 2)
+
+
+def test_auto_rates_spread_up_to_and_beyond_saturation() -> None:
+    rates = capacity.auto_rates(0.5, 4.5, 4)
+    assert rates == pytest.approx([1.5, 2.5, 3.5, 4.5, 4.5 * capacity.AUTO_BEYOND])
+
+
+def run_open(tmp_path: Path, body: str, *args: str, timeout: float = 300) -> tuple[int, str, Path]:
+    sc = write_scenario(tmp_path / "s.toml", body)
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"), *args, timeout=timeout)
+    return r.returncode, r.stdout + r.stderr, tmp_path / "out"
+
+
+def test_open_loop_on_the_emulator_keeps_its_schedule_over_worker_processes(tmp_path: Path) -> None:
+    code, out, res = run_open(
+        tmp_path,
+        """
+name = "ol-emu"
+[endpoint]
+max_tokens = 4
+[workload]
+kind = "open_loop"
+rates = [5.0, 20.0]
+requests = 120
+warmup_requests = 4
+pool = 8
+prompt_tokens = 1000
+[slo]
+ttft_s = 0.5
+tpot_s = 0.05
+[[arms]]
+name = "recompute"
+cache = "bust"
+[[arms]]
+name = "cached"
+[emulator]
+time_scale = 2.0
+""",
+        "--workers",
+        "2",
+    )
+    assert code == 0, out
+    folders = {p.name.split("-", 1)[1]: p for p in (res / "ol-emu").iterdir() if p.is_dir()}
+    assert sorted(folders) == ["cached-r20", "cached-r5", "recompute-r20", "recompute-r5"]
+    for name, folder in folders.items():
+        run = read_run(folder)
+        recs = read_requests(folder)
+        assert sorted(r.schedule_index for r in recs) == list(range(124))  # each sent once
+        assert {r.process for r in recs} == {0, 1}
+        assert sum(r.phase == "warmup" for r in recs) == 4
+        s = run.meta["summary"]
+        assert s["slo"]["requests"] == 120 and s["schedule_lag"]["requests"] == 120
+        assert run.meta["load"]["rate"] == float(name.split("-r")[1])
+        # the real sends follow the arrival process asked for
+        fit = stats.arrival_fit([r for r in recs if r.phase == "run"], "poisson", run.rate, 1.0)
+        assert fit["ks_p"] > 0.001, (name, fit)
+    doc = json.loads(next((res / "ol-emu").glob("*-capacity.json")).read_text())
+    assert [a["arm"] for a in doc["arms"]] == ["recompute", "cached"]
+    assert doc["benefit"] and doc["benefit"][0]["with"] == "cached"
+    assert "SLO capacity" in out
+    r = kvbench("report", str(res / "ol-emu"), "-o", str(tmp_path / "r.html"))
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "r.html").read_text()
+    assert "Open loop: latency, goodput and SLO capacity" in html and "cached@20req/s" in html
+
+
+@pytest.mark.parametrize(
+    ("workload", "said"),
+    [
+        # far more than one client process can send: requests leave late
+        ("rate = 20000.0\nrequests = 600", "requests left late against their schedule"),
+        # one request in flight at a time, offered ten per modelled request time
+        ("rate = 50.0\nrequests = 40\nmax_concurrency = 1", "held back by max_concurrency"),
+    ],
+)
+def test_a_client_that_cannot_keep_the_schedule_is_told(tmp_path: Path, workload: str, said: str) -> None:
+    code, out, res = run_open(
+        tmp_path,
+        f"""
+name = "ol-late"
+[endpoint]
+max_tokens = 2
+[workload]
+kind = "open_loop"
+{workload}
+pool = 2
+prompt_tokens = 200
+[emulator]
+profile = "recompute"
+time_scale = 1.0
+""",
+    )
+    assert code == 0, out
+    assert "the offered load was not offered" in out and said in out
+    (folder,) = [p for p in (res / "ol-late").iterdir() if p.is_dir()]
+    meta = json.loads((folder / "run.json").read_text())
+    assert any(said in w for w in meta["warnings"])
+    assert meta["client_health"]["schedule_lag"]["requests"] > 0
