@@ -37,7 +37,7 @@ from harness.traffic.base import TrafficDriver, TrafficResult
 from harness.units import human_bandwidth
 from harness.wire.client import StreamingClient
 from harness.workers import WorkerPool
-from harness.workloads.base import ArmSpec, Load, Plan, Sender
+from harness.workloads.base import OPEN_LOOP_CONNECTIONS, ArmSpec, Load, Plan, Sender
 
 
 @dataclass(frozen=True)
@@ -93,12 +93,8 @@ class RunState:
         return next(iter(self.plans.values()), None)
 
 
-# Connections of an open loop without max_concurrency: beyond as many in flight, a request waits
-# for a connection, and the wait shows as schedule lag.
-OPEN_LOOP_CONNECTIONS = 1024
-
-
 def connections(sc: Scenario) -> int:
+    """The connection pool of the run: the most any of its arms' loads sends on at once."""
     w = sc.workload
     if w.kind == "closed_loop":
         return w.concurrency
@@ -253,7 +249,8 @@ def _capacity(t: Target, state: RunState, outcomes: list[Outcome], console: Cons
             continue
         console.print(f"{arm['arm']}: {capacity.capacity_text(c)}", markup=False)
     for b in doc["benefit"]:
-        console.print(capacity.sentence(b)[0].upper() + capacity.sentence(b)[1:], markup=False)
+        text = capacity.sentence(b)
+        console.print(text[0].upper() + text[1:], markup=False)
     console.print(f"Capacity summary: {path}", markup=False)
 
 
@@ -281,6 +278,8 @@ class ArmLifecycle:
         if load is None and w.kind == "open_loop":
             load = Load("rate", w.rates[0])
         self.load = load  # an open loop's: this folder's load
+        # a rate sweep's folders and summaries say their load
+        self.at = load.label if load is not None and w.sweep_rates else None
         self.kind = workloads.get(w.kind)
         self.base = arm.endpoint.rstrip("/") if arm.endpoint else t.base_url
         self.traffic_on = t.scenario.traffic is not None and arm.traffic
@@ -299,7 +298,7 @@ class ArmLifecycle:
         hook = None
         if arm.before:
             hook = await endpoint.run_hook(arm.before, arm.name, self.base, session.client.session, t.headers)
-        suffix = f"-{self.load.label}" if self.load is not None and t.scenario.workload.sweep_rates else ""
+        suffix = f"-{self.at}" if self.at else ""
         folder = _new_folder(t.out / t.scenario.name, f"{self.state.stamp}-{arm.name}{suffix}")
         writer = RunWriter(folder, self._meta(hook))
         sender = self._sender(writer)
@@ -421,8 +420,7 @@ class ArmLifecycle:
             health["schedule_lag"] = summary["schedule_lag"]
             if (warning := selfcheck.schedule_warning(summary["schedule_lag"])) is not None:
                 sender.warn(warning)
-        sweep = self.load is not None and self.t.scenario.workload.sweep_rates
-        title = f"{self.arm.name} at {self.load.label}" if sweep and self.load else self.arm.name
+        title = f"{self.arm.name} at {self.at}" if self.at else self.arm.name
         show_summary(self.progress.console, self.t.scenario.name, title, self.kind.name, summary, self.t.clock)
         interrupted = interrupted or (self.state.stop.is_set() and not sender.aborted)
         status = "interrupted" if interrupted else "failed" if sender.aborted else "completed"

@@ -96,11 +96,6 @@ class Workload:
     auto_points: int = 5  # rates = "auto": rates between one-at-a-time and saturated throughput
     auto_concurrency: int = 64  # rates = "auto": connections of the saturated closed-loop probe
 
-    @property
-    def measured(self) -> int | None:
-        """Requests counted at each load (None: set by duration_s)."""
-        return self.requests or None
-
 
 @dataclass(frozen=True)
 class Slo:

@@ -174,25 +174,26 @@ def summary(records: Records, kind: str, slo: dict[str, float] | None = None) ->
         "completed": len(done),
         "failed": len(records) - len(done),
     }
-    kept = measured(done)
+    counted = measured(records)
+    kept = ok(counted)
     out["ttft_s"] = describe(values(kept, "ttft_s"))
     out["e2e_s"] = describe(values(kept, "e2e_s"))
     if kind == "sweep":
         out["by_length"] = sweep_rows(records)
         return out
-    t = throughput(measured(records))
+    t = throughput(counted)
     out["req_per_s"] = t.req_per_s
     out["output_tokens_per_s"] = t.output_tokens_per_s
     out["duration_s"] = t.duration_s
     if kind == "open_loop":
         out["steady_req_per_s"] = t.steady_req_per_s
         out["tpot_s"] = describe(values(kept, "tpot_s"))
-        out["warmup_requests"] = len(records) - len(measured(records))
+        out["warmup_requests"] = len(records) - len(counted)
         out["mean_in_flight"] = t.mean_concurrency
-        out["schedule_lag"] = schedule_lag(measured(records))
-        out["saturation"] = saturation(records)
+        out["schedule_lag"] = schedule_lag(counted)
+        out["saturation"] = saturation(counted)
         if slo:
-            out["slo"] = goodput(records, slo)
+            out["slo"] = goodput(counted, slo)
     return out
 
 

@@ -28,7 +28,7 @@ from harness.results import RequestRecord, RunWriter, read_requests
 from harness.selfcheck import LoopMonitor
 from harness.wire import seam
 from harness.wire.client import StreamingClient
-from harness.workloads.base import ArmSpec, Plan, Sender
+from harness.workloads.base import ArmSpec, Plan, Schedule, Sender
 
 # The ids a worker process gives its requests start at index x ID_STRIDE, unique until merged.
 ID_STRIDE = 10**9
@@ -51,25 +51,35 @@ class Job:
         return self.folder / f"requests.part-{self.index}.jsonl"
 
 
-class SharedOrder:
-    """The schedule, taken one request at a time by every connection of every process."""
+class SharedOrder(Schedule):
+    """The schedule, taken one request at a time by every connection of every process; an open
+    loop's measured part starts once every process has its warm-up answered (the latest of them)."""
 
-    def __init__(self, order: list[tuple[int, int]], taken: Any) -> None:
-        self.order, self.taken = order, taken  # taken: a multiprocessing Value("q")
+    def __init__(self, order: list[tuple[int, int]], sync: Sync, index: int) -> None:
+        super().__init__(iter(()))
+        self.items, self.sync, self.index = order, sync, index
 
     def __len__(self) -> int:
-        return len(self.order)
-
-    def __iter__(self) -> SharedOrder:
-        return self
+        return len(self.items)
 
     def __next__(self) -> tuple[int, int]:
-        with self.taken.get_lock():
-            k = self.taken.value
-            if k >= len(self.order):
+        taken = self.sync.taken
+        with taken.get_lock():
+            k = taken.value
+            if k >= len(self.items):
                 raise StopIteration
-            self.taken.value = k + 1
-        return self.order[k]
+            taken.value = k + 1
+        return self.items[k]
+
+    async def measured_start(self, ready_ns: int) -> int:
+        line, arrived = self.sync.start_ns, self.sync.arrived
+        with line.get_lock():
+            line.value = max(line.value, ready_ns)
+            arrived[self.index] = 1
+        # the parent marks a process that ended without arriving, so nobody waits for it
+        while not all(arrived[:]):
+            await asyncio.sleep(0.001)
+        return int(line.value)
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,8 @@ class Sync:
     ready: Any  # Semaphore: released by each process once it can send
     go: Any  # Event: set by the parent when all are ready
     t0_ns: Any  # Value("q"): the arm clock's start, set just before `go`
+    start_ns: Any  # Value("q"): an open loop's measured start, the latest any process proposed
+    arrived: Any  # Array("b", n): which processes are past their warm-up (or gone)
 
 
 class _PartWriter:
@@ -126,7 +138,7 @@ async def _run(job: Job, sync: Sync) -> None:
             await asyncio.sleep(0)  # Ctrl-C before the start: the signal handler must run
         sender.spec = replace(sender.spec, clock=replace(sender.spec.clock, t0_ns=sync.t0_ns.value))
         monitor.start()
-        take = SharedOrder(list(job.plan.schedule), sync.taken)
+        take = SharedOrder(list(job.plan.schedule), sync, job.index)
         drive = workloads.get(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
         await aio.until_done_or_stopped(drive, stop)
         health = monitor.stop()
@@ -160,9 +172,11 @@ class WorkerPool:
     def __init__(self, sender: Sender, kind: str, plan: Plan, n: int, sink: RunWriter, send_clock: bool) -> None:
         self.sender, self.plan, self.sink = sender, plan, sink
         spec = sender.spec
-        shares = deal(spec.scenario.workload.concurrency, n)
+        shares = deal(spec.connections, n)
         ctx = multiprocessing.get_context("spawn")
-        self.sync = Sync(ctx.Value("q", 0), ctx.Semaphore(0), ctx.Event(), ctx.Value("q", 0))
+        self.sync = Sync(
+            ctx.Value("q", 0), ctx.Semaphore(0), ctx.Event(), ctx.Value("q", 0), ctx.Value("q", 0), ctx.Array("b", n)
+        )
         headers = dict(sender.client.headers)
         self.jobs = [
             Job(k, spec, kind, headers, plan, shares[k], sum(shares[:k]), send_clock, sink.folder) for k in range(n)
@@ -190,11 +204,16 @@ class WorkerPool:
             while any(p.is_alive() for p in self.procs):
                 await asyncio.sleep(0.5)
                 _progress(sender.progress, self.jobs, offsets)
+                for k, p in enumerate(self.procs):
+                    if not p.is_alive():  # gone before an open loop's start line: not waited for
+                        self.sync.arrived[k] = 1
         finally:
             healths = await self._end()
         return _combine(healths, len(self.jobs))
 
     async def _end(self) -> list[dict[str, Any]]:
+        for k in range(len(self.procs)):  # nobody waits at an open loop's start line any more
+            self.sync.arrived[k] = 1
         for p in self.procs:  # stopped early (Ctrl-C, failure): they finish what is in flight
             if p.is_alive() and p.pid is not None:
                 os.kill(p.pid, signal.SIGINT)

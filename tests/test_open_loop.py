@@ -66,6 +66,12 @@ def test_bad_open_loop_input_names_the_key(extra: str, slo: str, where: str) -> 
     assert f"x.toml: {where}" in str(e.value)
 
 
+def test_more_workers_than_max_concurrency_is_refused(tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "s.toml", BASE + "rate = 3.0\nrequests = 5\nmax_concurrency = 1\n")
+    r = kvbench("run", str(sc), "--workers", "2", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "max_concurrency = 1" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_bad_rate_exits_2_from_the_cli(tmp_path: Path) -> None:
     sc = write_scenario(tmp_path / "s.toml", BASE + "rate = -3\nrequests = 5\n")
     r = kvbench("validate", str(sc))
@@ -160,6 +166,9 @@ time_scale = 2.0
         assert sorted(r.schedule_index for r in recs) == list(range(124))  # each sent once
         assert {r.process for r in recs} == {0, 1}
         assert sum(r.phase == "warmup" for r in recs) == 4
+        # over both processes, the warm-up is answered before the measured part starts
+        warm_end = max(r.end_s() or 0.0 for r in recs if r.phase == "warmup")
+        assert min(r.start_s for r in recs if r.phase == "run") >= warm_end
         s = run.meta["summary"]
         assert s["slo"]["requests"] == 120 and s["schedule_lag"]["requests"] == 120
         assert run.meta["load"]["rate"] == float(name.split("-r")[1])

@@ -70,7 +70,13 @@ def _check(opts: RunOptions, sc: scenario.Scenario, url: str | None) -> None:
     if opts.workers < 1:
         raise InputError(f"--workers: expected a number of processes >= 1, got {opts.workers}")
     if opts.workers > 1 and not workloads.get(sc.workload.kind).shares_schedule:
-        raise InputError("--workers: a sweep sends one request at a time; it applies to closed_loop scenarios")
+        raise InputError("--workers: a sweep sends one request at a time; it applies to closed and open loops")
+    cap = sc.workload.max_concurrency
+    if cap is not None and opts.workers > cap:
+        raise InputError(
+            f"--workers: {opts.workers} processes cannot share max_concurrency = {cap} ({sc.path}): "
+            "give at most as many processes"
+        )
     for m in opts.metrics_urls:
         endpoint.check_url(m, "--metrics-url")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -28,6 +28,9 @@ from harness.wire.client import Exchange, StreamingClient
 # A run stops early after this many consecutive requests that could not connect or timed out.
 DEAD_ENDPOINT_STREAK = 10
 DEAD_KINDS = {"connect": "could not connect", "timeout": "timed out"}
+# Connections of an open loop without max_concurrency: beyond as many in flight, a request waits
+# for a connection, and the wait shows as schedule lag.
+OPEN_LOOP_CONNECTIONS = 1024
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,17 @@ class ArmSpec:
     @property
     def bust(self) -> bool:
         return self.arm.cache == "bust"
+
+    @property
+    def connections(self) -> int:
+        """Connections the arm sends on, over all processes: a closed loop's (or an open loop's
+        probe's), or as many as an open loop may have in flight."""
+        w = self.scenario.workload
+        if self.load is not None and self.load.mode != "rate":
+            return 1 if self.load.mode == "serial" else self.load.concurrency or 1
+        if w.kind == "open_loop":
+            return w.max_concurrency or OPEN_LOOP_CONNECTIONS
+        return w.concurrency
 
     @cached_property
     def url(self) -> str:
@@ -283,6 +297,22 @@ class Plan:
     schedule: tuple[tuple[int, int], ...] = ()
     times: tuple[float, ...] = ()  # open loop: send time of each schedule index (model s after the start)
     warmup: int = 0  # open loop: the first schedule indexes that are sent but not counted
+
+
+class Schedule(Iterator[tuple[int, int]]):
+    """Where connections take the next (schedule index, prompt index) pair, and where an open
+    loop's processes agree on when its measured part starts (after the warm-up is answered)."""
+
+    def __init__(self, order: Iterator[tuple[int, int]]) -> None:
+        self.order = order
+
+    def __next__(self) -> tuple[int, int]:
+        return next(self.order)
+
+    async def measured_start(self, ready_ns: int) -> int:
+        """Given when this process is ready for the measured part (its warm-up answered), when
+        the measured part starts for all (monotonic ns). One process: at once."""
+        return ready_ns
 
 
 async def build_pool(sender: Sender) -> tuple[Prompt, ...]:

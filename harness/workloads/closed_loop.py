@@ -31,7 +31,8 @@ async def drive(
 ) -> None:
     """`take`: where each connection gets its next (schedule index, prompt index) pair (default:
     the plan's schedule; workers.py passes one shared by all processes); `connections`: how many
-    (default: the scenario's concurrency), numbered from `first`."""
+    (default: all of the arm's; a process of several gets its share, maybe none), numbered from
+    `first`."""
     queue = take if take is not None else iter(plan.schedule)
 
     async def connection(n: int) -> None:
@@ -41,5 +42,5 @@ async def drive(
             prompt = plan.prompts[p]
             sender.check_bust(await sender.send(prompt, "run", sender.lead_for(prompt), worker=n, schedule_index=i))
 
-    count = connections or sender.spec.scenario.workload.concurrency
+    count = sender.spec.connections if connections is None else connections
     await asyncio.gather(*(connection(first + n) for n in range(count)))

@@ -10,7 +10,8 @@ The probes of `rates = "auto"` run here too: one request at a time ("serial") an
 of `auto_concurrency` connections ("saturated"), as closed_loop.py sends them.
 
 With `--workers N` the processes take the schedule's next request in turn (workers.py) and
-send it at its time on the shared clock."""
+send it at its time on the shared clock; the measured part starts for all once every process has
+its warm-up answered."""
 
 from __future__ import annotations
 
@@ -19,10 +20,9 @@ import random
 import statistics
 import time
 from collections import deque
-from collections.abc import Iterator
 
 from harness.workloads import closed_loop, schedule
-from harness.workloads.base import Load, Plan, Sender, build_pool
+from harness.workloads.base import Load, Plan, Schedule, Sender, build_pool
 
 NAME = "open_loop"
 SHARES_SCHEDULE = True
@@ -43,8 +43,7 @@ PROBE_PER_CONNECTION = 4
 
 def load_of(sender: Sender) -> Load:
     load = sender.spec.load
-    if load is None:  # a single `rate`
-        return Load("rate", sender.spec.scenario.workload.rates[0])
+    assert load is not None, "the runner gives every open-loop arm its load"
     return load
 
 
@@ -70,18 +69,18 @@ async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
 async def drive(
     sender: Sender,
     plan: Plan,
-    take: Iterator[tuple[int, int]] | None = None,
+    take: Schedule | None = None,
     connections: int | None = None,
     first: int = 0,
 ) -> None:
     load = load_of(sender)
-    if load.mode != "rate":
-        count = 1 if load.mode == "serial" else (connections or load.concurrency or 1)
-        await closed_loop.drive(sender, plan, take, count, first)
+    if load.mode != "rate":  # a probe: a closed loop on its own connections (ArmSpec.connections)
+        await closed_loop.drive(sender, plan, take, connections, first)
         return
     spec = sender.spec
     clock = spec.clock
-    cap = spec.scenario.workload.max_concurrency
+    # max_concurrency over all processes: each of several holds its share (`connections`)
+    cap = spec.scenario.workload.max_concurrency and (spec.connections if connections is None else connections)
     slots = asyncio.Semaphore(cap) if cap else None
     tasks: set[asyncio.Task[None]] = set()
     setup: deque[int] = deque(maxlen=PACE_WINDOW)  # dispatch to headers sent, ns
@@ -110,7 +109,7 @@ async def drive(
             if slots is not None:
                 slots.release()
 
-    queue = take if take is not None else iter(plan.schedule)
+    queue = take if take is not None else Schedule(iter(plan.schedule))
     shift_ns = 0  # the measured schedule starts when the warm-up has been answered
 
     async def dispatch(i: int, p: int) -> None:
@@ -125,7 +124,9 @@ async def drive(
         if i >= plan.warmup and plan.warmup and not shift_ns:
             if tasks:  # every warm-up request answered (a cold first prefix, queues drained)
                 await asyncio.gather(*tasks)
-            shift_ns = max(1, time.perf_counter_ns() - clock.t0_ns - round(clock.wall_s(plan.times[i]) * 1e9))
+            start = await queue.measured_start(time.perf_counter_ns())
+            # the same for every process: the first measured request is sent at `start`
+            shift_ns = max(1, start - clock.t0_ns - round(clock.wall_s(plan.times[plan.warmup]) * 1e9))
         await dispatch(i, p)
         if sender.stop.is_set():
             break
