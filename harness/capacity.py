@@ -24,8 +24,8 @@ import numpy as np
 
 from harness import stats
 from harness.results import RunResult
+from harness.scenario import Slo
 
-CI_LEVEL = 0.95
 # rates = "auto" goes this far beyond the saturated throughput, so that a rate fails
 AUTO_BEYOND = 1.2
 
@@ -65,14 +65,7 @@ def slo_of(run: RunResult) -> tuple[dict[str, float], float] | None:
     if not isinstance(slo, dict):
         return None
     limits = {k: float(v) for k in ("ttft_s", "tpot_s", "e2e_s") if isinstance(v := slo.get(k), int | float) and v}
-    return (limits, float(slo.get("share", 0.9))) if limits else None
-
-
-def wilson(met: int, n: int) -> tuple[float, float]:
-    from scipy.stats import binomtest
-
-    ci = binomtest(met, n).proportion_ci(CI_LEVEL, method="wilson")
-    return float(ci.low), float(ci.high)
+    return (limits, float(slo.get("share", Slo.share))) if limits else None
 
 
 def point(run: RunResult) -> Point | None:
@@ -87,7 +80,7 @@ def point(run: RunResult) -> Point | None:
         return None
     slo = slo_of(run)
     g = stats.goodput(kept, slo[0]) if slo else None
-    lo_hi = wilson(g["met"], g["requests"]) if g and g["requests"] else (None, None)
+    lo_hi = stats.share_ci(g["met"], g["requests"]) if g and g["requests"] else (None, None)
     lag = stats.schedule_lag(kept)
     ttft, tpot = stats.values(kept, "ttft_s"), stats.values(kept, "tpot_s")
     return Point(

@@ -296,6 +296,14 @@ def _trend_p(kendalltau: Callable[..., Any], x: np.ndarray, y: np.ndarray) -> fl
     return p if np.isfinite(p) else 1.0
 
 
+def share_ci(met: int, n: int) -> tuple[float, float]:
+    """The CI_LEVEL Wilson interval of a share of n requests of which `met` met a target."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(met, n).proportion_ci(CI_LEVEL, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
 def arrival_fit(records: Records, arrivals: str, rate: float, shape: float) -> dict[str, Any]:
     """How the real send times match the arrival process asked for: the coefficient of
     variation of their gaps against the process's, and (poisson, gamma) the p-value of a

@@ -98,7 +98,7 @@ def test_poisson_and_gamma_schedules_have_the_asked_distribution() -> None:
 
 
 def _point(rate: float, met: int, n: int = 40, saturated: bool = False, achieved: float | None = None) -> Point:
-    lo, hi = capacity.wilson(met, n)
+    lo, hi = stats.share_ci(met, n)
     return Point(
         "rate", rate, achieved or rate, n, met, met / n, lo, hi, met / n * rate, 1, 1, 0.02, 0.02, 0, 0, saturated
     )
