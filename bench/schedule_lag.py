@@ -4,7 +4,10 @@ req/s and at 80 % of the client's closed-loop ceiling, against bench/firehose.py
 the request's headers were on the socket - its intended send time. Also the Kolmogorov-Smirnov
 p-value of the real send gaps against the exponential of the rate. Medians over 3 runs.
 
-    python bench/schedule_lag.py [requests]      # default 3000 per rate
+    python bench/schedule_lag.py [requests] [workers]   # defaults 3000 per rate, 1 process
+
+With workers > 1 the rates are the same (80 % of one process's ceiling), sent by that many
+processes sharing the schedule (on every core, the server's too, as ceiling.py does).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import STREAMING, Firehose, kvbench_run
+from common import STREAMING, Firehose, client_cores, kvbench_run
 
 from harness import stats
 from harness.results import read_requests
@@ -43,9 +46,12 @@ def ceiling() -> float:
         return float(json.loads((folder / "run.json").read_text())["summary"]["req_per_s"])
 
 
-def once(rate: float, n: int) -> dict[str, float]:
+def once(rate: float, n: int, workers: int) -> dict[str, float]:
+    extra = ["--workers", str(workers)] if workers > 1 else None
     with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=200, tokens=256) as fh:
-        (folder,) = kvbench_run(OPEN.format(rate=rate, requests=n), fh.base_url, Path(tmp))
+        (folder,) = kvbench_run(
+            OPEN.format(rate=rate, requests=n), fh.base_url, Path(tmp), extra, cores=client_cores(workers)
+        )
         recs = [r for r in read_requests(folder) if r.phase == "run"]
         meta = json.loads((folder / "run.json").read_text())
     lag = stats.schedule_lag(recs)
@@ -62,11 +68,13 @@ def once(rate: float, n: int) -> dict[str, float]:
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
+    workers = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     top = ceiling()
     print(f"closed-loop ceiling (28 connections, 256 tokens): {top:.0f} req/s")
+    print(f"{workers} client process(es)")
     print("rate req/s   lag p50 ms   lag p99 ms   lag max ms   sent req/s   KS p   client CPU")
     for rate in (100.0, round(0.8 * top)):
-        rs = [once(rate, n) for _ in range(3)]
+        rs = [once(rate, n, workers) for _ in range(3)]
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         print(
             f"{rate:10.0f} {med['p50']:12.3f} {med['p99']:12.3f} {med['max']:12.3f} {med['sent']:12.1f}"
