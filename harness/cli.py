@@ -227,6 +227,36 @@ def baseline_save(
     return save_baseline(results, output)
 
 
+trace_app = typer.Typer(help="Request traces (Mooncake, Qwen-Bailian).", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
+
+
+@trace_app.command("inspect")
+@_handled
+def trace_inspect(
+    file: Annotated[Path, typer.Argument(help="Trace file (JSONL).", show_default=False)],
+    fmt: Annotated[str, typer.Option("--format", help="auto, mooncake or bailian.")] = "auto",
+    block_tokens: Annotated[
+        int | None, typer.Option(help="Tokens per hash_ids block (default: 512 Mooncake, 16 Bailian).")
+    ] = None,
+    lru_blocks: Annotated[
+        list[int] | None, typer.Option(help="Also the reuse of an LRU cache of this many blocks (repeatable).")
+    ] = None,
+    skip_bad: Annotated[
+        bool, typer.Option("--skip-bad", help="Leave out bad lines (counted) instead of exit 2.")
+    ] = False,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
+) -> int:
+    """Requests, lengths, arrival rate, and the prompt tokens a prefix cache could serve."""
+    from rich.console import Console
+
+    from harness.commands import trace as command
+
+    return command.main(
+        file, fmt, block_tokens, lru_blocks or [], skip_bad, json_out, Console(highlight=False, soft_wrap=True)
+    )
+
+
 @app.command()
 @_handled
 def validate(

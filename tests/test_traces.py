@@ -1,0 +1,177 @@
+"""Trace files (Mooncake, Qwen-Bailian): strict reading, the reuse they make possible, and
+`kvbench trace inspect`, against the shipped samples and files made here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import traces
+from harness.errors import InputError
+from tests.conftest import ROOT, kvbench
+
+SAMPLES = ROOT / "scenarios" / "traces"
+
+
+def write(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def mc(ts: float, n: int, ids: list[int], out: int = 10) -> dict[str, object]:
+    return {"timestamp": ts, "input_length": n, "output_length": out, "hash_ids": ids}
+
+
+def test_reuse_counts_the_cached_prefix_of_full_blocks(tmp_path: Path) -> None:
+    t = traces.read(
+        write(
+            tmp_path / "t.jsonl",
+            [
+                mc(0, 4 * 512, [1, 2, 3, 4]),  # nothing cached yet; stores 4 full blocks
+                mc(10, 4 * 512, [1, 2, 3, 4]),  # all 4 cached, but the last token is computed: 3 blocks
+                mc(20, 3 * 512 + 100, [1, 2, 9, 10]),  # 1, 2 cached; 9 stored, 10 is partial
+                mc(30, 3 * 512 + 100, [5, 1, 2, 9]),  # a different first block: no prefix
+            ],
+        )
+    )
+    assert t.format == "mooncake" and t.block_tokens == 512 and t.requests[1].timestamp_s == 0.01
+    inf = traces.reuse(t.requests, 512)
+    assert inf.cached_tokens == (3 + 2) * 512 and inf.prompt_tokens == 8 * 512 + 2 * (3 * 512 + 100)
+    # an LRU of 2 blocks keeps only the last two a request stored
+    assert traces.reuse(t.requests, 512, 2).cached_tokens == 0
+    assert traces.reuse(t.requests, 512, 4).cached_tokens == (3 + 2) * 512
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ({"timestamp": 0, "output_length": 1, "hash_ids": []}, ":2: input_length: missing"),
+        (
+            {"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": []},
+            ":2: input_length: expected an integer >= 1",
+        ),
+        (
+            {"timestamp": 0, "input_length": 5, "output_length": True, "hash_ids": []},
+            ":2: output_length: expected an integer",
+        ),
+        (
+            {"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, "a"]},
+            ":2: hash_ids: expected a list of integers",
+        ),
+        (
+            {"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": 3},
+            ":2: hash_ids: expected a list of integers",
+        ),
+        (
+            {"timestamp": "soon", "input_length": 5, "output_length": 1, "hash_ids": []},
+            ":2: timestamp: expected a number",
+        ),
+        (mc(-1, 5, []), ":2: timestamp: expected a number >= 0"),
+        ("{not json", ":2: not JSON"),
+        ("[1, 2]", ":2: expected a JSON object"),
+    ],
+)
+def test_a_bad_line_is_named_by_file_line_and_field(tmp_path: Path, line: object, said: str) -> None:
+    path = write(tmp_path / "t.jsonl", [mc(0, 600, [1]), line, mc(5, 700, [1])])
+    with pytest.raises(InputError) as e:
+        traces.read(path)
+    assert str(e.value).startswith(f"{path}{said}")
+    skipped = traces.read(path, skip_bad=True)
+    assert len(skipped.requests) == 2 and len(skipped.skipped) == 1 and said in skipped.skipped[0]
+
+
+def test_order_context_and_bailian_fields_are_checked(tmp_path: Path) -> None:
+    back = write(tmp_path / "b.jsonl", [mc(5000, 600, [1]), mc(4000, 600, [1])])
+    with pytest.raises(InputError, match=r":2: timestamp: goes backwards"):
+        traces.read(back)
+    with pytest.raises(
+        InputError, match=r":1: input_length: 600 \+ output_length 10 exceeds the model's context \(512\)"
+    ):
+        traces.read(write(tmp_path / "c.jsonl", [mc(0, 600, [1])]), max_model_len=512)
+    bad = {
+        "chat_id": 1,
+        "parent_chat_id": -2,
+        "timestamp": 1.0,
+        "input_length": 40,
+        "output_length": 2,
+        "hash_ids": [1],
+    }
+    with pytest.raises(InputError, match=r":1: parent_chat_id: expected an integer >= -1"):
+        traces.read(write(tmp_path / "q.jsonl", [bad]))
+    with pytest.raises(InputError, match="no trace requests"):
+        traces.read(write(tmp_path / "e.jsonl", [""]))
+    with pytest.raises(InputError, match="trace format: expected auto, mooncake or bailian"):
+        traces.read(back, "sharegpt")
+
+
+ids = st.lists(st.integers(0, 30), min_size=0, max_size=12)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(ids, st.integers(1, 12 * 16)), min_size=1, max_size=40), st.integers(1, 20))
+def test_lru_never_serves_more_than_a_bigger_cache(rows: list[tuple[list[int], int]], small: int) -> None:
+    reqs = [traces.TraceRequest(i + 1, float(i), n, 1, tuple(h)) for i, (h, n) in enumerate(rows)]
+    a, b = traces.reuse(reqs, 16, small), traces.reuse(reqs, 16, small + 7)
+    inf = traces.reuse(reqs, 16)
+    assert a.cached_tokens <= b.cached_tokens <= inf.cached_tokens <= inf.prompt_tokens
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(
+    st.lists(st.tuples(st.floats(0, 1e6), st.integers(1, 10**6), st.integers(0, 10**5), ids), min_size=1, max_size=20)
+)
+def test_valid_lines_read_back_as_written(tmp_path_factory: pytest.TempPathFactory, rows: list) -> None:
+    rows = sorted(rows)
+    path = write(tmp_path_factory.mktemp("p") / "t.jsonl", [mc(ts, n, h, out) for ts, n, out, h in rows])
+    got = traces.read(path).requests
+    assert [(r.timestamp_s, r.input_length, r.output_length, list(r.hash_ids)) for r in got] == [
+        (ts * traces.TIMESTAMP_TO_S["mooncake"], n, out, h) for ts, n, out, h in rows
+    ]
+
+
+def test_inspect_the_shipped_samples(tmp_path: Path) -> None:
+    r = kvbench(
+        "trace",
+        "inspect",
+        str(SAMPLES / "mooncake-sample.jsonl"),
+        "--lru-blocks",
+        "60",
+        "--json",
+        str(tmp_path / "m.json"),
+    )
+    assert r.returncode == 0, r.stderr
+    assert "300 requests (mooncake format, 512-token blocks)" in r.stdout.replace("\n", " ")
+    doc = json.loads((tmp_path / "m.json").read_text())
+    trace = traces.read(SAMPLES / "mooncake-sample.jsonl")
+    assert doc["requests"] == 300 and len(doc["arrival_rate"]) == 10
+    assert [u["capacity_blocks"] for u in doc["reuse"]] == [None, 60]
+    assert doc["reuse"][1]["cached_tokens"] == traces.reuse(trace.requests, 512, 60).cached_tokens
+    assert 0 < doc["reuse"][1]["share"] < doc["reuse"][0]["share"] < 1
+    b = kvbench("trace", "inspect", str(SAMPLES / "bailian-sample.jsonl"))
+    assert b.returncode == 0 and "bailian format, 16-token blocks" in b.stdout.replace("\n", " ")
+
+
+def test_inspect_bad_input_exits_2_without_a_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.jsonl", [mc(0, 600, [1]), {"timestamp": 1}])
+    r = kvbench("trace", "inspect", str(path))
+    assert r.returncode == 2 and f"{path}:2: input_length: missing" in r.stderr.replace("\n", "")
+    assert "Traceback" not in r.stderr
+    r = kvbench("trace", "inspect", str(path), "--skip-bad")
+    assert r.returncode == 0 and "1 lines left out" in r.stdout
+    for args in (["--lru-blocks", "0"], ["--block-tokens", "0"]):
+        r = kvbench("trace", "inspect", str(path), *args)
+        assert r.returncode == 2 and "expected" in r.stderr
+    r = kvbench("trace", "inspect", str(tmp_path / "none.jsonl"))
+    assert r.returncode == 2 and "cannot read the trace" in r.stderr
+
+
+def test_the_samples_are_what_their_generator_makes(tmp_path: Path) -> None:
+    before = {p.name: p.read_bytes() for p in SAMPLES.glob("*.jsonl")}
+    subprocess.run([sys.executable, str(SAMPLES / "make_samples.py")], check=True, capture_output=True)
+    assert {p.name: p.read_bytes() for p in SAMPLES.glob("*.jsonl")} == before
