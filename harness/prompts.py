@@ -174,6 +174,7 @@ class Prompt:
     rest: str  # everything after the lead
     target_tokens: int | None
     tokens: int | None  # as counted while building (None: not counted)
+    max_tokens: int | None = None  # output tokens asked for, when the prompt sets it (traces)
 
     def text(self, lead_text: str | None = None) -> str:
         return (self.lead if lead_text is None else lead_text) + self.rest
@@ -340,3 +341,76 @@ def load_file(path: str, builder: PromptBuilder) -> list[Prompt]:
     if not out:
         raise InputError(f"{path}: no prompts")
     return out
+
+
+class BlockPrompts:
+    """Prompts of a trace, built from blocks: each hash id is a block of text of exactly
+    `block_tokens` tokens, the same text wherever the id appears, so requests that share leading
+    ids share that text, and with it the chat template's opening and the lead before it: at
+    least the shared blocks' tokens (as many as the opening more, in the server's count). The
+    tail (a partial last block, or text of the request's own) is shortened by the template and
+    lead, so the input length is the trace's.
+
+    Sizes come from each word's cost, counted once (about 170 counts per run, not one per
+    prompt): with tokenizers that split text at spaces before merging (GPT-2-style byte BPE,
+    SentencePiece, the emulator's), a text of space-separated words costs the sum of its words,
+    so a trace of 10,000 requests builds in seconds. The server's count of every request is
+    recorded beside its target."""
+
+    def __init__(self, builder: PromptBuilder, block_tokens: int) -> None:
+        self.builder, self.block_tokens = builder, block_tokens
+        self.fixed = 0  # template + lead tokens
+        self.cost: dict[str, int] = {}  # tokens of " word"
+        self._blocks: dict[int, list[str]] = {}
+
+    async def calibrate(self, lead_text: str) -> None:
+        # The opening's own cost, from the difference of two lengths: alone, the lead's trailing
+        # space would count as a token that a following word takes into its own.
+        ref = [_VOCAB[0]]
+        n8 = await self.builder._count(lead_text + " ".join(ref * 8))
+        n16 = await self.builder._count(lead_text + " ".join(ref * 16))
+        self.fixed = n8 - (n16 - n8)
+        self.builder.template_tokens = self.builder.template_tokens or await self.builder._count("")
+        for word in dict.fromkeys(_VOCAB):
+            n = await self.builder._count(lead_text + " ".join([word] * 8))
+            self.cost[word] = max(1, round((n - self.fixed) / 8))
+        cheapest = min(self.cost.values())
+        self._filler = [w for w, c in self.cost.items() if c == cheapest]
+
+    def _fill(self, key: str, tokens: int, start: list[str] | None = None) -> list[str]:
+        """Words costing `tokens` in all (or as near as the cheapest word allows): `start`'s own
+        words while they fit, then seeded words, then the cheapest ones."""
+        rng = random.Random(f"{self.builder.seed}/block/{key}")
+        words: list[str] = []
+        left = tokens
+        for w in start or ():
+            if self.cost[w] > left:
+                break
+            words.append(w)
+            left -= self.cost[w]
+        cheapest = self.cost[self._filler[0]]
+        while left >= 2 * cheapest + max(self.cost.values()):
+            w = rng.choice(_VOCAB)
+            words.append(w)
+            left -= self.cost[w]
+        while left >= cheapest:
+            words.append(rng.choice(self._filler))
+            left -= cheapest
+        return words
+
+    def block(self, h: int) -> list[str]:
+        if (got := self._blocks.get(h)) is None:
+            got = self._blocks[h] = self._fill(str(h), self.block_tokens)
+        return got
+
+    def prompt(self, prompt_id: str, lead_text: str, hash_ids: tuple[int, ...], tokens: int, output: int) -> Prompt:
+        b = self.block_tokens
+        full = min(len(hash_ids), max(0, tokens - self.fixed) // b)
+        words: list[str] = []
+        for h in hash_ids[:full]:
+            words += self.block(h)
+        left = tokens - self.fixed - full * b
+        if left > 0:  # a partial block: the start of its own text, or the request's own text
+            tail = self.block(hash_ids[full]) if full < len(hash_ids) else []
+            words += self._fill(f"tail/{prompt_id}", left, tail)
+        return Prompt(prompt_id, lead_text, " ".join(words), tokens, None, output or None)

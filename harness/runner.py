@@ -96,11 +96,11 @@ class RunState:
 def connections(sc: Scenario) -> int:
     """The connection pool of the run: the most any of its arms' loads sends on at once."""
     w = sc.workload
-    if w.kind == "closed_loop":
+    if w.kind == "closed_loop" or (w.kind == "trace" and w.closed):
         return w.concurrency
     if w.kind == "open_loop":
         return w.max_concurrency or max(OPEN_LOOP_CONNECTIONS, w.auto_concurrency)
-    return 1
+    return OPEN_LOOP_CONNECTIONS if w.kind == "trace" else 1
 
 
 async def open_session(t: Target, client: StreamingClient) -> Session:
@@ -340,6 +340,7 @@ class ArmLifecycle:
         if key not in self.state.plans:
             self.state.plans[key] = await self.kind.plan(sender, self.state.prior())
         plan = self.state.plans[key]
+        writer.meta.update(plan.info)
         if self.traffic_on and sc.traffic is not None:
             self.traffic_load = make_driver(
                 sc.traffic, writer.folder, f"{self.state.stamp}-{self.arm.name}", self.base, t.clock
@@ -420,6 +421,8 @@ class ArmLifecycle:
             health["schedule_lag"] = summary["schedule_lag"]
             if (warning := selfcheck.schedule_warning(summary["schedule_lag"])) is not None:
                 sender.warn(warning)
+        if isinstance(trace := writer.meta.get("trace"), dict) and trace.get("possible_cached_share"):
+            summary["possible_cached_share"] = trace["possible_cached_share"]
         title = f"{self.arm.name} at {self.at}" if self.at else self.arm.name
         show_summary(self.progress.console, self.t.scenario.name, title, self.kind.name, summary, self.t.clock)
         interrupted = interrupted or (self.state.stop.is_set() and not sender.aborted)

@@ -74,7 +74,7 @@ ARRIVALS = ("constant", "poisson", "gamma")
 
 @dataclass(frozen=True)
 class Workload:
-    kind: Literal["sweep", "closed_loop", "open_loop"]
+    kind: Literal["sweep", "closed_loop", "open_loop", "trace"]
     lengths: tuple[int, ...] = ()
     warm_repeats: int = 1
     repetitions: int = 1
@@ -95,6 +95,16 @@ class Workload:
     seed: int | None = None  # the arrival times' seed (default: prompts.seed)
     auto_points: int = 5  # rates = "auto": rates between one-at-a-time and saturated throughput
     auto_concurrency: int = 64  # rates = "auto": connections of the saturated closed-loop probe
+    # trace: a request trace replayed (harness/traces.py reads it)
+    path: str | None = None
+    trace_format: Literal["auto", "mooncake", "bailian"] = "auto"
+    block_tokens: int | None = None  # tokens per hash_ids block (default: the format's)
+    speed: float = 1.0  # timestamps replayed this many times faster
+    start_s: float = 0.0  # the slice of the trace replayed: [start_s, end_s) after its first request
+    end_s: float | None = None
+    max_requests: int | None = None
+    skip_bad: bool = False  # leave bad trace lines out (counted) instead of stopping
+    closed: bool = False  # `concurrency` given: as fast as that many connections allow
 
 
 @dataclass(frozen=True)
@@ -453,7 +463,7 @@ def _distribution(t: _Table, k: str) -> Distribution:
 
 
 def _workload(t: _Table) -> Workload:
-    kind = t.text("kind", None, ("sweep", "closed_loop", "open_loop"), required=True)
+    kind = t.text("kind", None, ("sweep", "closed_loop", "open_loop", "trace"), required=True)
     if kind == "sweep":
         lengths = t.required("lengths", "a list of prompt lengths in tokens")
         if not isinstance(lengths, list) or not lengths:
@@ -473,9 +483,33 @@ def _workload(t: _Table) -> Workload:
             concurrency=t.integer("concurrency", required=True, minimum=1, what="an integer number of connections"),
             **_pool(t),
         )
-    else:
+    elif kind == "open_loop":
         w = _open_loop(t)
+    else:
+        w = _trace(t)
     t.done()
+    return w
+
+
+def _trace(t: _Table) -> Workload:
+    concurrency = t.integer("concurrency", None, minimum=1, what="an integer number of connections")
+    if concurrency is not None and t.has("speed"):
+        t.fail("speed", "applies when the trace's timestamps are kept (no concurrency)", t.data["speed"])
+    w = Workload(
+        kind="trace",
+        path=t.text("path", required=True),
+        trace_format=t.text("format", Workload.trace_format, ("auto", "mooncake", "bailian")),
+        block_tokens=t.integer("block_tokens", None, minimum=1, what="an integer number of tokens"),
+        speed=t.number("speed", Workload.speed, positive=True),
+        start_s=t.number("start_s", Workload.start_s, minimum=0.0),
+        end_s=t.number("end_s", 0.0, positive=True) or None,
+        max_requests=t.integer("max_requests", None, minimum=1, what="an integer number of requests"),
+        skip_bad=t.flag("skip_bad", Workload.skip_bad),
+        concurrency=concurrency or 1,
+        closed=concurrency is not None,
+    )
+    if w.end_s is not None and w.end_s <= w.start_s:
+        t.fail("end_s", f"expected more than start_s ({w.start_s:g})", w.end_s)
     return w
 
 

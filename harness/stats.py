@@ -14,6 +14,9 @@ Definitions:
 - open loop: warm-up requests (phase "warmup") are left out of every figure but the counts of
   requests and failures. Schedule lag: real send time (start_s) - intended send time.
 - TPOT: (e2e - TTFT) / (output tokens - 1), per request (vLLM's definition).
+- reuse captured (trace replay): the share of prompt tokens the server reported cached, over the
+  share an infinite prefix cache could have served (harness/traces.py), both over the requests
+  replayed.
 - a request meets the SLO when it succeeded and its TTFT, TPOT and e2e are within every limit
   given (a one-token answer has no TPOT and is not judged on it); share met: requests meeting
   it / measured requests (failures count as missing it); goodput: requests meeting it per
@@ -185,6 +188,8 @@ def summary(records: Records, kind: str, slo: dict[str, float] | None = None) ->
     out["req_per_s"] = t.req_per_s
     out["output_tokens_per_s"] = t.output_tokens_per_s
     out["duration_s"] = t.duration_s
+    if kind == "trace":
+        out["cached_share"] = cached_share(counted)
     if kind == "open_loop":
         out["steady_req_per_s"] = t.steady_req_per_s
         out["tpot_s"] = describe(values(kept, "tpot_s"))
@@ -195,6 +200,16 @@ def summary(records: Records, kind: str, slo: dict[str, float] | None = None) ->
         if slo:
             out["slo"] = goodput(counted, slo)
     return out
+
+
+def cached_share(records: Records) -> float | None:
+    """Prompt tokens the server reported cached / prompt tokens, over the requests that
+    succeeded and report both (None when none does)."""
+    both = [
+        (r.cached_tokens, r.prompt_tokens) for r in records if r.ok and r.cached_tokens is not None and r.prompt_tokens
+    ]
+    total = sum(p for _, p in both)
+    return sum(c for c, _ in both) / total if total else None
 
 
 def measured(records: Iterable[RequestRecord]) -> list[RequestRecord]:

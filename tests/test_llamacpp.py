@@ -141,3 +141,37 @@ e2e_s = 60.0
     doc = json.loads(next((tmp_path / "out" / "llama-open").glob("*-capacity.json")).read_text())
     (arm,) = doc["arms"]
     assert arm["capacity_at_slo"]["bound"] == "at_least" and arm["capacity_at_slo"]["req_per_s"] == 3.0
+
+
+def test_trace_requests_sharing_hash_ids_find_those_blocks_cached(llama: LlamaServer, tmp_path: Path) -> None:
+    block = 256
+    # (hash_ids, full blocks an earlier request held): each request's last block is partial, so
+    # block 3 of the first is never whole and the last request shares two
+    rows = [([1, 2, 3], 0), ([1, 2, 4], 2), ([5, 6], 0), ([1, 2, 3, 7], 2)]
+    (tmp_path / "t.jsonl").write_text(
+        "".join(
+            json.dumps({"timestamp": 10 * k, "input_length": len(ids) * block - 3, "output_length": 2, "hash_ids": ids})
+            + "\n"
+            for k, (ids, _) in enumerate(rows)
+        )
+    )
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        f"""
+name = "llama-trace"
+[workload]
+kind = "trace"
+path = "{tmp_path / "t.jsonl"}"
+block_tokens = {block}
+concurrency = 1
+""",
+    )
+    r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    (folder,) = folders(tmp_path / "out", "llama-trace").values()
+    recs = {x.prompt_id: x for x in read_requests(folder)}
+    for k, (_ids, shared) in enumerate(rows):
+        x = recs[f"t{k + 1}"]
+        assert x.ok and x.prompt_tokens == x.target_tokens, x
+        # the shared blocks (and the chat template's opening before them) come from cache
+        assert (x.cached_tokens or 0) >= shared * block, (k, x.cached_tokens)

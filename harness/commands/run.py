@@ -79,6 +79,11 @@ def _check(opts: RunOptions, sc: scenario.Scenario, url: str | None) -> None:
         )
     for m in opts.metrics_urls:
         endpoint.check_url(m, "--metrics-url")
+    w = sc.workload
+    if w.kind == "trace" and not Path(w.path or "").is_file():
+        raise InputError(
+            f"{sc.path}: workload.path: no trace file {w.path!r} (paths are relative to the current directory)"
+        )
 
 
 def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:

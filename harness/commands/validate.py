@@ -12,5 +12,12 @@ def main(scenarios: list[Path]) -> int:
 
     for path in scenarios:
         sc = load(path)
-        print(f"{path}: ok ({sc.workload.kind}, arms: {', '.join(a.name for a in sc.arms)}, hash {sc.digest()})")
+        w, more = sc.workload, ""
+        if w.kind == "trace":  # the trace is input too: every line checked
+            from harness import traces
+
+            assert w.path is not None
+            trace = traces.read(w.path, w.trace_format, w.block_tokens, w.skip_bad)
+            more = f", trace {w.path}: {len(trace.requests):,} requests"
+        print(f"{path}: ok ({w.kind}, arms: {', '.join(a.name for a in sc.arms)}, hash {sc.digest()}{more})")
     return ExitCode.OK

@@ -38,6 +38,7 @@ def build_context(runs: list[RunResult]) -> dict[str, Any]:
         **sections.verification(runs),
         **sections.traffic(runs),
         **sections.open_loop(runs),
+        **sections.reuse(runs),
         **sections.server(runs),
     }
 

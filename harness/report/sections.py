@@ -418,3 +418,9 @@ def open_loop(runs: list[RunResult]) -> dict[str, Any]:
         "open_ttft_svg": Markup(plots.against_load(ttft, "TTFT (s)", "open-ttft", log=True)),
         "open_goodput_svg": Markup(plots.against_load(good, "requests / s", "open-goodput")),
     }
+
+
+def reuse(runs: list[RunResult]) -> dict[str, Any]:
+    """Trace replays: the reuse captured, against what was possible, by tier where known."""
+    rows = [c for r in runs if (c := analysis.captured_reuse(r)) is not None]
+    return {"reuse_rows": rows}

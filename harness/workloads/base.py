@@ -28,6 +28,7 @@ from harness.wire.client import Exchange, StreamingClient
 # A run stops early after this many consecutive requests that could not connect or timed out.
 DEAD_ENDPOINT_STREAK = 10
 DEAD_KINDS = {"connect": "could not connect", "timeout": "timed out"}
+LENGTH_WARNINGS = 5  # prompts named for being off their target length; beyond, one line says more are
 # Connections of an open loop without max_concurrency: beyond as many in flight, a request waits
 # for a connection, and the wait shows as schedule lag.
 OPEN_LOOP_CONNECTIONS = 1024
@@ -85,6 +86,8 @@ class ArmSpec:
             return 1 if self.load.mode == "serial" else self.load.concurrency or 1
         if w.kind == "open_loop":
             return w.max_concurrency or OPEN_LOOP_CONNECTIONS
+        if w.kind == "trace" and not w.closed:
+            return OPEN_LOOP_CONNECTIONS
         return w.concurrency
 
     @cached_property
@@ -98,9 +101,13 @@ class ArmSpec:
         digest = hashlib.blake2b(f"{self.arm.name}/{prompt.lead}".encode(), digest_size=8).digest()
         return prompts.lead(int.from_bytes(digest, "big"))
 
-    def body(self, text: str, salt: str | None) -> bytes:
+    def body(self, text: str, salt: str | None, max_tokens: int | None = None) -> bytes:
         ep = self.scenario.endpoint
-        body: dict[str, Any] = {"model": self.model, "max_tokens": ep.max_tokens, "temperature": ep.temperature}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_tokens or ep.max_tokens,
+            "temperature": ep.temperature,
+        }
         body.update(ep.extra_body)
         body["stream"] = True
         body["stream_options"] = {**body.get("stream_options", {}), "include_usage": True}
@@ -188,9 +195,10 @@ class Sender:
         before = await self.scraper.snapshot() if self.scraper else None
         self.in_flight += 1
         try:
-            ex = await self.client.stream(spec.url, spec.body(prompt.text(lead_text), self._salt(salt)), request_id)
+            text, out = prompt.text(lead_text), prompt.max_tokens
+            ex = await self.client.stream(spec.url, spec.body(text, self._salt(salt), out), request_id)
             if self._salt_refused(salt, ex):
-                ex = await self.client.stream(spec.url, spec.body(prompt.text(lead_text), None), request_id)
+                ex = await self.client.stream(spec.url, spec.body(text, None, out), request_id)
         finally:
             self.in_flight -= 1
         record = spec.record(seq, ex, prompt, phase, **extra)
@@ -234,7 +242,13 @@ class Sender:
         off = target and got is not None and abs(got - target) > self.spec.scenario.prompts.tolerance * target
         if off and r.prompt_id not in self.off_target:
             self.off_target.add(r.prompt_id)
-            self.warn(f"request {r.id} ({r.prompt_id}): the server counted {got} prompt tokens, target {target}")
+            if len(self.off_target) <= LENGTH_WARNINGS:
+                self.warn(f"request {r.id} ({r.prompt_id}): the server counted {got} prompt tokens, target {target}")
+            elif len(self.off_target) == LENGTH_WARNINGS + 1:
+                self.warn(
+                    f"more prompts are off their target length than the {LENGTH_WARNINGS} named: compare "
+                    "target_tokens with prompt_tokens in requests.jsonl"
+                )
 
     @property
     def cold_allowance(self) -> int:
@@ -297,6 +311,7 @@ class Plan:
     schedule: tuple[tuple[int, int], ...] = ()
     times: tuple[float, ...] = ()  # open loop: send time of each schedule index (model s after the start)
     warmup: int = 0  # open loop: the first schedule indexes that are sent but not counted
+    info: dict[str, Any] = field(default_factory=dict)  # what run.json records of the plan (a trace's)
 
 
 class Schedule(Iterator[tuple[int, int]]):

@@ -78,9 +78,15 @@ async def drive(
         await closed_loop.drive(sender, plan, take, connections, first)
         return
     spec = sender.spec
-    clock = spec.clock
     # max_concurrency over all processes: each of several holds its share (`connections`)
     cap = spec.scenario.workload.max_concurrency and (spec.connections if connections is None else connections)
+    await send_timed(sender, plan, take, cap)
+
+
+async def send_timed(sender: Sender, plan: Plan, take: Schedule | None, cap: int | None) -> None:
+    """Each request of the plan at its time (plan.times, after the warm-up is answered), with at
+    most `cap` in flight."""
+    clock = sender.spec.clock
     slots = asyncio.Semaphore(cap) if cap else None
     tasks: set[asyncio.Task[None]] = set()
     setup: deque[int] = deque(maxlen=PACE_WINDOW)  # dispatch to headers sent, ns

@@ -1,0 +1,115 @@
+"""`kind = "trace"`: a trace replayed against the real emulator on an ephemeral port (and
+llama.cpp in test_llamacpp.py): exact lengths, shared blocks shared, reuse captured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import analysis, traces
+from harness.results import read_requests, read_run
+from tests.conftest import kvbench, write_scenario
+
+
+def trace_file(path: Path, block: int = 64) -> Path:
+    """Twelve requests over three shared documents, two blocks of their own each."""
+    rows = []
+    for k in range(12):
+        doc = [100 * (k % 3) + j for j in range(1 + k % 3)]
+        ids = [*doc, 1000 + 2 * k, 1001 + 2 * k]
+        rows.append(
+            {"timestamp": 150 * k, "input_length": len(ids) * block - 5, "output_length": 3 + k, "hash_ids": ids}
+        )
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+SCENARIO = """
+name = "tr"
+[workload]
+kind = "trace"
+path = "{path}"
+block_tokens = 64
+{extra}
+[[arms]]
+name = "recompute"
+cache = "bust"
+[[arms]]
+name = "cached"
+[emulator]
+time_scale = 4.0
+"""
+
+
+def test_a_trace_replay_on_the_emulator_captures_what_it_could(tmp_path: Path) -> None:
+    path = trace_file(tmp_path / "t.jsonl")
+    sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=path, extra="speed = 2.0"))
+    r = kvbench("validate", str(sc))
+    assert r.returncode == 0 and "12 requests" in r.stdout
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "prompt tokens served from cache" in r.stderr
+    folders = {p.name.split("-", 1)[1]: p for p in (tmp_path / "out" / "tr").iterdir()}
+    possible = traces.reuse(traces.read(path, block_tokens=64).requests, 64)
+    for arm, folder in folders.items():
+        run = read_run(folder)
+        recs = read_requests(folder)
+        assert len(recs) == 12 and all(x.ok for x in recs)
+        assert all(x.prompt_tokens == x.target_tokens for x in recs)  # exact, as the server counts
+        by_id = {x.prompt_id: x for x in recs}
+        assert [by_id[f"t{k + 1}"].completion_tokens for k in range(12)] == [3 + k for k in range(12)]
+        # at the trace's times, twice as fast (model seconds)
+        starts = sorted(x.intended_s for x in recs if x.intended_s is not None)
+        assert starts == pytest.approx([0.075 * k for k in range(12)], abs=1e-6)
+        trace = run.meta["trace"]
+        assert trace["requests"] == 12 and trace["possible_cached_share"] == pytest.approx(possible.share)
+        got = analysis.captured_reuse(run)
+        assert got is not None
+        if arm == "recompute":
+            assert got["cached_share"] == 0
+        else:
+            # 16-token emulator blocks inside 64-token trace blocks: the same blocks are shared
+            assert got["cached_share"] == pytest.approx(possible.share, abs=0.01)
+            assert set(got["by_tier"]) == {"G4"}
+
+
+def test_a_slice_at_a_concurrency(tmp_path: Path) -> None:
+    path = trace_file(tmp_path / "t.jsonl")
+    extra = "concurrency = 2\nstart_s = 0.3\nend_s = 1.5\nmax_requests = 5"
+    sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=path, extra=extra))
+    r = kvbench("run", str(sc), "--arm", "cached", "--out", str(tmp_path / "out"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    (folder,) = (tmp_path / "out" / "tr").iterdir()
+    recs = read_requests(folder)
+    # requests at 0.3 .. 1.35 s: lines 3..10, the first five
+    assert sorted(x.prompt_id for x in recs) == [f"t{k}" for k in range(3, 8)]
+    assert {x.worker for x in recs} <= {0, 1} and all(x.intended_s is None for x in recs)
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ("concurrency = 2\nspeed = 2.0", "workload.speed"),
+        ("speed = 0", "workload.speed"),
+        ("start_s = 5.0\nend_s = 1.0", "workload.end_s"),
+        ('format = "sharegpt"', "workload.format"),
+        ("max_requests = 0", "workload.max_requests"),
+    ],
+)
+def test_bad_trace_keys_name_the_key(tmp_path: Path, extra: str, said: str) -> None:
+    sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=trace_file(tmp_path / "t.jsonl"), extra=extra))
+    r = kvbench("validate", str(sc))
+    assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_missing_or_bad_trace_stops_before_anything_runs(tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=tmp_path / "none.jsonl", extra=""))
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "workload.path: no trace file" in r.stderr and not (tmp_path / "out").exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1}\n')
+    sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=bad, extra=""))
+    r = kvbench("validate", str(sc))
+    assert r.returncode == 2 and f"{bad}:2: input_length: missing" in r.stderr.replace("\n", "")
