@@ -175,9 +175,13 @@ class Prompt:
     target_tokens: int | None
     tokens: int | None  # as counted while building (None: not counted)
     max_tokens: int | None = None  # output tokens asked for, when the prompt sets it (traces)
+    # a trace's prompt: `rest` joined at send time from block texts that many prompts share
+    # (10,000 prompts of 8K tokens would otherwise hold 400 MB of text)
+    parts: tuple[str, ...] = ()
 
     def text(self, lead_text: str | None = None) -> str:
-        return (self.lead if lead_text is None else lead_text) + self.rest
+        rest = " ".join(self.parts) if self.parts else self.rest
+        return (self.lead if lead_text is None else lead_text) + rest
 
 
 class PromptCache:
@@ -361,7 +365,9 @@ class BlockPrompts:
         self.builder, self.block_tokens = builder, block_tokens
         self.fixed = 0  # template + lead tokens
         self.cost: dict[str, int] = {}  # tokens of " word"
-        self._blocks: dict[int, list[str]] = {}
+        self._filler: list[str] = []  # the cheapest words
+        self._dearest = 1
+        self._blocks: dict[int, tuple[list[str], str]] = {}  # hash id -> (words, text)
 
     async def calibrate(self, lead_text: str) -> None:
         # The opening's own cost, from the difference of two lengths: alone, the lead's trailing
@@ -374,7 +380,7 @@ class BlockPrompts:
         for word in dict.fromkeys(_VOCAB):
             n = await self.builder._count(lead_text + " ".join([word] * 8))
             self.cost[word] = max(1, round((n - self.fixed) / 8))
-        cheapest = min(self.cost.values())
+        cheapest, self._dearest = min(self.cost.values()), max(self.cost.values())
         self._filler = [w for w, c in self.cost.items() if c == cheapest]
 
     def _fill(self, key: str, tokens: int, start: list[str] | None = None) -> list[str]:
@@ -388,29 +394,28 @@ class BlockPrompts:
                 break
             words.append(w)
             left -= self.cost[w]
-        cheapest = self.cost[self._filler[0]]
-        while left >= 2 * cheapest + max(self.cost.values()):
-            w = rng.choice(_VOCAB)
-            words.append(w)
-            left -= self.cost[w]
+        cheapest, dearest = self.cost[self._filler[0]], self._dearest
+        while left >= 2 * cheapest + dearest:
+            batch = rng.choices(_VOCAB, k=(left - 2 * cheapest) // dearest)  # surely fits
+            words += batch
+            left -= sum(map(self.cost.__getitem__, batch))
         while left >= cheapest:
             words.append(rng.choice(self._filler))
             left -= cheapest
         return words
 
-    def block(self, h: int) -> list[str]:
+    def block(self, h: int) -> tuple[list[str], str]:
         if (got := self._blocks.get(h)) is None:
-            got = self._blocks[h] = self._fill(str(h), self.block_tokens)
+            words = self._fill(str(h), self.block_tokens)
+            got = self._blocks[h] = (words, " ".join(words))
         return got
 
     def prompt(self, prompt_id: str, lead_text: str, hash_ids: tuple[int, ...], tokens: int, output: int) -> Prompt:
         b = self.block_tokens
         full = min(len(hash_ids), max(0, tokens - self.fixed) // b)
-        words: list[str] = []
-        for h in hash_ids[:full]:
-            words += self.block(h)
+        parts = [self.block(h)[1] for h in hash_ids[:full]]
         left = tokens - self.fixed - full * b
         if left > 0:  # a partial block: the start of its own text, or the request's own text
-            tail = self.block(hash_ids[full]) if full < len(hash_ids) else []
-            words += self._fill(f"tail/{prompt_id}", left, tail)
-        return Prompt(prompt_id, lead_text, " ".join(words), tokens, None, output or None)
+            tail = self.block(hash_ids[full])[0] if full < len(hash_ids) else []
+            parts.append(" ".join(self._fill(f"tail/{prompt_id}", left, tail)))
+        return Prompt(prompt_id, lead_text, "", tokens, None, output or None, tuple(parts))
