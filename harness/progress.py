@@ -131,7 +131,7 @@ def show_summary(console: Console, scenario: str, arm: str, kind: str, s: dict[s
         f"{_fmt(s['req_per_s'], 3)} req/s, TTFT p50 {_fmt(ttft['p50'])} s, p99 {_fmt(ttft['p99'])} s, "
         f"duration {_fmt(s['duration_s'], 2)} s{unit}"
     )
-    if kind == "trace" and s.get("cached_share") is not None:
+    if kind in ("trace", "sessions") and s.get("cached_share") is not None:
         possible = s.get("possible_cached_share")
         line = f"  prompt tokens served from cache: {s['cached_share']:.1%}"
         if possible:

@@ -368,6 +368,7 @@ class BlockPrompts:
         self._filler: list[str] = []  # the cheapest words
         self._dearest = 1
         self._blocks: dict[int, tuple[list[str], str]] = {}  # hash id -> (words, text)
+        self._pieces: dict[str, str] = {}
 
     async def calibrate(self, lead_text: str) -> None:
         # The opening's own cost, from the difference of two lengths: alone, the lead's trailing
@@ -403,6 +404,13 @@ class BlockPrompts:
             words.append(rng.choice(self._filler))
             left -= cheapest
         return words
+
+    def piece(self, key: str, tokens: int) -> str:
+        """Text of exactly `tokens` tokens (as near as the cheapest word allows), the same for a
+        key: a system prompt, a user's document, a message, an answer."""
+        if (got := self._pieces.get(key)) is None:
+            got = self._pieces[key] = " ".join(self._fill(key, tokens))
+        return got
 
     def block(self, h: int) -> tuple[list[str], str]:
         if (got := self._blocks.get(h)) is None:

@@ -110,6 +110,9 @@ class RequestRecord:
     attempts: int | None = None  # 2 when it was sent again (see `retried`); absent in older results
     intended_s: float | None = None  # open loop: when the schedule meant it to be sent (vs start_s)
     held_s: float | None = None  # open loop: how long max_concurrency held it back before sending
+    session: int | None = None  # sessions: the user's session
+    turn: int | None = None  # sessions: its turn (1, 2, ...)
+    idle_s: float | None = None  # sessions: since the end of the session's previous turn
 
     @property
     def lag_s(self) -> float | None:
@@ -158,8 +161,19 @@ class RequestRecord:
 
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
-_OPTIONAL = ("repeat", "worker", "schedule_index", "process", "attempts", "intended_s", "held_s")
-_OPTIONAL_NUMBERS = ("intended_s", "held_s")
+_OPTIONAL = (
+    "repeat",
+    "worker",
+    "schedule_index",
+    "process",
+    "attempts",
+    "intended_s",
+    "held_s",
+    "session",
+    "turn",
+    "idle_s",
+)
+_OPTIONAL_NUMBERS = ("intended_s", "held_s", "idle_s")
 _NUMBER, _MAYBE_NUMBER, _MAYBE_INT, _MAYBE_TEXT = (
     (int, float),
     (int, float, type(None)),

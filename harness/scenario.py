@@ -73,8 +73,20 @@ ARRIVALS = ("constant", "poisson", "gamma")
 
 
 @dataclass(frozen=True)
+class Seconds:
+    """A time drawn per use (seeded): fixed, uniform between min and max, or exponential of a
+    mean (a session's think time between turns)."""
+
+    kind: Literal["fixed", "uniform", "exponential"]
+    value: float = 0.0
+    min: float = 0.0
+    max: float = 0.0
+    mean: float = 0.0
+
+
+@dataclass(frozen=True)
 class Workload:
-    kind: Literal["sweep", "closed_loop", "open_loop", "trace"]
+    kind: Literal["sweep", "closed_loop", "open_loop", "trace", "sessions"]
     lengths: tuple[int, ...] = ()
     warm_repeats: int = 1
     repetitions: int = 1
@@ -105,6 +117,16 @@ class Workload:
     max_requests: int | None = None
     skip_bad: bool = False  # leave bad trace lines out (counted) instead of stopping
     closed: bool = False  # `concurrency` given: as fast as that many connections allow
+    # sessions: users holding multi-turn conversations, each turn resending the whole history
+    users: int = 0
+    turns: Distribution | None = None
+    think_s: Seconds | None = None
+    system_prompt_tokens: int = 0  # shared by every user
+    user_context_tokens: int = 0  # each user's own document, sent with every turn
+    message_tokens: Distribution | None = None  # the user's message per turn
+    answer_tokens: int = 0  # the answer kvbench writes into the history (and asks for)
+    start_rate: float | None = None  # new sessions per second (None: all at once)
+    max_active: int | None = None  # sessions in flight at most
 
 
 @dataclass(frozen=True)
@@ -434,20 +456,20 @@ def _prompts(t: _Table) -> PromptsCfg:
     return cfg
 
 
-def _distribution(t: _Table, k: str) -> Distribution:
+def _distribution(t: _Table, k: str, unit: str = "tokens") -> Distribution:
     v = t.get(k)
-    what = 'an integer number of tokens or a table {distribution = "uniform"|"normal", ...}'
+    what = f'an integer number of {unit} or a table {{distribution = "uniform"|"normal", ...}}'
     if v is None:
         raise InputError(f"{t.file}: {t.key(k)}: missing; expected {what}")
     if isinstance(v, int) and not isinstance(v, bool):
-        return Distribution("fixed", value=t.check_int(k, v, 1, "an integer number of tokens"))
+        return Distribution("fixed", value=t.check_int(k, v, 1, f"an integer number of {unit}"))
     if not isinstance(v, dict):
         t.fail(k, f"expected {what}", v)
     d = _Table(t.file, t.key(k), v)
     kind = d.text("distribution", None, ("uniform", "normal"), required=True)
     if kind == "uniform":
-        lo = d.integer("min", required=True, minimum=1, what="an integer number of tokens")
-        hi = d.integer("max", required=True, minimum=lo, what="an integer number of tokens")
+        lo = d.integer("min", required=True, minimum=1, what=f"an integer number of {unit}")
+        hi = d.integer("max", required=True, minimum=lo, what=f"an integer number of {unit}")
         dist = Distribution("uniform", min=lo, max=hi)
     else:
         mean = d.number("mean", 0.0, positive=True)
@@ -455,15 +477,15 @@ def _distribution(t: _Table, k: str) -> Distribution:
             "normal",
             mean=mean,
             stddev=d.number("stddev", 0.0, minimum=0.0),
-            min=d.integer("min", 1, minimum=1, what="an integer number of tokens"),
-            max=d.integer("max", 131072, minimum=1, what="an integer number of tokens"),
+            min=d.integer("min", 1, minimum=1, what=f"an integer number of {unit}"),
+            max=d.integer("max", 131072, minimum=1, what=f"an integer number of {unit}"),
         )
     d.done()
     return dist
 
 
 def _workload(t: _Table) -> Workload:
-    kind = t.text("kind", None, ("sweep", "closed_loop", "open_loop", "trace"), required=True)
+    kind = t.text("kind", None, ("sweep", "closed_loop", "open_loop", "trace", "sessions"), required=True)
     if kind == "sweep":
         lengths = t.required("lengths", "a list of prompt lengths in tokens")
         if not isinstance(lengths, list) or not lengths:
@@ -485,9 +507,52 @@ def _workload(t: _Table) -> Workload:
         )
     elif kind == "open_loop":
         w = _open_loop(t)
-    else:
+    elif kind == "trace":
         w = _trace(t)
+    else:
+        w = _sessions(t)
     t.done()
+    return w
+
+
+def _seconds(t: _Table, k: str) -> Seconds:
+    v = t.get(k)
+    what = 'seconds >= 0, or a table {distribution = "uniform", min, max} or {distribution = "exponential", mean}'
+    if v is None:
+        raise InputError(f"{t.file}: {t.key(k)}: missing; expected {what}")
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        if not math.isfinite(v) or v < 0:
+            t.fail(k, "expected a number of seconds >= 0", v)
+        return Seconds("fixed", value=float(v))
+    if not isinstance(v, dict):
+        t.fail(k, f"expected {what}", v)
+    d = _Table(t.file, t.key(k), v)
+    kind = d.text("distribution", None, ("uniform", "exponential"), required=True)
+    if kind == "uniform":
+        lo = d.number("min", 0.0, minimum=0.0)
+        out = Seconds("uniform", min=lo, max=d.number("max", lo, minimum=lo))
+    else:
+        out = Seconds("exponential", mean=d.number("mean", 0.0, positive=True))
+    d.done()
+    return out
+
+
+def _sessions(t: _Table) -> Workload:
+    users = t.integer("users", required=True, minimum=1, what="an integer number of users")
+    w = Workload(
+        kind="sessions",
+        users=users,
+        turns=_distribution(t, "turns", "turns"),
+        think_s=_seconds(t, "think_s"),
+        system_prompt_tokens=t.integer("system_prompt_tokens", 0, minimum=0, what="an integer number of tokens"),
+        user_context_tokens=t.integer("user_context_tokens", 0, minimum=0, what="an integer number of tokens"),
+        message_tokens=_distribution(t, "message_tokens"),
+        answer_tokens=t.integer("answer_tokens", required=True, minimum=1, what="an integer number of tokens"),
+        start_rate=t.number("start_rate", 0.0, positive=True) or None,
+        max_active=t.integer("max_active", None, minimum=1, what="an integer number of sessions"),
+        concurrency=users,
+        seed=t.integer("seed", None, minimum=0),
+    )
     return w
 
 

@@ -188,7 +188,7 @@ def summary(records: Records, kind: str, slo: dict[str, float] | None = None) ->
     out["req_per_s"] = t.req_per_s
     out["output_tokens_per_s"] = t.output_tokens_per_s
     out["duration_s"] = t.duration_s
-    if kind == "trace":
+    if kind in ("trace", "sessions"):
         out["cached_share"] = cached_share(counted)
     if kind == "open_loop":
         out["steady_req_per_s"] = t.steady_req_per_s

@@ -39,6 +39,7 @@ def build_context(runs: list[RunResult]) -> dict[str, Any]:
         **sections.traffic(runs),
         **sections.open_loop(runs),
         **sections.reuse(runs),
+        **sections.sessions(runs),
         **sections.server(runs),
     }
 

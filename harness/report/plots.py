@@ -256,3 +256,19 @@ def against_load(series: Sequence[dict[str, Any]], ylabel: str, name: str, log: 
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
     return to_svg(fig)
+
+
+def scatter(series: Sequence[dict[str, Any]], xlabel: str, ylabel: str, name: str, logy: bool = False) -> str:
+    """Points per series: {label, x, y, style (index)}."""
+    fig = _fig(name, h=3.8)
+    ax = fig.add_subplot()
+    for s in series:
+        st = style(s["style"])
+        ax.scatter(s["x"], s["y"], label=shown(s["label"]), color=st["color"], marker=st["marker"], s=14, alpha=0.7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logy:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    return to_svg(fig)

@@ -424,3 +424,46 @@ def reuse(runs: list[RunResult]) -> dict[str, Any]:
     """Trace replays: the reuse captured, against what was possible, by tier where known."""
     rows = [c for r in runs if (c := analysis.captured_reuse(r)) is not None]
     return {"reuse_rows": rows}
+
+
+def sessions(runs: list[RunResult]) -> dict[str, Any]:
+    """Multi-turn sessions: TTFT against turn, context length and idle time (where a tiered
+    stack shows its steps: still on the GPU, loaded from a lower tier, recomputed), and the
+    cached share per turn and per idle-time bucket."""
+    rs = [r for r in runs if r.kind == "sessions" and r.records]
+    if not rs:
+        return {"session_runs": [], "session_idle_svg": None, "session_context_svg": None, "session_share_svg": None}
+
+    def points(x: str, y: str) -> list[dict[str, Any]]:
+        out = []
+        for i, r in enumerate(rs):
+            ok = [q for q in r.records if q.ok and getattr(q, x) is not None and getattr(q, y) is not None]
+            out.append(
+                {"label": r.label, "x": [getattr(q, x) for q in ok], "y": [getattr(q, y) for q in ok], "style": i}
+            )
+        return out
+
+    share = []
+    for i, r in enumerate(rs):
+        ok = [q for q in r.records if q.ok and q.idle_s is not None and q.prompt_tokens]
+        y = [(q.cached_tokens or 0) / (q.prompt_tokens or 1) for q in ok]
+        share.append({"label": r.label, "x": [q.idle_s for q in ok], "y": y, "style": i})
+    return {
+        "session_runs": [
+            {"label": r.label, "by_turn": analysis.by_turn(r.records), "by_idle": analysis.by_idle(r.records)}
+            for r in rs
+        ],
+        "session_idle_svg": Markup(
+            plots.scatter(
+                points("idle_s", "ttft_s"), "idle time before the turn (s)", "TTFT (s)", "sess-idle", logy=True
+            )
+        ),
+        "session_share_svg": Markup(
+            plots.scatter(share, "idle time before the turn (s)", "cached share of the prompt", "sess-share")
+        ),
+        "session_context_svg": Markup(
+            plots.scatter(
+                points("target_tokens", "ttft_s"), "context (prompt tokens)", "TTFT (s)", "sess-context", logy=True
+            )
+        ),
+    }

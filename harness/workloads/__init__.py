@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from harness.workloads import closed_loop, open_loop, sweep, trace
+from harness.workloads import closed_loop, open_loop, sessions, sweep, trace
 from harness.workloads.base import Plan, Sender
 
 
@@ -34,7 +34,7 @@ def _kind(module: Any) -> Kind:
     return Kind(module.NAME, module.SHARES_SCHEDULE, module.plan, module.drive)
 
 
-KINDS: dict[str, Kind] = {k.name: k for k in map(_kind, (sweep, closed_loop, open_loop, trace))}
+KINDS: dict[str, Kind] = {k.name: k for k in map(_kind, (sweep, closed_loop, open_loop, trace, sessions))}
 
 
 def get(name: str) -> Kind:

@@ -88,6 +88,8 @@ class ArmSpec:
             return w.max_concurrency or OPEN_LOOP_CONNECTIONS
         if w.kind == "trace" and not w.closed:
             return OPEN_LOOP_CONNECTIONS
+        if w.kind == "sessions":  # sessions in flight at most
+            return w.max_active or w.users
         return w.concurrency
 
     @cached_property
@@ -302,6 +304,16 @@ def draw_length(d: Distribution, rng: random.Random) -> int:
 
 
 @dataclass(frozen=True)
+class SessionPlan:
+    """One user's conversation: its prompts (indexes into Plan.prompts) in turn order, the think
+    time after each turn but the last, and when it starts (model s after the arm's start)."""
+
+    prompts: tuple[int, ...]
+    think_s: tuple[float, ...]
+    start_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Plan:
     """What a workload settles before the arm's clock starts: its prompts and its schedule of
     (schedule index, prompt index) pairs. Arms of one run share it."""
@@ -312,6 +324,7 @@ class Plan:
     times: tuple[float, ...] = ()  # open loop: send time of each schedule index (model s after the start)
     warmup: int = 0  # open loop: the first schedule indexes that are sent but not counted
     info: dict[str, Any] = field(default_factory=dict)  # what run.json records of the plan (a trace's)
+    sessions: tuple[SessionPlan, ...] = ()  # sessions: the schedule's index i is sessions[i]
 
 
 class Schedule(Iterator[tuple[int, int]]):
