@@ -273,7 +273,9 @@ def validate(
 def emulator(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 8000,
-    profile: Annotated[str, typer.Option(help="Emulator profile: redbooks-g4 or recompute.")] = EmulatorCfg.profile,
+    profile: Annotated[
+        str, typer.Option(help="Emulator profile: redbooks-g4, tiered or recompute.")
+    ] = EmulatorCfg.profile,
     time_scale: Annotated[float, typer.Option(help="Run X times faster than the modelled hardware.")] = 1.0,
     api_key_env: Annotated[
         str | None, typer.Option(help="Require 'Authorization: Bearer <value of this variable>'.")

@@ -23,7 +23,7 @@ from harness.wire.sse import MAX_LINE_BYTES
 
 SCHEMA_VERSION = 1
 # The embedded emulator's profiles (harness/emulator/profiles.py defines them under these names).
-EMULATOR_PROFILES = ("recompute", "redbooks-g4")
+EMULATOR_PROFILES = ("recompute", "redbooks-g4", "tiered")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HTTP_HOOK_RE = re.compile(r"^(GET|POST|PUT|DELETE) (\S+)$")
 

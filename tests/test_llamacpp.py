@@ -175,3 +175,30 @@ concurrency = 1
         assert x.ok and x.prompt_tokens == x.target_tokens, x
         # the shared blocks (and the chat template's opening before them) come from cache
         assert (x.cached_tokens or 0) >= shared * block, (k, x.cached_tokens)
+
+
+def test_sessions_later_turns_find_their_history_cached(llama: LlamaServer, tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        """
+name = "llama-sessions"
+[workload]
+kind = "sessions"
+users = 2
+turns = 3
+think_s = 0.2
+system_prompt_tokens = 200
+user_context_tokens = 600
+message_tokens = 30
+answer_tokens = 4
+""",
+    )
+    r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    (folder,) = folders(tmp_path / "out", "llama-sessions").values()
+    by = {(x.session, x.turn): x for x in read_requests(folder)}
+    assert len(by) == 6
+    for (u, k), x in by.items():
+        assert x.ok and x.prompt_tokens == x.target_tokens, x
+        if k > 1:  # the history sent before, but for the chat template's closing, is cached
+            assert (x.cached_tokens or 0) >= by[(u, k - 1)].prompt_tokens - 32, (u, k, x.cached_tokens)

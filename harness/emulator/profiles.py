@@ -23,10 +23,19 @@ harness/reference/redbooks-md260021.toml):
 - Not published, so assumed (and not fitted to any test): inter-token latency 20 ms, 16 reasoning
   tokens before content (gpt-oss reasons first), 16-token blocks (vLLM's default), G4 capacity
   500 TB, G1/G2/G3 disabled as in the paper's TTFT test.
+
+`tiered` keeps that model and that G4, and puts two smaller tiers in front, so that context
+that left the GPU comes back from host memory, from storage, or not at all. Every value of those
+two tiers is ASSUMED (TIERED_G1, TIERED_G2 below), not published: G1 is the GPU memory left for
+KV (16 GB), G2 host memory (24 GB) read at 50 GB/s (PCIe 5 x16) after 1 ms. New KV is written to
+every tier (write-through, as Dynamo's KVBM offloads), each tier evicts least-recently-used
+blocks, and a lookup takes each block from the fastest tier holding it: a block evicted from G1
+is found in G2 while G2 still holds it, else in G4.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cache
 
@@ -34,7 +43,7 @@ from harness.emulator.kvcache import Tier
 from harness.reference import redbooks
 from harness.scenario import EMULATOR_PROFILES
 
-RECOMPUTE, REDBOOKS_G4 = EMULATOR_PROFILES
+RECOMPUTE, REDBOOKS_G4, TIERED = EMULATOR_PROFILES
 
 # Aggregate bandwidth of the G4 storage system as this model sees it, shared between one client's
 # KV loads and competing traffic. Not published: FITTED so that the paper's 200 GB/s of competing
@@ -42,6 +51,9 @@ RECOMPUTE, REDBOOKS_G4 = EMULATOR_PROFILES
 # (scenarios/redbooks-competing-traffic.toml, on this emulator). It is a model parameter, not a
 # claim about Storage Scale's real aggregate throughput.
 G4_BACKEND_BYTES_PER_S = 214.7e9
+# The `tiered` profile's tiers in front of G4: ASSUMED values, see the module's docstring.
+TIERED_G1 = {"capacity_bytes": 16e9, "read_bytes_per_s": math.inf, "latency_s": 0.0}
+TIERED_G2 = {"capacity_bytes": 24e9, "read_bytes_per_s": 50e9, "latency_s": 0.001}
 
 
 @dataclass(frozen=True)
@@ -148,6 +160,12 @@ def profiles() -> dict[str, Profile]:
                 (g4,),
             ),
             _gpt_oss(RECOMPUTE, "the same model with no KV cache at all: every prompt is recomputed", ()),
+            _gpt_oss(
+                TIERED,
+                "the redbooks-g4 model and G4 behind a 16 GB G1 (GPU) and a 24 GB G2 (host memory), "
+                "LRU each (assumed sizes and speeds)",
+                (TierSpec("G1", **TIERED_G1), TierSpec("G2", **TIERED_G2), g4),
+            ),
         )
     }
 
