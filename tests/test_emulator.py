@@ -109,3 +109,24 @@ def test_api_key_required(monkeypatch: pytest.MonkeyPatch) -> None:
             return r1.status, r2.status
 
         assert asyncio.run(go()) == (401, 200)
+
+
+def test_context_evicted_from_the_gpu_comes_back_from_the_next_tier_that_holds_it() -> None:
+    cache = KVCache([Tier("G1", 2, float("inf"), 0.0), Tier("G2", 4, 50e9, 0.001), Tier("G4", 10**6, 2e10, 0.16)], 16)
+    a, b, c = [1, 2], [3, 4], [5, 6]
+    for h in (a, b):
+        cache.store(h, cache.lookup(h, 3 * 16))
+    assert cache.lookup(b, 3 * 16).g1_blocks == 2  # the latest: still on the GPU
+    got = cache.lookup(a, 3 * 16)  # pushed out of G1 by b, still in host memory
+    assert got.g1_blocks == 0 and got.load_blocks == {"G2": 2}
+    cache.store(a, got)
+    for h in ([7, 8], [9, 10], c):
+        cache.store(h, cache.lookup(h, 3 * 16))
+    assert cache.lookup(b, 3 * 16).load_blocks == {"G4": 2}  # gone from G1 and G2: from storage
+    assert cache.lookup([11, 12], 3 * 16).cached_tokens == 0  # never seen: recomputed
+
+
+def test_the_tiered_profile_keeps_the_redbooks_model_and_g4() -> None:
+    tiered, g4 = get_profile("tiered"), get_profile("redbooks-g4")
+    assert [t.name for t in tiered.tiers] == ["G1", "G2", "G4"] and tiered.tiers[2] == g4.tiers[0]
+    assert (tiered.prefill_a, tiered.prefill_b) == (g4.prefill_a, g4.prefill_b)
