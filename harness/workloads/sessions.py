@@ -57,8 +57,6 @@ async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
     sc = sender.spec.scenario
     w = sc.workload
     seed = sc.prompts.seed if w.seed is None else w.seed
-    if prior is not None:
-        return prior
     sender.progress.note(f"building {w.users} sessions")
     pieces = BlockPrompts(sender.builder, 1)  # its pieces of exact length; no trace blocks
     lead = sender.builder.reuse_lead("sessions")
@@ -90,7 +88,10 @@ async def drive(
 ) -> None:
     spec = sender.spec
     clock = spec.clock
-    slots = asyncio.Semaphore(spec.connections if connections is None else connections)
+    share = spec.connections if connections is None else connections
+    if share < 1:  # a process of several dealt no session slot: the others send them all
+        return
+    slots = asyncio.Semaphore(share)
     queue = take if take is not None else Schedule(iter(plan.schedule))
     tasks: set[asyncio.Task[None]] = set()
 

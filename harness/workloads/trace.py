@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness import traces
+from harness.errors import InputError
 from harness.prompts import BlockPrompts
 from harness.workloads import closed_loop, open_loop
 from harness.workloads.base import Plan, Schedule, Sender
@@ -35,17 +36,12 @@ async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
     trace = traces.read(w.path, w.trace_format, w.block_tokens, w.skip_bad)
     reqs = select(trace.requests, w.start_s, w.end_s, w.max_requests)
     if not reqs:
-        from harness.errors import InputError
-
         raise InputError(f"{w.path}: no request in the slice start_s = {w.start_s:g}, end_s = {w.end_s}")
-    if prior is not None:
-        prompts = prior.prompts
-    else:
-        sender.progress.note(f"building {len(reqs):,} prompts from {w.path}")
-        blocks = BlockPrompts(sender.builder, trace.block_tokens)
-        lead = sender.builder.reuse_lead("trace")
-        await blocks.calibrate(lead)
-        prompts = tuple(blocks.prompt(f"t{r.line}", lead, r.hash_ids, r.input_length, r.output_length) for r in reqs)
+    sender.progress.note(f"building {len(reqs):,} prompts from {w.path}")
+    blocks = BlockPrompts(sender.builder, trace.block_tokens)
+    lead = sender.builder.reuse_lead("trace")
+    await blocks.calibrate(lead)
+    prompts = tuple(blocks.prompt(f"t{r.line}", lead, r.hash_ids, r.input_length, r.output_length) for r in reqs)
     t0 = reqs[0].timestamp_s
     times = () if w.closed else tuple((r.timestamp_s - t0) / w.speed for r in reqs)
     return Plan(len(reqs), prompts, tuple((i, i) for i in range(len(reqs))), times, info={"trace": _info(trace, reqs)})
