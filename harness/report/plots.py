@@ -248,14 +248,8 @@ def against_load(series: Sequence[dict[str, Any]], ylabel: str, name: str, log: 
             ax.axvline(s["capacity"], color=st["color"], linestyle="-", alpha=0.5, linewidth=2)
         if s.get("saturation"):
             ax.axvline(s["saturation"], color=st["color"], linestyle="--", alpha=0.5)
-    ax.set_xlabel("offered load (requests / s, log scale)")
     ax.set_xscale("log")  # arms with and without a tier differ by tens of times
-    ax.set_ylabel(ylabel)
-    if log:
-        ax.set_yscale("log")
-    ax.legend(fontsize=8)
-    ax.grid(True, alpha=0.3)
-    return to_svg(fig)
+    return _labelled(fig, ax, "offered load (requests / s, log scale)", ylabel, log)
 
 
 def scatter(series: Sequence[dict[str, Any]], xlabel: str, ylabel: str, name: str, logy: bool = False) -> str:
@@ -265,6 +259,11 @@ def scatter(series: Sequence[dict[str, Any]], xlabel: str, ylabel: str, name: st
     for s in series:
         st = style(s["style"])
         ax.scatter(s["x"], s["y"], label=shown(s["label"]), color=st["color"], marker=st["marker"], s=14, alpha=0.7)
+    return _labelled(fig, ax, xlabel, ylabel, logy)
+
+
+def _labelled(fig: Figure, ax: Any, xlabel: str, ylabel: str, logy: bool) -> str:
+    """The axes' labels, legend and grid, and the figure as SVG."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if logy:
