@@ -202,9 +202,8 @@ async def inspect_page(host: str, url: str) -> dict[str, Any]:
             return {"events": events, "sizes": sizes["result"]["value"], "png": base64.b64decode(shot["data"])}
 
 
-def test_report_in_a_real_browser(results: Path, tmp_path: Path, browser: str) -> None:
-    page = render(load_runs([results / "redbooks-ttft-sweep", results / "redbooks-concurrency"]), tmp_path / "r.html")
-    got = asyncio.run(inspect_page(browser, page.as_uri()))
+def assert_clean(got: dict[str, Any], page: Path) -> None:
+    """The page loaded nothing but itself, and logged no error or exception."""
     requests = [e["params"]["request"]["url"] for e in got["events"] if e.get("method") == "Network.requestWillBeSent"]
     assert requests == [page.as_uri()]  # the page itself, nothing else
     problems = [
@@ -214,6 +213,80 @@ def test_report_in_a_real_browser(results: Path, tmp_path: Path, browser: str) -
         or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
     ]
     assert problems == []
+
+
+def test_report_in_a_real_browser(results: Path, tmp_path: Path, browser: str) -> None:
+    page = render(load_runs([results / "redbooks-ttft-sweep", results / "redbooks-concurrency"]), tmp_path / "r.html")
+    got = asyncio.run(inspect_page(browser, page.as_uri()))
+    assert_clean(got, page)
     assert len(got["sizes"]) >= 6 and all(w > 200 and h > 100 for w, h in got["sizes"])
     (tmp_path / "report.png").write_bytes(got["png"])
     assert got["png"][:8] == b"\x89PNG\r\n\x1a\n" and len(got["png"]) > 50_000
+
+
+NEW_KINDS = {
+    "open": """
+name = "open"
+[endpoint]
+max_tokens = 4
+[workload]
+kind = "open_loop"
+rates = [4.0, 12.0]
+requests = 24
+pool = 4
+prompt_tokens = 1000
+[slo]
+ttft_s = 0.5
+[[arms]]
+name = "recompute"
+cache = "bust"
+[[arms]]
+name = "cached"
+[emulator]
+time_scale = 10.0
+""",
+    "sess": """
+name = "sess"
+[workload]
+kind = "sessions"
+users = 3
+turns = 3
+think_s = 2.0
+user_context_tokens = 2000
+message_tokens = 50
+answer_tokens = 10
+[emulator]
+profile = "tiered"
+time_scale = 10.0
+""",
+    "trace": """
+name = "trace"
+[workload]
+kind = "trace"
+path = "scenarios/traces/mooncake-sample.jsonl"
+max_requests = 30
+speed = 10.0
+[emulator]
+time_scale = 10.0
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def new_kinds(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("kinds")
+    for name, body in NEW_KINDS.items():
+        r = kvbench("run", str(write_scenario(tmp / f"{name}.toml", body)), "--out", str(tmp / "out"))
+        assert r.returncode == 0, r.stderr
+    return tmp / "out"
+
+
+def test_open_loop_sessions_and_trace_sections_in_a_real_browser(new_kinds: Path, tmp_path: Path, browser: str) -> None:
+    page = render(load_runs([new_kinds / n for n in NEW_KINDS]), tmp_path / "r.html")
+    html = page.read_text()
+    for title in ("Open loop: latency, goodput", "Multi-turn sessions", "Trace replay: the reuse captured"):
+        assert title in html
+    got = asyncio.run(inspect_page(browser, page.as_uri()))
+    assert_clean(got, page)
+    # two open-loop curves and three sessions plots, each drawn at a readable size
+    assert len(got["sizes"]) >= 5 and all(w > 200 and h > 100 for w, h in got["sizes"])
