@@ -623,6 +623,22 @@ def exchanges(server: CountingServer, n: int, pause_s: float) -> list[Any]:
         server.close()
 
 
+def test_lateness_within_the_loops_timer_granularity_is_not_falling_behind() -> None:
+    from harness.selfcheck import emulator_warning
+
+    def late(p50_s: float, share: float, scale: float = 10.0) -> dict[str, object]:
+        return {
+            "requests": 4,
+            "time_scale": scale,
+            "share_of_modelled_ttft": {"p50": share, "p99": share},
+            "first_token_late_s": {"p50": p50_s, "p99": p50_s, "max": p50_s},
+        }
+
+    assert emulator_warning(late(0.002, 0.03)) is None  # 0.2 ms of wall-clock: timer jitter
+    assert emulator_warning(late(0.05, 0.03)) is not None  # 5 ms: behind
+    assert emulator_warning(late(0.002, 0.6, scale=1.0)) is not None  # 2 ms at scale 1, and 60 %
+
+
 def test_a_request_the_server_read_is_never_sent_again() -> None:
     server = CountingServer("drop")
     got = exchanges(server, 4, 0.0)
