@@ -286,12 +286,17 @@ def emulator(
     slowdown: Annotated[
         float, typer.Option(help="Stretch every modelled delay by this factor (e.g. to check that a gate fails).")
     ] = 1.0,
+    capacity_blocks: Annotated[
+        list[str] | None, typer.Option(help="A tier's capacity in KV blocks, TIER=BLOCKS (repeatable), e.g. G1=1000.")
+    ] = None,
     embedded: Annotated[bool, typer.Option(hidden=True)] = False,
 ) -> int:
     """Serve the emulated KV-tiered endpoint for other tools (Ctrl-C to stop)."""
     from harness.commands import emulator as command
 
-    opts = command.EmulatorOptions(host, port, profile, time_scale, api_key_env, timing_log, slowdown, embedded)
+    opts = command.EmulatorOptions(
+        host, port, profile, time_scale, api_key_env, timing_log, slowdown, embedded, tuple(capacity_blocks or ())
+    )
     return command.main(opts)
 
 

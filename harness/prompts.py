@@ -361,8 +361,11 @@ class BlockPrompts:
     so a trace of 10,000 requests builds in seconds. The server's count of every request is
     recorded beside its target."""
 
-    def __init__(self, builder: PromptBuilder, block_tokens: int) -> None:
+    def __init__(self, builder: PromptBuilder, block_tokens: int, aligned: bool = False) -> None:
         self.builder, self.block_tokens = builder, block_tokens
+        # No chat template (the completions API): the opening is the lead alone, and the first
+        # block is shortened by it, so the trace's blocks start where the server's do.
+        self.aligned = aligned
         self.fixed = 0  # template + lead tokens
         self.cost: dict[str, int] = {}  # tokens of " word"
         self._filler: list[str] = []  # the cheapest words
@@ -412,6 +415,10 @@ class BlockPrompts:
             got = self._pieces[key] = " ".join(self._fill(key, tokens))
         return got
 
+    def _first(self, h: int) -> str:
+        """A first block shortened by the opening (aligned prompts)."""
+        return self.piece(f"first/{h}", self.block_tokens - self.fixed)
+
     def block(self, h: int) -> tuple[list[str], str]:
         if (got := self._blocks.get(h)) is None:
             words = self._fill(str(h), self.block_tokens)
@@ -420,10 +427,12 @@ class BlockPrompts:
 
     def prompt(self, prompt_id: str, lead_text: str, hash_ids: tuple[int, ...], tokens: int, output: int) -> Prompt:
         b = self.block_tokens
-        full = min(len(hash_ids), max(0, tokens - self.fixed) // b)
-        parts = [self.block(h)[1] for h in hash_ids[:full]]
-        left = tokens - self.fixed - full * b
+        aligned = self.aligned and self.fixed < b  # the opening inside the first block; else before it
+        full = min(len(hash_ids), (tokens if aligned else max(0, tokens - self.fixed)) // b)
+        texts = [self._first(h) if aligned and i == 0 else self.block(h)[1] for i, h in enumerate(hash_ids[: full + 1])]
+        parts = texts[:full]
+        left = tokens - full * b - (0 if aligned and full else self.fixed)
         if left > 0:  # a partial block: the start of its own text, or the request's own text
-            tail = self.block(hash_ids[full])[0] if full < len(hash_ids) else []
+            tail = texts[full].split(" ") if full < len(hash_ids) else []
             parts.append(" ".join(self._fill(f"tail/{prompt_id}", left, tail)))
         return Prompt(prompt_id, lead_text, "", tokens, None, output or None, tuple(parts))

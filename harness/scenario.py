@@ -186,6 +186,7 @@ class EmulatorCfg:
     profile: str = "redbooks-g4"
     time_scale: float = 1.0
     max_time_scale: float | None = None  # above it the emulator cannot keep this test's modelled time
+    capacity_blocks: dict[str, int] = field(default_factory=dict)  # tier name -> its capacity in KV blocks
 
 
 @dataclass(frozen=True)
@@ -704,11 +705,22 @@ def _emulator(t: _Table) -> EmulatorCfg:
         profile=t.text("profile", EmulatorCfg.profile, EMULATOR_PROFILES),
         time_scale=t.number("time_scale", EmulatorCfg.time_scale, positive=True),
         max_time_scale=t.number("max_time_scale", 0.0, positive=True) or None,
+        capacity_blocks=_capacities(t.sub("capacity_blocks")),
     )
     t.done()
     if cfg.max_time_scale is not None and cfg.time_scale > cfg.max_time_scale:
         t.fail("time_scale", f"expected at most max_time_scale ({cfg.max_time_scale:g})", cfg.time_scale)
     return cfg
+
+
+TIER_NAMES = ("G1", "G2", "G3", "G4")
+
+
+def _capacities(t: _Table) -> dict[str, int]:
+    """`capacity_blocks = { G1 = 1000, ... }`: tiers of the emulator's profile, in KV blocks."""
+    out = {k: t.integer(k, minimum=1, what="an integer number of KV blocks") for k in TIER_NAMES if t.has(k)}
+    t.done()
+    return out
 
 
 def _size(t: _Table, k: str, default: int) -> int:

@@ -113,3 +113,58 @@ def test_a_missing_or_bad_trace_stops_before_anything_runs(tmp_path: Path) -> No
     sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=bad, extra=""))
     r = kvbench("validate", str(sc))
     assert r.returncode == 2 and f"{bad}:2: input_length: missing" in r.stderr.replace("\n", "")
+
+
+@pytest.mark.parametrize("capacity", [None, 20, 24, 40])
+def test_the_emulators_hits_on_a_trace_equal_what_trace_inspect_computes(tmp_path: Path, capacity: int | None) -> None:
+    """With the emulator's block size (16 tokens), the completions API (no chat template: the
+    trace's blocks start where the emulator's do) and one request at a time, the emulator's LRU
+    tier serves exactly the cached tokens that harness/traces.py computes for the same size."""
+    rows = []
+    for k in range(40):
+        doc = [100 * (k % 5) + j for j in range(1 + k % 4)]
+        ids = [*doc, 1000 + 3 * k, 1001 + 3 * k, 1002 + 3 * k]
+        rows.append({"timestamp": k, "input_length": len(ids) * 16 - 7, "output_length": 2, "hash_ids": ids})
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    caps = f"capacity_blocks = {{ G4 = {capacity} }}" if capacity else ""
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        f"""
+name = "eq"
+[endpoint]
+api = "completions"
+[workload]
+kind = "trace"
+path = "{path}"
+block_tokens = 16
+concurrency = 1
+[emulator]
+time_scale = 20.0
+{caps}
+""",
+    )
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    (folder,) = (tmp_path / "out" / "eq").iterdir()
+    recs = read_requests(folder)
+    assert all(x.ok and x.prompt_tokens == x.target_tokens for x in recs)
+    expected = traces.reuse(traces.read(path, block_tokens=16).requests, 16, capacity)
+    assert sum(x.cached_tokens or 0 for x in recs) == expected.cached_tokens
+    # 20 blocks are too few for any reuse here, 24 and 40 hold some, the infinite cache all
+    assert expected.cached_tokens == {None: 1280, 20: 0, 24: 992, 40: 1104}[capacity]
+
+
+def test_capacity_blocks_of_a_tier_the_profile_lacks_is_refused(tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        SCENARIO.format(path=trace_file(tmp_path / "t.jsonl"), extra="") + "capacity_blocks = { G1 = 10 }\n",
+    )
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "emulator.capacity_blocks: profile redbooks-g4 has no tier G1" in r.stderr
+    bad = write_scenario(
+        tmp_path / "b.toml",
+        SCENARIO.format(path=trace_file(tmp_path / "t.jsonl"), extra="") + "capacity_blocks = { G9 = 10 }\n",
+    )
+    r = kvbench("validate", str(bad))
+    assert r.returncode == 2 and "emulator.capacity_blocks.G9: unknown key" in r.stderr

@@ -115,7 +115,7 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
             f"the emulator cannot keep its modelled time for this test: running at {cap:g}"
         )
         scale = cap
-    with _emulator(url is None, sc.emulator.profile, scale) as emu_url:
+    with _emulator(url is None, sc.emulator, scale, sc.path) as emu_url:
         base = emu_url or url
         assert base is not None
         if emu_url:
@@ -151,13 +151,18 @@ def _with_timeouts(sc: scenario.Scenario, overrides: tuple[tuple[str, float], ..
 
 
 @contextlib.contextmanager
-def _emulator(emulated: bool, profile: str, scale: float) -> Iterator[str | None]:
+def _emulator(emulated: bool, cfg: scenario.EmulatorCfg, scale: float, where: str) -> Iterator[str | None]:
     if not emulated:
         yield None
         return
+    from harness.emulator.profiles import get_profile, with_capacities
     from harness.emulator.serve import EmbeddedEmulator
 
-    with EmbeddedEmulator(profile, scale) as emu:
+    try:
+        with_capacities(get_profile(cfg.profile), cfg.capacity_blocks)
+    except ValueError as e:
+        raise InputError(f"{where}: emulator.capacity_blocks: {e}") from None
+    with EmbeddedEmulator(cfg.profile, scale, capacity_blocks=cfg.capacity_blocks) as emu:
         yield emu.base_url
 
 

@@ -36,7 +36,7 @@ is found in G2 while G2 still holds it, else in G4.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from harness.emulator.kvcache import Tier
@@ -168,6 +168,19 @@ def profiles() -> dict[str, Profile]:
             ),
         )
     }
+
+
+def with_capacities(profile: Profile, blocks: dict[str, int]) -> Profile:
+    """The profile with these tiers' capacities set in blocks (a scenario's
+    `[emulator] capacity_blocks`); a tier the profile does not have is a ValueError."""
+    known = {t.name for t in profile.tiers}
+    if unknown := sorted(set(blocks) - known):
+        raise ValueError(
+            f"profile {profile.name} has no tier {unknown[0]} (its tiers: {', '.join(sorted(known)) or 'none'})"
+        )
+    size = profile.block_tokens * profile.kv_bytes_per_token
+    tiers = tuple(replace(t, capacity_bytes=blocks[t.name] * size) if t.name in blocks else t for t in profile.tiers)
+    return replace(profile, tiers=tiers)
 
 
 def get_profile(name: str) -> Profile:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from harness.emulator.profiles import get_profile
+from harness.emulator.profiles import get_profile, with_capacities
 from harness.emulator.server import Emulator
 from harness.errors import EndpointError
 
@@ -34,8 +34,10 @@ async def serve(
     timing_log: Path | None,
     embedded: bool,
     slowdown: float,
+    capacity_blocks: dict[str, int] | None = None,
 ) -> None:
-    emu = Emulator(get_profile(profile), time_scale, api_key=api_key, timing_log=timing_log, slowdown=slowdown)
+    model = with_capacities(get_profile(profile), capacity_blocks or {})
+    emu = Emulator(model, time_scale, api_key=api_key, timing_log=timing_log, slowdown=slowdown)
     runner = web.AppRunner(emu.app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
@@ -76,8 +78,10 @@ class EmbeddedEmulator:
         timing_log: Path | None = None,
         api_key_env: str | None = None,
         slowdown: float = 1.0,
+        capacity_blocks: dict[str, int] | None = None,
     ) -> None:
         self.slowdown = slowdown
+        self.capacity_blocks = dict(capacity_blocks or {})
         self.profile = profile
         self.time_scale = time_scale
         self.timing_log = timing_log
@@ -107,6 +111,8 @@ class EmbeddedEmulator:
             cmd += ["--api-key-env", self.api_key_env]
         if self.slowdown != 1:
             cmd += ["--slowdown", repr(self.slowdown)]
+        for tier, n in sorted(self.capacity_blocks.items()):
+            cmd += ["--capacity-blocks", f"{tier}={n}"]
         # Its own session: a Ctrl-C meant for the client must not kill the server mid-request.
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True

@@ -38,7 +38,9 @@ async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
     if not reqs:
         raise InputError(f"{w.path}: no request in the slice start_s = {w.start_s:g}, end_s = {w.end_s}")
     sender.progress.note(f"building {len(reqs):,} prompts from {w.path}")
-    blocks = BlockPrompts(sender.builder, trace.block_tokens)
+    blocks = BlockPrompts(
+        sender.builder, trace.block_tokens, aligned=sender.spec.scenario.endpoint.api == "completions"
+    )
     lead = sender.builder.reuse_lead("trace")
     await blocks.calibrate(lead)
     prompts = tuple(blocks.prompt(f"t{r.line}", lead, r.hash_ids, r.input_length, r.output_length) for r in reqs)
