@@ -185,6 +185,11 @@ def captured_reuse(run: RunResult) -> dict[str, Any] | None:
         "possible_share": possible,
         "cached_share": measured,
         "captured": measured / possible if measured is not None and possible else None,
+        "possible_lru": [
+            {**u, "captured": measured / u["cached_share"] if measured is not None and u.get("cached_share") else None}
+            for u in trace.get("possible_lru") or []
+            if isinstance(u, dict)
+        ],
         "by_tier": by_tier,
     }
 

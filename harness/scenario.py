@@ -116,6 +116,7 @@ class Workload:
     end_s: float | None = None
     max_requests: int | None = None
     skip_bad: bool = False  # leave bad trace lines out (counted) instead of stopping
+    lru_blocks: tuple[int, ...] = ()  # also the reuse possible with LRU caches of these many trace blocks
     closed: bool = False  # `concurrency` given: as fast as that many connections allow
     # sessions: users holding multi-turn conversations, each turn resending the whole history
     users: int = 0
@@ -557,6 +558,17 @@ def _sessions(t: _Table) -> Workload:
     return w
 
 
+def _lru_blocks(t: _Table) -> tuple[int, ...]:
+    v = t.get("lru_blocks")
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not v:
+        t.fail("lru_blocks", "expected a non-empty list of cache sizes in trace blocks", v)
+    return tuple(
+        sorted({t.check_int(f"lru_blocks[{i}]", n, 1, "an integer number of blocks") for i, n in enumerate(v)})
+    )
+
+
 def _trace(t: _Table) -> Workload:
     concurrency = t.integer("concurrency", None, minimum=1, what="an integer number of connections")
     if concurrency is not None and t.has("speed"):
@@ -571,6 +583,7 @@ def _trace(t: _Table) -> Workload:
         end_s=t.number("end_s", 0.0, positive=True) or None,
         max_requests=t.integer("max_requests", None, minimum=1, what="an integer number of requests"),
         skip_bad=t.flag("skip_bad", Workload.skip_bad),
+        lru_blocks=_lru_blocks(t),
         concurrency=concurrency or 1,
         closed=concurrency is not None,
     )

@@ -266,6 +266,7 @@ kind = "trace"
 path = "scenarios/traces/mooncake-sample.jsonl"
 max_requests = 30
 speed = 10.0
+lru_blocks = [40]
 [emulator]
 time_scale = 10.0
 """,
@@ -284,7 +285,12 @@ def new_kinds(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_open_loop_sessions_and_trace_sections_in_a_real_browser(new_kinds: Path, tmp_path: Path, browser: str) -> None:
     page = render(load_runs([new_kinds / n for n in NEW_KINDS]), tmp_path / "r.html")
     html = page.read_text()
-    for title in ("Open loop: latency, goodput", "Multi-turn sessions", "Trace replay: the reuse captured"):
+    for title in (
+        "Open loop: latency, goodput",
+        "Multi-turn sessions",
+        "Trace replay: the reuse captured",
+        "an LRU cache of 40 blocks",
+    ):
         assert title in html
     got = asyncio.run(inspect_page(browser, page.as_uri()))
     assert_clean(got, page)

@@ -45,7 +45,7 @@ time_scale = 4.0
 
 def test_a_trace_replay_on_the_emulator_captures_what_it_could(tmp_path: Path) -> None:
     path = trace_file(tmp_path / "t.jsonl")
-    sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=path, extra="speed = 2.0"))
+    sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=path, extra="speed = 2.0\nlru_blocks = [8, 3]"))
     r = kvbench("validate", str(sc))
     assert r.returncode == 0 and "12 requests" in r.stdout
     r = kvbench("run", str(sc), "--out", str(tmp_path / "out"), timeout=300)
@@ -65,8 +65,12 @@ def test_a_trace_replay_on_the_emulator_captures_what_it_could(tmp_path: Path) -
         assert starts == pytest.approx([0.075 * k for k in range(12)], abs=1e-6)
         trace = run.meta["trace"]
         assert trace["requests"] == 12 and trace["possible_cached_share"] == pytest.approx(possible.share)
+        reqs = traces.read(path, block_tokens=64).requests
+        assert trace["possible_lru"] == [
+            {"capacity_blocks": n, "cached_share": traces.reuse(reqs, 64, n).share} for n in (3, 8)
+        ]
         got = analysis.captured_reuse(run)
-        assert got is not None
+        assert got is not None and [u["capacity_blocks"] for u in got["possible_lru"]] == [3, 8]
         if arm == "recompute":
             assert got["cached_share"] == 0
         else:

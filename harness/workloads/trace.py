@@ -46,12 +46,21 @@ async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
     prompts = tuple(blocks.prompt(f"t{r.line}", lead, r.hash_ids, r.input_length, r.output_length) for r in reqs)
     t0 = reqs[0].timestamp_s
     times = () if w.closed else tuple((r.timestamp_s - t0) / w.speed for r in reqs)
-    return Plan(len(reqs), prompts, tuple((i, i) for i in range(len(reqs))), times, info={"trace": _info(trace, reqs)})
+    return Plan(
+        len(reqs),
+        prompts,
+        tuple((i, i) for i in range(len(reqs))),
+        times,
+        info={"trace": _info(trace, reqs, w.lru_blocks)},
+    )
 
 
-def _info(trace: traces.Trace, reqs: list[traces.TraceRequest]) -> dict[str, Any]:
+def _info(trace: traces.Trace, reqs: list[traces.TraceRequest], lru_blocks: tuple[int, ...]) -> dict[str, Any]:
     possible = traces.reuse(reqs, trace.block_tokens)
     return {
+        "possible_lru": [
+            {"capacity_blocks": n, "cached_share": traces.reuse(reqs, trace.block_tokens, n).share} for n in lru_blocks
+        ],
         "file": trace.path,
         "format": trace.format,
         "block_tokens": trace.block_tokens,
