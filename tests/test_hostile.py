@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import shutil
 import signal
 import socket
@@ -575,10 +576,11 @@ ANSWER = HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
 class CountingServer:
     """Counts the requests it reads. "drop": closes each connection once it has read a request,
     before any answer. "close-after-one": answers the first request of each connection (kept
-    alive), then closes the connection 0.1 s later, as llama.cpp closes idle connections."""
+    alive), then closes the connection 0.1 s later, as llama.cpp closes idle connections. "keep":
+    answers every request of a connection, and counts connections too."""
 
     def __init__(self, mode: str) -> None:
-        self.mode, self.requests = mode, 0
+        self.mode, self.requests, self.connections = mode, 0, 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
         threading.Thread(target=self._accept, daemon=True).start()
@@ -589,6 +591,21 @@ class CountingServer:
                 threading.Thread(target=self._one, args=(self.sock.accept()[0],), daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
+        self.connections += 1
+        if self.mode == "keep":
+            with conn, contextlib.suppress(OSError):
+                raw = b""
+                while chunk := conn.recv(65536):
+                    raw += chunk
+                    while b"\r\n\r\n" in raw:  # a request: headers and its Content-Length body
+                        head, _, raw = raw.partition(b"\r\n\r\n")
+                        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+                        while len(raw) < length:
+                            raw += conn.recv(65536)
+                        raw = raw[length:]
+                        self.requests += 1
+                        conn.sendall(ANSWER)
+            return
         with conn:
             raw = b""
             while b"\r\n\r\n" not in raw:
@@ -652,6 +669,31 @@ def test_a_kept_alive_connection_the_server_had_closed_is_replaced_once() -> Non
     assert [x.ok for x in got] == [True, True, True]
     assert [x.attempts for x in got] == [1, 2, 2] and [x.retried for x in got] == [False, True, True]
     assert server.requests == 3  # the closed connections never read the resent requests
+
+
+def test_an_idle_connection_is_not_reused_once_the_server_may_have_closed_it() -> None:
+    from harness import aio
+    from harness.scenario import Timeouts
+    from harness.wire.arrivals import KEEPALIVE_S
+    from harness.wire.client import StreamingClient
+
+    server = CountingServer("keep")
+
+    async def go() -> list[Any]:
+        out = []
+        async with StreamingClient(1, Timeouts(first_token_s=10, idle_s=10, total_s=10), {}) as client:
+            for i, pause in enumerate((0.2, KEEPALIVE_S + 0.5, 0.0)):
+                out.append(await client.stream(server.url, b"{}", f"r{i}"))
+                await asyncio.sleep(pause)
+        return out
+
+    try:
+        got = aio.run(go())
+    finally:
+        server.close()
+    assert [x.ok for x in got] == [True] * 3 and server.requests == 3
+    # the second reused the first's connection; after a longer idle time the third got a new one
+    assert [x.reused for x in got] == [False, True, False] and server.connections == 2
 
 
 def test_a_time_scale_beyond_what_the_scenario_keeps_is_capped(tmp_path: Path) -> None:

@@ -216,10 +216,16 @@ def take(arrivals: list[tuple[int, int]], size: int, now_ns: int) -> list[tuple[
     return pieces
 
 
+# An idle pooled connection is closed after this long, before the servers kvbench meets close it
+# themselves (llama.cpp's and uvicorn's, vLLM's, keep-alive is 5 s): a request written just as the
+# server closes its end would fail with no proof it was never read (and so is not sent again).
+KEEPALIVE_S = 4.0
+
+
 def connector(limit: int) -> tuple[aiohttp.TCPConnector, tuple[str, ...]]:
     """A connector whose connections use StampedHandler, and the aiohttp internals missing for
     that (none: stamped at socket reads; else a plain connector, stamped at parse time)."""
-    conn = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=None)
+    conn = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=None, keepalive_timeout=KEEPALIVE_S)
     gone = seam.missing_handler_internals() + seam.missing_connector_internals(conn)
     if not gone:
         # aiohttp's own hook for the protocol of new connections
