@@ -159,6 +159,11 @@ class RequestRecord:
     def end_s(self) -> float | None:
         return None if self.e2e_s is None else self.start_s + self.e2e_s
 
+    @property
+    def context_tokens(self) -> int | None:
+        """The prompt's length: the server's count, else kvbench's target."""
+        return self.prompt_tokens if self.prompt_tokens is not None else self.target_tokens
+
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
 _OPTIONAL = (

@@ -376,6 +376,7 @@ class ArmLifecycle:
             self.progress.stop()
             own = monitor.stop()
             own["stamping"] = self.session.client.stamping
+            own["connections"] = self.session.client.connections
             self.health = self.health or own
             if sampler is not None:
                 sampler.cancel()

@@ -70,6 +70,7 @@ class Distribution:
 
 
 ARRIVALS = ("constant", "poisson", "gamma")
+HISTORIES = ("synthetic", "real")  # sessions: what goes into the history as the answers
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class Workload:
     sweep_rates: bool = False  # written as `rates` (a folder per rate) rather than one `rate`
     duration_s: float | None = None  # per rate, instead of `requests`
     warmup_requests: int = 0  # sent first at the same rate, recorded as phase "warmup", not counted
+    warmup_shares_prefixes: bool = False  # the warm-up's prompts are the pool's (else leads of their own)
     max_concurrency: int | None = None
     seed: int | None = None  # the arrival times' seed (default: prompts.seed)
     auto_points: int = 5  # rates = "auto": rates between one-at-a-time and saturated throughput
@@ -126,6 +128,7 @@ class Workload:
     user_context_tokens: int = 0  # each user's own document, sent with every turn
     message_tokens: Distribution | None = None  # the user's message per turn
     answer_tokens: int = 0  # the answer kvbench writes into the history (and asks for)
+    history: str = "synthetic"  # or "real": the server's own answers go into the history
     start_rate: float | None = None  # new sessions per second (None: all at once)
     max_active: int | None = None  # sessions in flight at most
 
@@ -550,6 +553,7 @@ def _sessions(t: _Table) -> Workload:
         user_context_tokens=t.integer("user_context_tokens", 0, minimum=0, what="an integer number of tokens"),
         message_tokens=_distribution(t, "message_tokens"),
         answer_tokens=t.integer("answer_tokens", required=True, minimum=1, what="an integer number of tokens"),
+        history=t.text("history", Workload.history, HISTORIES),
         start_rate=t.number("start_rate", 0.0, positive=True) or None,
         max_active=t.integer("max_active", None, minimum=1, what="an integer number of sessions"),
         concurrency=users,
@@ -650,6 +654,7 @@ def _open_loop(t: _Table) -> Workload:
         requests=t.integer("requests", 0, minimum=1, what="an integer number of requests"),
         duration_s=t.number("duration_s", 0.0, positive=True) or None,
         warmup_requests=t.integer("warmup_requests", 0, minimum=0, what="an integer number of requests"),
+        warmup_shares_prefixes=t.flag("warmup_shares_prefixes", Workload.warmup_shares_prefixes),
         max_concurrency=max_conc,
         concurrency=max_conc or 1,
         seed=t.integer("seed", None, minimum=0),

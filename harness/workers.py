@@ -27,7 +27,7 @@ from harness.prompts import PromptBuilder
 from harness.results import RequestRecord, RunWriter, read_requests
 from harness.selfcheck import LoopMonitor
 from harness.wire import seam
-from harness.wire.client import StreamingClient
+from harness.wire.client import KEPT_ALIVE, ONE_PER_REQUEST, StreamingClient
 from harness.workloads.base import ArmSpec, Plan, Schedule, Sender
 
 # The ids a worker process gives its requests start at index x ID_STRIDE, unique until merged.
@@ -143,6 +143,7 @@ async def _run(job: Job, sync: Sync) -> None:
         await aio.until_done_or_stopped(drive, stop)
         health = monitor.stop()
     health["stamping"] = client.stamping
+    health["connections"] = client.connections
     (job.folder / f"requests.part-{job.index}.json").write_text(
         json.dumps(
             {
@@ -276,6 +277,7 @@ def _combine(healths: list[dict[str, Any]], n: int) -> dict[str, Any]:
     return {
         "processes": n,
         "stamping": seam.PARSE_TIME if seam.PARSE_TIME in stamping else seam.SOCKET_READ,
+        "connections": ONE_PER_REQUEST if any(h.get("connections") == ONE_PER_REQUEST for h in healths) else KEPT_ALIVE,
         "loop_lag_ms": {
             "p50": worst("loop_lag_ms", "p50"),
             "p99": worst("loop_lag_ms", "p99"),

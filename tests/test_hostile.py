@@ -576,11 +576,13 @@ ANSWER = HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
 class CountingServer:
     """Counts the requests it reads. "drop": closes each connection once it has read a request,
     before any answer. "close-after-one": answers the first request of each connection (kept
-    alive), then closes the connection 0.1 s later, as llama.cpp closes idle connections. "keep":
-    answers every request of a connection, and counts connections too."""
+    alive), then closes the connection 0.1 s later, as servers close idle connections.
+    "close-after-each": the same 20 ms after its answer, unasked, as the pinned llama.cpp ends each
+    streamed response (at once: the 20 ms make the race certain). "keep": answers every request
+    of a connection, and counts connections too."""
 
     def __init__(self, mode: str) -> None:
-        self.mode, self.requests, self.connections = mode, 0, 0
+        self.mode, self.requests, self.connections, self.asked_close = mode, 0, 0, 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
         threading.Thread(target=self._accept, daemon=True).start()
@@ -611,9 +613,10 @@ class CountingServer:
             while b"\r\n\r\n" not in raw:
                 raw += conn.recv(65536)
             self.requests += 1
-            if self.mode == "close-after-one":
+            self.asked_close += b"\r\nconnection: close\r\n" in raw.lower()
+            if self.mode in ("close-after-one", "close-after-each"):
                 conn.sendall(ANSWER)
-                time.sleep(0.1)
+                time.sleep(0.1 if self.mode == "close-after-one" else 0.02)
 
     def close(self) -> None:
         self.sock.close()
@@ -669,6 +672,16 @@ def test_a_kept_alive_connection_the_server_had_closed_is_replaced_once() -> Non
     assert [x.ok for x in got] == [True, True, True]
     assert [x.attempts for x in got] == [1, 2, 2] and [x.retried for x in got] == [False, True, True]
     assert server.requests == 3  # the closed connections never read the resent requests
+
+
+def test_a_server_that_closes_each_connection_after_its_answer_gets_one_per_request() -> None:
+    server = CountingServer("close-after-each")
+    got = exchanges(server, 5, 0.0)  # the next request goes out before the server's close
+    assert [x.ok for x in got] == [True] * 5
+    # the second was written on a connection the server was closing and never read: sent again;
+    # once that close was seen (before the resend), each request asked for a connection of its own
+    assert [x.attempts for x in got] == [1, 2, 1, 1, 1]
+    assert server.requests == 5 and server.asked_close == 4
 
 
 def test_an_idle_connection_is_not_reused_once_the_server_may_have_closed_it() -> None:

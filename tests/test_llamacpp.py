@@ -202,3 +202,38 @@ answer_tokens = 4
         assert x.ok and x.prompt_tokens == x.target_tokens, x
         if k > 1:  # the history sent before, but for the chat template's closing, is cached
             assert (x.cached_tokens or 0) >= by[(u, k - 1)].prompt_tokens - 32, (u, k, x.cached_tokens)
+
+
+def test_sessions_with_real_history_resend_the_engines_answers(llama: LlamaServer, tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        """
+name = "llama-real"
+[endpoint]
+api = "completions"
+[workload]
+kind = "sessions"
+users = 2
+turns = 3
+think_s = 0.1
+system_prompt_tokens = 200
+user_context_tokens = 600
+message_tokens = 30
+answer_tokens = 8
+history = "real"
+""",
+    )
+    r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    (folder,) = folders(tmp_path / "out", "llama-real").values()
+    by = {(x.session, x.turn): x for x in read_requests(folder)}
+    assert len(by) == 6 and all(x.ok and x.prompt_tokens for x in by.values())
+    grown = []
+    for (u, k), x in by.items():
+        if k > 1:
+            prev = by[(u, k - 1)]
+            assert x.target_tokens is None and prev.prompt_tokens and x.prompt_tokens
+            grown.append(x.prompt_tokens - prev.prompt_tokens - 30)  # the answer's tokens, as text
+            assert (x.cached_tokens or 0) >= prev.prompt_tokens - 1, (u, k, x.cached_tokens)
+    print("answer tokens resent", grown, [(x.cached_tokens, x.prompt_tokens) for x in by.values()])
+    assert sum(grown) > 0

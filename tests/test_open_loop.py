@@ -72,6 +72,29 @@ def test_more_workers_than_max_concurrency_is_refused(tmp_path: Path) -> None:
     assert r.returncode == 2 and "max_concurrency = 1" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("shares", [False, True])
+def test_warmup_prompts_share_no_prefix_with_measured_ones_unless_asked(tmp_path: Path, shares: bool) -> None:
+    extra = "rate = 4.0\nrequests = 3\nwarmup_requests = 3\n" + ("warmup_shares_prefixes = true\n" if shares else "")
+    sc = write_scenario(
+        tmp_path / "w.toml", BASE.replace("pool = 4", "pool = 1") + extra + "[emulator]\ntime_scale = 10.0\n"
+    )
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    (folder,) = (p for p in (tmp_path / "out" / "ol").iterdir() if p.is_dir())
+    recs = sorted(read_requests(folder), key=lambda x: x.schedule_index or 0)
+    cached = [(x.phase, (x.cached_tokens or 0) > 500) for x in recs]  # the one pool prompt found in cache
+    # the warm-up finds its own KV after its first request; the first measured request finds
+    # the warm-up's only when the scenario says the warm-up shares the measured prefixes
+    assert cached == [
+        ("warmup", False),
+        ("warmup", True),
+        ("warmup", True),
+        ("run", shares),
+        ("run", True),
+        ("run", True),
+    ]
+
+
 def test_bad_rate_exits_2_from_the_cli(tmp_path: Path) -> None:
     sc = write_scenario(tmp_path / "s.toml", BASE + "rate = -3\nrequests = 5\n")
     r = kvbench("validate", str(sc))

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.emulator.profiles import get_profile
 from harness.results import read_requests
+from harness.scenario import EmulatorCfg
 from tests.conftest import kvbench, write_scenario
 
 SESSIONS = """
@@ -59,6 +61,31 @@ def test_each_turn_resends_the_history_and_finds_it_cached(tmp_path: Path, worke
         if workers == 2:  # a session stays with one process
             for u in range(4):
                 assert len({x.process for x in recs if x.session == u}) == 1
+
+
+def test_real_history_puts_the_servers_answers_into_the_next_turn(tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "s.toml", SESSIONS.format(extra='history = "real"\nmax_active = 4'))
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    for folder in (tmp_path / "out" / "sess").iterdir():
+        arm = folder.name.split("-", 1)[1]
+        recs = read_requests(folder)
+        by = {(x.session, x.turn): x for x in recs}
+        assert len({x.session for x in recs}) == 4 and all(x.ok for x in recs)
+        for (u, k), x in by.items():
+            if k == 1:
+                assert x.prompt_tokens == x.target_tokens
+                continue
+            prev = by[(u, k - 1)]
+            # its length is the server's to count; the answer's visible words went into it (its
+            # reasoning tokens did not), and the new message
+            assert x.target_tokens is None and x.prompt_tokens is not None and prev.prompt_tokens is not None
+            visible = (prev.completion_tokens or 0) - get_profile(EmulatorCfg.profile).reasoning_tokens
+            assert visible > 0 and x.prompt_tokens == prev.prompt_tokens + visible + 40
+            if arm == "cached":
+                assert (x.cached_tokens or 0) >= prev.prompt_tokens - 32
+            else:
+                assert not x.cached_tokens
 
 
 def test_sessions_start_at_a_rate_and_keep_to_max_active(tmp_path: Path) -> None:

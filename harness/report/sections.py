@@ -463,7 +463,7 @@ def sessions(runs: list[RunResult]) -> dict[str, Any]:
         ),
         "session_context_svg": Markup(
             plots.scatter(
-                points("target_tokens", "ttft_s"), "context (prompt tokens)", "TTFT (s)", "sess-context", logy=True
+                points("context_tokens", "ttft_s"), "context (prompt tokens)", "TTFT (s)", "sess-context", logy=True
             )
         ),
     }

@@ -36,6 +36,18 @@ RELEASE_BYTES = 8192  # ~50 SSE events: about 0.1 ms of aiohttp's parsing
 # has caught up to half of it, so a server that sends faster than it can be parsed (a flood) holds
 # at most this much per connection.
 HOLD_BYTES = 1 << 20
+# A server that closes a connection this soon after a complete response, having answered nothing
+# since, closes every connection after its response (the pinned llama.cpp does so after each
+# streamed response, without sending `Connection: close`): a request written in between was
+# never read.
+CLOSE_AFTER_RESPONSE_NS = 50_000_000
+
+
+class Habit:
+    """What a client has learned about the server's connections, shared by its handlers."""
+
+    def __init__(self) -> None:
+        self.closes_after_response = False
 
 
 class FramingError(aiohttp.ClientPayloadError):
@@ -74,9 +86,9 @@ class Backlog:
 class StampedHandler(ResponseHandler):
     """aiohttp's response protocol, with each read stamped on arrival and parsed later."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, backlog: Backlog) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, backlog: Backlog, habit: Habit) -> None:
         super().__init__(loop)
-        self.backlog = backlog
+        self.backlog, self.habit = backlog, habit
         self.held: deque[tuple[int, bytes]] = deque()
         self.held_bytes = 0
         self.served = 0  # requests started on this connection
@@ -85,6 +97,10 @@ class StampedHandler(ResponseHandler):
         self._stamped: aiohttp.StreamReader | None = None  # the payload `arrivals` belong to
         self.arrivals: list[tuple[int, int]] = []
         self._last_ns = 0  # stamp of the read released last
+        self.current: Any = None  # the exchange of the request last written here
+        self.answered = False  # ... and whether any byte has come back since
+        self.done_ns: int | None = None  # arrival of the end of its response, None until then
+        self.previous_done_ns: int | None = None  # the end of the response before it
 
     def data_received(self, data: bytes) -> None:
         if not data:
@@ -94,6 +110,7 @@ class StampedHandler(ResponseHandler):
             return
         now = time.perf_counter_ns()
         TURNS.polled(now)
+        self.answered = True
         self.held.append((now, data))
         self.held_bytes += len(data)
         if len(self.held) == 1:
@@ -128,6 +145,10 @@ class StampedHandler(ResponseHandler):
             ex.reused = self.served > 0
             ex.closed_before_send = ex.reused and self._closed_by_peer()
         self.served += 1
+        if self.habit.closes_after_response:
+            self.force_close()  # not back to the pool after this response: the server ends it
+        self.current, self.answered = ex, False
+        self.previous_done_ns, self.done_ns = self.done_ns, None
 
     def _closed_by_peer(self) -> bool:
         """Has the server closed this connection? Its EOF may wait in the socket unread: peek."""
@@ -145,14 +166,32 @@ class StampedHandler(ResponseHandler):
             return True  # reset by the server
 
     def eof_received(self) -> None:
-        self.peer_closed = True
         self.release_all()
+        self._closed_by_server()
         super().eof_received()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self.peer_closed = True
         self.release_all()
+        if exc is not None:  # a reset; without one, the client closed it (or the server did, seen above)
+            self._closed_by_server()
+        self.peer_closed = True
         super().connection_lost(exc)
+
+    def _closed_by_server(self) -> None:
+        """The server ended this connection (or it was lost). Soon after a complete response,
+        with nothing answered since, it is a server that closes every connection after its
+        response: the request written meanwhile (if any) was never read, and from now on the
+        client asks for one connection per request."""
+        if self.peer_closed:
+            return
+        self.peer_closed = True
+        idle = self.done_ns is not None
+        last = self.done_ns if idle else None if self.answered else self.previous_done_ns
+        if last is None or time.perf_counter_ns() - last >= CLOSE_AFTER_RESPONSE_NS:
+            return
+        self.habit.closes_after_response = True
+        if not idle and self.current is not None:
+            self.current.closed_after_response = True
 
     def release_all(self) -> None:
         while self.held:
@@ -188,6 +227,8 @@ class StampedHandler(ResponseHandler):
             had = 0 if payload is not before else had
         if payload.total_bytes > had:
             self.arrivals.append((t, payload.total_bytes - had))
+        if self.done_ns is None and payload.is_eof():
+            self.done_ns = t
 
     def arrivals_of(self, payload: aiohttp.StreamReader) -> list[tuple[int, int]]:
         """The stamps of this response's bytes not yet read (`take` consumes them)."""
@@ -222,12 +263,12 @@ def take(arrivals: list[tuple[int, int]], size: int, now_ns: int) -> list[tuple[
 KEEPALIVE_S = 4.0
 
 
-def connector(limit: int) -> tuple[aiohttp.TCPConnector, tuple[str, ...]]:
+def connector(limit: int, habit: Habit) -> tuple[aiohttp.TCPConnector, tuple[str, ...]]:
     """A connector whose connections use StampedHandler, and the aiohttp internals missing for
     that (none: stamped at socket reads; else a plain connector, stamped at parse time)."""
     conn = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=None, keepalive_timeout=KEEPALIVE_S)
     gone = seam.missing_handler_internals() + seam.missing_connector_internals(conn)
     if not gone:
         # aiohttp's own hook for the protocol of new connections
-        conn._factory = functools.partial(StampedHandler, conn._loop, Backlog(conn._loop))  # type: ignore[assignment]
+        conn._factory = functools.partial(StampedHandler, conn._loop, Backlog(conn._loop), habit)  # type: ignore[assignment]
     return conn, gone

@@ -18,7 +18,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from harness.scenario import Timeouts
 from harness.wire import seam
-from harness.wire.arrivals import SENDING, FramingError, StampedHandler, connector, take
+from harness.wire.arrivals import SENDING, FramingError, Habit, StampedHandler, connector, take
 from harness.wire.sse import MAX_LINE_BYTES, SSEDecoder, SSELimitError
 from harness.wire.stream import StreamState
 from harness.wire.turns import TURNS
@@ -41,6 +41,7 @@ class Exchange:
     error_kind: str | None = None  # "connect", "http", "timeout", "stream", "empty", "protocol"
     reused: bool = False  # sent on a kept-alive connection
     closed_before_send: bool = False  # ... which the server had closed before it was written
+    closed_after_response: bool = False  # ... or was closing after its previous response
     attempts: int = 1
     retried: bool = False
 
@@ -49,6 +50,9 @@ class Exchange:
         return self.error is None
 
 
+# client_health.connections: requests reuse kept-alive connections, or (a server that closes each
+# connection after its response) each opens its own
+KEPT_ALIVE, ONE_PER_REQUEST = "kept alive", "one per request"
 FEED_BYTES = 8192  # bytes decoded into SSE events at once, between two looks at the turn's budget
 
 
@@ -75,7 +79,8 @@ class StreamingClient:
         # The default connector caps at 100 connections; size it for the run instead.
         trace = aiohttp.TraceConfig()
         trace.on_request_headers_sent.append(_on_headers_sent)
-        conn, gone = connector(concurrency + 4)
+        self.habit = Habit()
+        conn, gone = connector(concurrency + 4, self.habit)
         # Where response bytes are stamped (seam.py): at socket reads, unless aiohttp changed.
         self.stamping = seam.PARSE_TIME if gone else seam.SOCKET_READ
         self.stamping_warning = seam.warning(gone) if gone else None
@@ -96,26 +101,38 @@ class StreamingClient:
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
 
-    async def stream(self, url: str, body: bytes, request_id: str) -> Exchange:
-        """One request. It is sent a second time only when it provably never reached the server:
-        it failed to connect on a kept-alive connection whose EOF from the server was already
-        there when the request was written (llama.cpp closes idle connections after a few
-        seconds). Then once more, on a new connection, and the record says so. Anything else,
-        including a server that closes a connection after it has read the request, is a failed
-        request: a resend would hide it, and a "cold" request could find the KV its first
-        attempt built."""
-        ex = await self._attempt(url, body, request_id)
-        if ex.error_kind == "connect" and ex.closed_before_send:
-            ex = await self._attempt(url, body, request_id)  # once: a new connection is not stale
+    @property
+    def connections(self) -> str:
+        """client_health.connections: how requests found their connections."""
+        return ONE_PER_REQUEST if self.habit.closes_after_response else KEPT_ALIVE
+
+    async def stream(self, url: str, body: bytes, request_id: str, answer: list[str] | None = None) -> Exchange:
+        """One request. It is sent a second time only when it never reached the server: it
+        failed to connect on a kept-alive connection whose EOF from the server was already
+        there when the request was written (servers close idle connections after a few
+        seconds), or that the server was closing, unasked, right after its previous response
+        (arrivals.CLOSE_AFTER_RESPONSE_NS). Then once more, on a new connection, and the record
+        says so. Anything else, including a server that closes a connection after it has read
+        the request, is a failed request: a resend would hide it, and a "cold" request could
+        find the KV its first attempt built. `answer`, when given, gets the visible text of the
+        response (in pieces)."""
+        ex = await self._attempt(url, body, request_id, answer)
+        if ex.error_kind == "connect" and (ex.closed_before_send or ex.closed_after_response):
+            ex = await self._attempt(url, body, request_id, answer)  # once: a new connection is not stale
             ex.attempts, ex.retried = 2, True
         return ex
 
-    async def _attempt(self, url: str, body: bytes, request_id: str) -> Exchange:
+    async def _attempt(self, url: str, body: bytes, request_id: str, answer: list[str] | None) -> Exchange:
         t = self.timeouts
         loop = asyncio.get_running_loop()
         total_deadline = loop.time() + t.total_s
         ex = Exchange(start_ns=time.perf_counter_ns())
+        if answer is not None:  # the answer's text is kept (sessions with real history)
+            answer.clear()
+            ex.state.answer = answer
         headers = {**self.headers, "X-Request-Id": request_id}
+        if self.habit.closes_after_response:  # its connections end with each response anyway
+            headers["Connection"] = "close"
         if self.send_clock:
             headers[seam.SENT_HEADER] = str(ex.start_ns)
         sending = SENDING.set(ex)

@@ -53,6 +53,24 @@ def chunk_tokens(obj: dict[str, Any]) -> ChunkTokens:
     return found
 
 
+def content_of(obj: dict[str, Any]) -> str:
+    """The visible text a chunk carries (chat `delta.content`, completions `text`)."""
+    out = []
+    for choice in obj.get("choices") or ():
+        if type(choice) is not dict:
+            continue
+        delta = choice.get("delta")
+        c = delta.get("content") if type(delta) is dict else choice.get("text")
+        if c and type(c) is str:
+            out.append(c)
+    return "".join(out)
+
+
+# An answer kept for a history (`answer` below) stops growing here: bounded memory, whatever the
+# server sends (16 MiB of text is some 4M tokens, beyond any context).
+ANSWER_MAX_CHARS = 16 << 20
+
+
 @dataclass(slots=True)
 class StreamState:
     """Accumulates one streamed response. All times are monotonic nanoseconds."""
@@ -67,6 +85,8 @@ class StreamState:
     error: str | None = None
     done: bool = False
     finish_reason: str | None = None
+    answer: list[str] | None = None  # the visible text, kept only when given a list
+    answer_chars: int = 0
 
     def on_bytes(self, t_ns: int) -> None:
         if self.first_byte_ns is None:
@@ -95,8 +115,13 @@ class StreamState:
             if self.first_token_ns is None:
                 self.first_token_ns = t_ns
             self.token_chunk_ns.append(t_ns)
-            if tokens.content and self.first_content_ns is None:
-                self.first_content_ns = t_ns
+            if tokens.content:
+                if self.first_content_ns is None:
+                    self.first_content_ns = t_ns
+                if self.answer is not None and self.answer_chars < ANSWER_MAX_CHARS:
+                    text = content_of(obj)[: ANSWER_MAX_CHARS - self.answer_chars]
+                    self.answer.append(text)
+                    self.answer_chars += len(text)
         choices = obj.get("choices")
         if choices and type(choices) is list:
             for choice in choices:

@@ -97,10 +97,11 @@ class ArmSpec:
         path = "/chat/completions" if self.scenario.endpoint.api == "chat" else "/completions"
         return endpoint.join(self.base_url, path)
 
-    def reuse_lead(self, prompt: Prompt) -> str:
+    def reuse_lead(self, prompt: Prompt, use: str = "") -> str:
         """The prompt's lead, made this arm's own: arms are separate experiments, so one arm never
-        finds the KV another left behind (even where a cache reset leaves offloaded tiers full)."""
-        digest = hashlib.blake2b(f"{self.arm.name}/{prompt.lead}".encode(), digest_size=8).digest()
+        finds the KV another left behind (even where a cache reset leaves offloaded tiers full).
+        A `use` ("warmup") makes it that use's own too: nothing of it is shared with the rest."""
+        digest = hashlib.blake2b(f"{self.arm.name}/{use}{prompt.lead}".encode(), digest_size=8).digest()
         return prompts.lead(int.from_bytes(digest, "big"))
 
     def body(self, text: str, salt: str | None, max_tokens: int | None = None) -> bytes:
@@ -188,7 +189,10 @@ class Sender:
         """A bust arm's request is unique; others reuse the prompt's (arm-own) lead."""
         return self.new_lead() if self.spec.bust else self.spec.reuse_lead(prompt)
 
-    async def send(self, prompt: Prompt, phase: str, lead_text: str, **extra: Any) -> RequestRecord:
+    async def send(
+        self, prompt: Prompt, phase: str, lead_text: str, answer: list[str] | None = None, **extra: Any
+    ) -> RequestRecord:
+        """One request, recorded; `answer` (a list) gets the response's text."""
         spec = self.spec
         self.seq += 1
         seq = self.seq
@@ -198,9 +202,9 @@ class Sender:
         self.in_flight += 1
         try:
             text, out = prompt.text(lead_text), prompt.max_tokens
-            ex = await self.client.stream(spec.url, spec.body(text, self._salt(salt), out), request_id)
+            ex = await self.client.stream(spec.url, spec.body(text, self._salt(salt), out), request_id, answer)
             if self._salt_refused(salt, ex):
-                ex = await self.client.stream(spec.url, spec.body(text, None, out), request_id)
+                ex = await self.client.stream(spec.url, spec.body(text, None, out), request_id, answer)
         finally:
             self.in_flight -= 1
         record = spec.record(seq, ex, prompt, phase, **extra)

@@ -86,7 +86,8 @@ async def drive(
 async def send_timed(sender: Sender, plan: Plan, take: Schedule | None, cap: int | None) -> None:
     """Each request of the plan at its time (plan.times, after the warm-up is answered), with at
     most `cap` in flight."""
-    clock = sender.spec.clock
+    spec = sender.spec
+    clock = spec.clock
     slots = asyncio.Semaphore(cap) if cap else None
     tasks: set[asyncio.Task[None]] = set()
     setup: deque[int] = deque(maxlen=PACE_WINDOW)  # dispatch to headers sent, ns
@@ -105,9 +106,9 @@ async def send_timed(sender: Sender, plan: Plan, take: Schedule | None, cap: int
             prompt = plan.prompts[p]
             phase = "warmup" if i < plan.warmup else "run"
             intended = plan.times[i] + clock.between(0, shift)
-            r = await sender.send(
-                prompt, phase, sender.lead_for(prompt), schedule_index=i, intended_s=intended, held_s=held
-            )
+            own = phase == "warmup" and not spec.bust and not spec.scenario.workload.warmup_shares_prefixes
+            lead = spec.reuse_lead(prompt, "warmup/") if own else sender.lead_for(prompt)
+            r = await sender.send(prompt, phase, lead, schedule_index=i, intended_s=intended, held_s=held)
             if held is None:
                 setup.append(round(clock.wall_s(r.start_s - clock.since_start(dispatched)) * 1e9))
             sender.check_bust(r)

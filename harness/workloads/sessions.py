@@ -1,7 +1,9 @@
 """`kind = "sessions"`: users holding multi-turn conversations. Each turn resends the whole
 history: a system prompt all users share, the user's own context (a document), and every earlier
-message with the answer kvbench wrote for it (`answer_tokens` long: the server's own answers are
-not used, so every prompt has an exact, known length), then the new message. Between turns the
+message with its answer, then the new message. The answers are text kvbench wrote
+(`history = "synthetic"`, `answer_tokens` long: every prompt has an exact, known length) or the
+server's own (`"real"`: a turn's prompt is known once the previous answer is in; its length is
+the server's count, recorded as prompt_tokens, with no target). Between turns the
 user thinks (`think_s`); whether the session's KV is still on the GPU, in a lower tier or gone
 when the next turn comes is what the records show (`idle_s` beside TTFT and cached tokens).
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -64,6 +67,7 @@ async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
     system = pieces.piece("system", w.system_prompt_tokens) if w.system_prompt_tokens else None
     prompts: list[Prompt] = []
     sessions: list[SessionPlan] = []
+    real = w.history == "real"
     for u, ((messages, waits), start) in enumerate(zip(shape(w, seed), starts(w, seed), strict=True)):
         parts = [p for p in (system, pieces.piece(f"context/{u}", w.user_context_tokens)) if p]
         size = pieces.fixed + w.system_prompt_tokens + w.user_context_tokens
@@ -73,10 +77,24 @@ async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
             size += m
             own.append(len(prompts))
             prompts.append(Prompt(f"u{u}-t{k}", lead, "", size, None, w.answer_tokens, tuple(parts)))
-            parts.append(pieces.piece(f"answer/{u}/{k}", w.answer_tokens))
-            size += w.answer_tokens
+            if not real:  # real answers are put in at send time (with_answers)
+                parts.append(pieces.piece(f"answer/{u}/{k}", w.answer_tokens))
+                size += w.answer_tokens
         sessions.append(SessionPlan(tuple(own), tuple(waits), start))
     return Plan(len(prompts), tuple(prompts), tuple((u, 0) for u in range(w.users)), sessions=tuple(sessions))
+
+
+def with_answers(prompt: Prompt, answers: list[str]) -> Prompt:
+    """A real-history turn: its messages (the last `len(answers) + 1` parts) with the server's
+    answers to the earlier ones put in between, each straight after its message, as the model
+    wrote it (the KV the server made while answering can then serve the next turn). Its length
+    is the server's to count: no target (the answer's tokens, reasoning left out, are not known)."""
+    k = len(answers)
+    base = len(prompt.parts) - k - 1
+    parts = list(prompt.parts[:base])
+    parts += [message + answer for message, answer in zip(prompt.parts[base:-1], answers, strict=True)]
+    parts.append(prompt.parts[-1])
+    return replace(prompt, target_tokens=None, parts=tuple(parts))
 
 
 async def drive(
@@ -92,6 +110,7 @@ async def drive(
     if share < 1:  # a process of several dealt no session slot: the others send them all
         return
     slots = asyncio.Semaphore(share)
+    real = spec.scenario.workload.history == "real"
     queue = take if take is not None else Schedule(iter(plan.schedule))
     tasks: set[asyncio.Task[None]] = set()
 
@@ -100,14 +119,20 @@ async def drive(
         try:
             await open_loop.until(clock.t0_ns + round(clock.wall_s(s.start_s) * 1e9))
             last_end: float | None = None
+            answers: list[str] = []  # real history: the server's answers so far
             for k, p in enumerate(s.prompts):
                 if sender.stop.is_set():
                     return
-                prompt = plan.prompts[p]
+                prompt = with_answers(plan.prompts[p], answers) if answers else plan.prompts[p]
                 now = clock.since_start(time.perf_counter_ns())
                 idle = None if last_end is None else round(now - last_end, 7)
-                r = await sender.send(prompt, "run", sender.lead_for(prompt), session=u, turn=k + 1, idle_s=idle)
+                kept: list[str] | None = [] if real else None
+                r = await sender.send(
+                    prompt, "run", sender.lead_for(prompt), answer=kept, session=u, turn=k + 1, idle_s=idle
+                )
                 sender.check_bust(r)
+                if kept is not None:
+                    answers.append("".join(kept))
                 last_end = r.end_s() or clock.since_start(time.perf_counter_ns())
                 if k < len(s.think_s):
                     await asyncio.sleep(clock.wall_s(s.think_s[k]))
