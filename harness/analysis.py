@@ -86,6 +86,45 @@ def fit_cost_model(records: Records, kv_bytes_per_token: int) -> CostFit | None:
     return CostFit(float(a), float(b), float(c), float(s), rate, rate * kv_bytes_per_token / 1e9, be, residuals)
 
 
+def restores(records: Records) -> dict[str, Any] | None:
+    """Warm requests whose KV the engine restored from a file first (`warm_from = "disk"`): per
+    length, what it read and how fast, the warm TTFT with the restore added (the load path's
+    whole cost), and a least-squares fit restore_s = c + bytes / r over them. None without any."""
+    done = [r for r in records if r.ok and r.phase == "warm" and r.restore_s is not None and r.restore_bytes]
+    if not done:
+        return None
+    rows = []
+    for (n,), g in sorted(stats.groups(done, ("target_tokens",)).items(), key=lambda kv: kv[0][0] or 0):
+        secs = [r.restore_s or 0.0 for r in g]
+        rates = [(r.restore_bytes or 0) / t for r, t in zip(g, secs, strict=True) if t > 0]
+        rows.append(
+            {
+                "length": n,
+                "n": len(g),
+                "tokens": int(np.median([r.restore_tokens or 0 for r in g])),
+                "bytes": int(np.median([r.restore_bytes or 0 for r in g])),
+                "restore_s_p50": float(np.median(secs)),
+                "gb_per_s_p50": float(np.median(rates)) / 1e9 if rates else None,
+                "warm_ttft_s_p50": stats.percentile(stats.values(g, "ttft_s"), 50),
+                "with_restore_s_p50": float(np.median([(r.ttft_s or 0.0) + (r.restore_s or 0.0) for r in g])),
+            }
+        )
+    per_token = [(r.restore_bytes or 0) / r.restore_tokens for r in done if r.restore_tokens]
+    out: dict[str, Any] = {
+        "rows": rows,
+        "kv_bytes_per_token": float(np.median(per_token)) if per_token else None,
+        "c_s": None,
+        "gb_per_s": None,
+    }
+    sizes = np.asarray([float(r.restore_bytes or 0) for r in done])
+    if len(set(sizes.tolist())) >= 2:
+        (c, slope), *_ = np.linalg.lstsq(
+            np.column_stack([np.ones_like(sizes), sizes]), np.asarray([r.restore_s or 0.0 for r in done]), rcond=None
+        )
+        out["c_s"], out["gb_per_s"] = float(c), (1.0 / float(slope) / 1e9 if slope > 0 else None)
+    return out
+
+
 def _shares(records: Records) -> list[float]:
     return [r.cached_tokens / r.prompt_tokens for r in records if r.cached_tokens is not None and r.prompt_tokens]
 

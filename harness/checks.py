@@ -21,9 +21,15 @@ def warm_hit(cached_tokens: int, prompt_tokens: int) -> bool:
     return cached_tokens >= WARM_CACHED_SHARE * prompt_tokens
 
 
+# Tokens any two of kvbench's prompts may share at their start beyond the template: a BOS token
+# and the lead's opening ("[" and a digit or two); an engine finds them in whatever its slot held.
+COLD_START_TOKENS = 4
+
+
 def cold_allowance(shared_prefix_tokens: int, template_tokens: int) -> int:
-    """Cached tokens a cold request may report: the shared prefix and the template's opening."""
-    return shared_prefix_tokens + template_tokens
+    """Cached tokens a cold request may report: the shared prefix, the template's opening, and
+    the few tokens every prompt starts with."""
+    return shared_prefix_tokens + template_tokens + COLD_START_TOKENS
 
 
 def allowance_of(meta: dict[str, object]) -> int:

@@ -113,6 +113,12 @@ class RequestRecord:
     session: int | None = None  # sessions: the user's session
     turn: int | None = None  # sessions: its turn (1, 2, ...)
     idle_s: float | None = None  # sessions: since the end of the session's previous turn
+    # warm_from (a tier below the engine's active KV): what the engine said of the step before
+    # this warm request (tiers.py): tokens and bytes it read back, and how long that took
+    warm_from: str | None = None
+    restore_tokens: int | None = None
+    restore_bytes: int | None = None
+    restore_s: float | None = None
 
     @property
     def lag_s(self) -> float | None:
@@ -177,8 +183,13 @@ _OPTIONAL = (
     "session",
     "turn",
     "idle_s",
+    "warm_from",
+    "restore_tokens",
+    "restore_bytes",
+    "restore_s",
 )
-_OPTIONAL_NUMBERS = ("intended_s", "held_s", "idle_s")
+_OPTIONAL_NUMBERS = ("intended_s", "held_s", "idle_s", "restore_s")
+_OPTIONAL_TEXT = ("warm_from",)
 _NUMBER, _MAYBE_NUMBER, _MAYBE_INT, _MAYBE_TEXT = (
     (int, float),
     (int, float, type(None)),
@@ -201,10 +212,10 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "prompt_id": (str,),
     "start_s": _NUMBER,
     **{f: _MAYBE_INT for f in ("target_tokens", "prompt_tokens", "cached_tokens", "completion_tokens", "http_status")},
-    **{f: _MAYBE_INT for f in _OPTIONAL if f not in _OPTIONAL_NUMBERS},
+    **{f: _MAYBE_INT for f in _OPTIONAL if f not in _OPTIONAL_NUMBERS + _OPTIONAL_TEXT},
     **{f: _MAYBE_NUMBER for f in ("ttft_s", "first_byte_s", "first_content_s", "headers_s", "e2e_s")},
     **{f: _MAYBE_NUMBER for f in _OPTIONAL_NUMBERS},
-    **{f: _MAYBE_TEXT for f in ("error", "error_kind")},
+    **{f: _MAYBE_TEXT for f in ("error", "error_kind", *_OPTIONAL_TEXT)},
     **{f: (bool, type(None)) for f in ("ok", "retried")},
 }
 

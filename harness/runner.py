@@ -309,6 +309,7 @@ class ArmLifecycle:
             interrupted = True
         except BaseException as e:
             self.progress.stop()
+            writer.meta.update(sender.info)
             # run.json says "failed" if it can still be written (a full disk may refuse that too)
             with contextlib.suppress(FilesError):
                 writer.finish("failed", ended=_now(), error=f"{type(e).__name__}: {e}", warnings=sender.warnings)
@@ -404,6 +405,7 @@ class ArmLifecycle:
     async def _finish(self, sender: Sender, writer: RunWriter, interrupted: bool) -> Outcome:
         health = self.health or {}
         writer.meta["client_health"] = health
+        writer.meta.update(sender.info)
         for w in (health.get("warning"), self.session.client.stamping_warning):
             if w and w not in sender.warnings:
                 sender.warn(w)

@@ -71,6 +71,7 @@ class Distribution:
 
 ARRIVALS = ("constant", "poisson", "gamma")
 HISTORIES = ("synthetic", "real")  # sessions: what goes into the history as the answers
+WARM_FROM = ("active", "host", "disk")  # arms: where a warm request finds its KV
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,10 @@ class Arm:
     before: Hook | None = None
     description: str = ""
     traffic: bool = True  # run the scenario's [traffic] during this arm (when there is one)
+    # where a warm request finds its KV (tiers.py): where the engine left it, or in a tier below
+    # that kvbench puts it in first; the engine's slot files, as kvbench sees them (disk)
+    warm_from: Literal["active", "host", "disk"] = "active"
+    slot_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -416,6 +421,11 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
     top.done()
     if scenario.prompts.source == "file" and scenario.workload.kind == "sweep":
         raise InputError(f'{file}: prompts.source: a sweep builds its own prompts; "file" works with the other kinds')
+    tiered = [i for i, a in enumerate(scenario.arms) if a.warm_from != "active"]
+    if tiered and scenario.workload.kind != "sweep":
+        raise InputError(
+            f'{file}: arms[{tiered[0]}].warm_from: applies to kind = "sweep" workloads (one request at a time)'
+        )
     return scenario
 
 
@@ -698,8 +708,14 @@ def _arms(top: _Table, file: str) -> tuple[Arm, ...]:
                 before=_hook(t.sub("before")) if t.has("before") else None,
                 description=t.text("description", ""),
                 traffic=t.flag("traffic", Arm.traffic),
+                warm_from=t.text("warm_from", Arm.warm_from, WARM_FROM),
+                slot_dir=t.text("slot_dir"),
             )
         )
+        if arms[-1].warm_from != "active" and arms[-1].cache == "bust":
+            t.fail("warm_from", 'applies to cache = "reuse" arms (a bust arm has no warm request)', arms[-1].warm_from)
+        if arms[-1].slot_dir is not None and arms[-1].warm_from != "disk":
+            t.fail("slot_dir", 'applies to warm_from = "disk" only', arms[-1].slot_dir)
         t.done()
     return tuple(arms)
 

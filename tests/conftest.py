@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.emulator.serve import EmbeddedEmulator
+from tests.browser import browser  # noqa: F401 (a fixture: a headless chromium for report tests)
 
 ROOT = Path(__file__).resolve().parent.parent
 

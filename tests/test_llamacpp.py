@@ -4,6 +4,7 @@ is noisy: these tests check cached tokens, lengths and ratios, never absolute la
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,10 @@ import pytest
 
 from engines.llamacpp.make_model import main as make_model
 from engines.llamacpp.serve import LlamaServer, binary
-from harness.results import read_requests
+from harness.checks import COLD_START_TOKENS
+from harness.report.build import render
+from harness.results import load_runs, read_requests
+from tests.browser import assert_clean, inspect_page
 from tests.conftest import kvbench, write_scenario
 
 SERVER = binary()
@@ -237,3 +241,99 @@ history = "real"
             assert (x.cached_tokens or 0) >= prev.prompt_tokens - 1, (u, k, x.cached_tokens)
     print("answer tokens resent", grown, [(x.cached_tokens, x.prompt_tokens) for x in by.values()])
     assert sum(grown) > 0
+
+
+TIERS = """
+name = "llama-tiers"
+[endpoint]
+api = "completions"
+max_tokens = 2
+[workload]
+kind = "sweep"
+lengths = [1000, 3000]
+repetitions = 1
+warm_repeats = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def tier_runs(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A sweep whose warm requests come back from the slot's neighbour tiers: host memory, disk."""
+    assert llama.slot_dir is not None
+    tmp = tmp_path_factory.mktemp("tiers")
+    arms = f"""
+[[arms]]
+name = "cold"
+cache = "bust"
+[[arms]]
+name = "host"
+warm_from = "host"
+[[arms]]
+name = "disk"
+warm_from = "disk"
+slot_dir = "{llama.slot_dir}"
+"""
+    sc = write_scenario(tmp / "t.toml", TIERS + arms)
+    r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp / "out"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    return tmp / "out", r.stderr
+
+
+def test_warm_requests_come_back_from_host_memory_and_from_disk(
+    llama: LlamaServer, tier_runs: tuple[Path, str]
+) -> None:
+    out, stderr = tier_runs
+    assert "warning" not in stderr, stderr
+    got = folders(out, "llama-tiers")
+    for arm, folder in got.items():
+        for x in read_requests(folder):
+            assert x.ok and x.prompt_tokens and x.cached_tokens is not None
+            if x.phase == "cold":
+                assert x.cached_tokens <= COLD_START_TOKENS and x.warm_from is None
+                continue
+            assert x.warm_from == arm and x.cached_tokens >= x.prompt_tokens - 1  # nothing recomputed
+            if arm == "host":
+                assert x.restore_tokens is None
+            else:  # the whole prompt read back from its file, as the engine reports it
+                assert x.restore_tokens is not None and x.restore_tokens >= x.prompt_tokens
+                assert x.restore_bytes and x.restore_bytes > 100 * x.prompt_tokens and x.restore_s is not None
+    meta = json.loads((got["disk"] / "run.json").read_text())
+    tiers = meta["tiers"]
+    assert tiers["warm_from"] == "disk" and tiers["page_cache"].startswith("dropped")
+    assert [s["prompt_id"] for s in tiers["saves"]] == ["L1000-r0", "L3000-r0"]
+    assert all(s["bytes"] > 0 for s in tiers["saves"])
+    assert llama.slot_dir is not None and not list(llama.slot_dir.iterdir())  # its slot files are gone
+
+
+def test_real_tier_runs_in_a_real_browser(tier_runs: tuple[Path, str], tmp_path: Path, browser: str) -> None:
+    out, _ = tier_runs
+    page = render(load_runs([out / "llama-tiers"]), tmp_path / "r.html")
+    html = page.read_text()
+    assert "Restores from disk, as the engine reported them" in html and "a real engine and real storage" in html
+    assert "Page cache: dropped before each restore" in html and "host-memory prompt cache" in html
+    assert_clean(asyncio.run(inspect_page(browser, page.as_uri())), page)
+
+
+def test_with_no_host_cache_a_pushed_out_prompt_is_recomputed(tmp_path: Path) -> None:
+    """The other side of "host": what the step does is push the prompt out of its slot."""
+    assert SERVER is not None
+    make_model(tmp_path / "tiny.gguf")
+    with LlamaServer(SERVER, tmp_path / "tiny.gguf", parallel=1, cache_ram_mib=0) as srv:
+        sc = write_scenario(tmp_path / "t.toml", TIERS + '[[arms]]\nname = "host"\nwarm_from = "host"\n')
+        r = kvbench("run", str(sc), "--endpoint", srv.base_url, "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "meant to be warm" in r.stderr
+    (folder,) = folders(tmp_path / "out", "llama-tiers").values()
+    warm = [x for x in read_requests(folder) if x.phase == "warm"]
+    assert len(warm) == 4 and all((x.cached_tokens or 0) <= COLD_START_TOKENS for x in warm)
+
+
+def test_a_disk_arm_on_an_engine_without_slot_saving_says_how_to_start_it(tmp_path: Path) -> None:
+    assert SERVER is not None
+    make_model(tmp_path / "tiny.gguf")
+    with LlamaServer(SERVER, tmp_path / "tiny.gguf", parallel=1) as srv:
+        sc = write_scenario(tmp_path / "t.toml", TIERS + '[[arms]]\nname = "disk"\nwarm_from = "disk"\n')
+        r = kvbench("run", str(sc), "--endpoint", srv.base_url, "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 3 and "--slot-save-path" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    (folder,) = folders(tmp_path / "out", "llama-tiers").values()
+    assert json.loads((folder / "run.json").read_text())["status"] == "failed"

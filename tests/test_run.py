@@ -266,3 +266,12 @@ def test_usage_calibrated_counting_is_close(emulator: EmbeddedEmulator) -> None:
 
     for estimate, true in asyncio.run(go()):
         assert abs(estimate - true) <= 0.01 * true
+
+
+def test_a_tiered_arm_on_an_engine_kvbench_cannot_move_kv_on_is_refused(tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "t.toml",
+        'name = "tiers"\n[workload]\nkind = "sweep"\nlengths = [500]\n[[arms]]\nname = "host"\nwarm_from = "host"\n',
+    )
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"))  # the embedded emulator
+    assert r.returncode == 3 and "llama.cpp is the one it knows" in r.stderr and "Traceback" not in r.stderr

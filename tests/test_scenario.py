@@ -92,6 +92,17 @@ def test_defaults() -> None:
         ),
         (SWEEP + "[endpoint]\nextra_body = 3\n", "endpoint.extra_body: expected a table"),
         (SWEEP + '[prompts]\nsource = "file"\n', "prompts.path: missing"),
+        (SWEEP + '[[arms]]\nname = "a"\nwarm_from = "gpu"\n', 'arms[0].warm_from: expected one of "active", "host"'),
+        (
+            SWEEP + '[[arms]]\nname = "a"\ncache = "bust"\nwarm_from = "disk"\n',
+            'arms[0].warm_from: applies to cache = "reuse" arms',
+        ),
+        (SWEEP + '[[arms]]\nname = "a"\nslot_dir = "/x"\n', 'arms[0].slot_dir: applies to warm_from = "disk" only'),
+        (
+            'name = "t"\n[workload]\nkind = "closed_loop"\nrequests = 10\nconcurrency = 2\npool = 5\n'
+            'prompt_tokens = 100\n[[arms]]\nname = "a"\nwarm_from = "host"\n',
+            'arms[0].warm_from: applies to kind = "sweep" workloads',
+        ),
     ],
 )
 def test_errors_name_file_key_and_expectation(text: str, message: str) -> None:

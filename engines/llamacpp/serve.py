@@ -48,10 +48,12 @@ class LlamaServer:
         ctx_per_slot: int = 8192,
         threads: int = 1,
         slot_dir: Path | None = None,
+        cache_ram_mib: int | None = None,
     ) -> None:
         self.server, self.model = server, model
         self.parallel, self.ctx, self.threads = parallel, ctx_per_slot * parallel, threads
         self.slot_dir = slot_dir
+        self.cache_ram_mib = cache_ram_mib  # the host-memory prompt cache (None: llama.cpp's default)
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)  # noqa: SIM115
@@ -85,6 +87,8 @@ class LlamaServer:
             if self.slot_dir is not None:
                 self.slot_dir.mkdir(parents=True, exist_ok=True)
                 cmd += ["--slot-save-path", str(self.slot_dir)]
+            if self.cache_ram_mib is not None:
+                cmd += ["--cache-ram", str(self.cache_ram_mib)]
             self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
             if self._wait_healthy(60):
                 return self
@@ -136,14 +140,20 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--cache-ram", type=int, default=None, help="MiB of host-memory prompt cache (0: none)")
+    ap.add_argument("--slot-dir", type=Path, default=None, help="where slots are saved (--slot-save-path)")
     args = ap.parse_args()
     server = binary()
     if server is None:
         raise SystemExit("llama-server is not built: run engines/llamacpp/build.sh")
+    # SIGTERM unwinds like Ctrl-C: the server is stopped by PID and the model's folder removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "tiny.gguf"
         make_model(model)
-        with LlamaServer(server, model, parallel=args.parallel) as srv:
+        with LlamaServer(
+            server, model, parallel=args.parallel, slot_dir=args.slot_dir, cache_ram_mib=args.cache_ram
+        ) as srv:
             print(srv.base_url, flush=True)
             with contextlib.suppress(KeyboardInterrupt):
                 while True:

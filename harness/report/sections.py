@@ -107,7 +107,10 @@ def sweep(run: RunResult) -> dict[str, Any]:
     groups = analysis.group_stats(stats.ok(run.records), by=("phase", "target_tokens"))
     series = _ttft_series(groups)
     published, pub_speedup = _published_sweep() if run.reference_test == "ttft" else ([], [])
-    kv = int(run.scenario.get("model", {}).get("kv_bytes_per_token") or reference.kv_bytes_per_token())
+    restores = analysis.restores(run.records)
+    # KV bytes per token: the scenario's, else what the engine's restores read, else the paper's model's
+    engine_kv = restores["kv_bytes_per_token"] if restores else None
+    kv = int(run.scenario.get("model", {}).get("kv_bytes_per_token") or engine_kv or reference.kv_bytes_per_token())
     fit = analysis.fit_cost_model(run.records, kv)
     speedup_svg = plots.speedup_vs_length(
         [r["length"] for r in rows],
@@ -126,6 +129,8 @@ def sweep(run: RunResult) -> dict[str, Any]:
         "fit": fit,
         "fit_svg": _fit_svg(fit) if fit else None,
         "fit_residuals": fit.residuals if fit else [],
+        "restores": restores,
+        "tiers": run.meta.get("tiers") if isinstance(run.meta.get("tiers"), dict) else None,
     }
 
 

@@ -104,7 +104,10 @@ class ArmSpec:
         digest = hashlib.blake2b(f"{self.arm.name}/{use}{prompt.lead}".encode(), digest_size=8).digest()
         return prompts.lead(int.from_bytes(digest, "big"))
 
-    def body(self, text: str, salt: str | None, max_tokens: int | None = None) -> bytes:
+    def body(
+        self, text: str, salt: str | None, max_tokens: int | None = None, engine: dict[str, Any] | None = None
+    ) -> bytes:
+        """A request's body; `engine`: fields an engine adapter adds (tiers.py)."""
         ep = self.scenario.endpoint
         body: dict[str, Any] = {
             "model": self.model,
@@ -122,6 +125,8 @@ class ArmSpec:
             body["cache_salt"] = salt
         if self.bust and self.server == "llama.cpp":
             body["cache_prompt"] = False  # llama.cpp: do not reuse (or keep) this prompt's KV
+        if engine:
+            body.update(engine)
         return orjson.dumps(body)
 
     def record(self, seq: int, ex: Exchange, prompt: Prompt, phase: str, **extra: Any) -> RequestRecord:
@@ -177,6 +182,8 @@ class Sender:
     off_target: set[str] = field(default_factory=set)
     dead_streak: int = 0
     dead_kinds: set[str] = field(default_factory=set)
+    engine_fields: dict[str, Any] = field(default_factory=dict)  # added to every body (tiers.py)
+    info: dict[str, Any] = field(default_factory=dict)  # what the workload learnt, for run.json
 
     def warn(self, text: str) -> None:
         self.warnings.append(text)
@@ -202,9 +209,10 @@ class Sender:
         self.in_flight += 1
         try:
             text, out = prompt.text(lead_text), prompt.max_tokens
-            ex = await self.client.stream(spec.url, spec.body(text, self._salt(salt), out), request_id, answer)
+            engine = self.engine_fields
+            ex = await self.client.stream(spec.url, spec.body(text, self._salt(salt), out, engine), request_id, answer)
             if self._salt_refused(salt, ex):
-                ex = await self.client.stream(spec.url, spec.body(text, None, out), request_id, answer)
+                ex = await self.client.stream(spec.url, spec.body(text, None, out, engine), request_id, answer)
         finally:
             self.in_flight -= 1
         record = spec.record(seq, ex, prompt, phase, **extra)

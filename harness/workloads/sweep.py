@@ -1,11 +1,13 @@
 """`kind = "sweep"`: per length and repetition, one cold request (a fresh prompt) then
 `warm_repeats` requests of the same prompt, one request in flight at a time so that queueing
-never pollutes TTFT. Prompts are built as the sweep reaches them (between requests)."""
+never pollutes TTFT. Prompts are built as the sweep reaches them (between requests). An arm's
+`warm_from` puts the prompt's KV in a lower tier before each warm request (tiers.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from harness import tiers
 from harness.workloads.base import Plan, Sender
 
 NAME = "sweep"
@@ -20,6 +22,19 @@ async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
 async def drive(
     sender: Sender, plan: Plan, take: Iterator[tuple[int, int]] | None = None, connections: int = 1, first: int = 0
 ) -> None:
+    tier = None
+    if sender.spec.arm.warm_from != "active":
+        other = await sender.build("push-out", tiers.PUSH_OUT_TOKENS)
+        tier = tiers.adapter(sender.spec, sender.client.session, other.text(sender.new_lead()))
+        sender.engine_fields = tier.body_fields()
+    try:
+        await _lengths(sender, tier)
+    finally:
+        if tier is not None:
+            sender.info["tiers"] = await tier.finish()
+
+
+async def _lengths(sender: Sender, tier: tiers.Adapter | None) -> None:
     w = sender.spec.scenario.workload
     bust = sender.spec.bust
     for length in w.lengths:
@@ -30,10 +45,14 @@ async def drive(
             prompt = await sender.build(f"L{length}-r{rep}", length)
             lead = sender.lead_for(prompt)
             sender.check_cold(await sender.send(prompt, "cold", lead, repeat=0))
+            if tier is not None:
+                await tier.after_cold(prompt.id)
             for i in range(w.warm_repeats):
                 if sender.stop.is_set():
                     return
                 if bust:  # every request unique: all of them are cold
                     sender.check_cold(await sender.send(prompt, "cold", sender.new_lead(), repeat=i + 1))
-                else:
-                    sender.check_warm(await sender.send(prompt, "warm", lead, repeat=i + 1))
+                    continue
+                step = await tier.before_warm(prompt.id) if tier is not None else None
+                extra = step.fields(sender.spec.arm.warm_from) if step is not None else {}
+                sender.check_warm(await sender.send(prompt, "warm", lead, repeat=i + 1, **extra))

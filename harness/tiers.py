@@ -1,0 +1,187 @@
+"""Where a warm request finds its KV when an arm says it is not where the engine left it
+(`[[arms]] warm_from`): a step before each warm request puts it there, through the engine's own
+API, and what the engine reports of that step goes into the warm request's record.
+
+- `"host"`: after the cold request, and before each warm one, another short prompt takes the
+  slot; the engine's host-memory prompt cache (llama.cpp `--cache-ram`) brings the prompt back
+  when the warm request asks for it. The warm request's cached tokens say whether it did.
+- `"disk"`: the slot is saved to a file once after the cold request; before each warm request
+  the slot is erased, the file dropped from the page cache (when kvbench sees the engine's slot
+  directory: `slot_dir`) and restored. Its record carries the engine's restore figures: tokens
+  and bytes read, and the restore's time, which the warm request's TTFT does not include.
+
+Adapters per engine: llama.cpp (`/slots/{id}?action=save|restore|erase`, requests pinned to one
+slot with `id_slot`). Another engine with a save and restore API is one more adapter class.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+
+from harness import endpoint
+from harness.errors import EndpointError
+
+LLAMACPP_SLOT = 0  # every request of a tiered arm goes to this slot (one request at a time)
+PUSH_OUT_TOKENS = 64  # the other prompt that takes the slot ("host"): short, of its own text
+STEP_TIMEOUT_S = 600.0  # a save or restore of a long prompt from a slow disk
+
+
+@dataclass(frozen=True)
+class Restore:
+    """What the engine reported of the step before a warm request (None: it says nothing)."""
+
+    tokens: int | None = None
+    bytes: int | None = None
+    seconds: float | None = None
+
+    def fields(self, warm_from: str) -> dict[str, Any]:
+        return {
+            "warm_from": warm_from,
+            "restore_tokens": self.tokens,
+            "restore_bytes": self.bytes,
+            "restore_s": self.seconds,
+        }
+
+
+class Adapter(Protocol):
+    """An engine's way to put a prompt's KV in a tier, around one sweep prompt; `body_fields`
+    go into every request of the arm."""
+
+    def body_fields(self) -> dict[str, Any]: ...
+
+    async def after_cold(self, prompt_id: str) -> None: ...
+
+    async def before_warm(self, prompt_id: str) -> Restore: ...
+
+    async def finish(self) -> dict[str, Any]: ...
+
+
+def page_cache_note(slot_dir: str | None) -> str:
+    return (
+        "dropped before each restore (posix_fadvise DONTNEED on the slot file)"
+        if slot_dir is not None
+        else "not dropped (no slot_dir: kvbench cannot see the engine's files): restores may come from memory"
+    )
+
+
+class LlamaCpp:
+    """llama.cpp's llama-server: its slot API and its host-memory prompt cache."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        warm_from: str,
+        run_id: str,
+        slot_dir: str | None,
+        push_out_text: str,
+    ) -> None:
+        self.session, self.root = session, endpoint.root(base_url)
+        self.warm_from, self.run_id = warm_from, run_id
+        self.slot_dir = Path(slot_dir) if slot_dir is not None else None
+        self.push_out_text = push_out_text
+        self.saved: list[dict[str, Any]] = []  # what each save reported
+        self.files: list[str] = []
+
+    def body_fields(self) -> dict[str, Any]:
+        return {"id_slot": LLAMACPP_SLOT}
+
+    async def after_cold(self, prompt_id: str) -> None:
+        if self.warm_from == "disk":
+            name = f"kvbench-{self.run_id}-{prompt_id}.bin"
+            got = await self._slots("save", name)
+            self.files.append(name)
+            self.saved.append(
+                {
+                    "prompt_id": prompt_id,
+                    "tokens": _int(got.get("n_saved")),
+                    "bytes": _int(got.get("n_written")),
+                    "seconds": _ms(got.get("timings"), "save_ms"),
+                }
+            )
+
+    async def before_warm(self, prompt_id: str) -> Restore:
+        if self.warm_from == "host":
+            await self._push_out()
+            return Restore()
+        name = f"kvbench-{self.run_id}-{prompt_id}.bin"
+        await self._slots("erase")
+        if self.slot_dir is not None:
+            drop_from_page_cache(self.slot_dir / name)
+        got = await self._slots("restore", name)
+        return Restore(_int(got.get("n_restored")), _int(got.get("n_read")), _ms(got.get("timings"), "restore_ms"))
+
+    async def finish(self) -> dict[str, Any]:
+        """run.json's `tiers`; the slot files are removed where kvbench sees them."""
+        if self.slot_dir is not None:
+            for name in self.files:
+                (self.slot_dir / name).unlink(missing_ok=True)
+        out: dict[str, Any] = {"engine": "llama.cpp", "warm_from": self.warm_from, "slot": LLAMACPP_SLOT}
+        if self.warm_from == "disk":
+            out |= {"saves": self.saved, "page_cache": page_cache_note(str(self.slot_dir) if self.slot_dir else None)}
+        else:
+            out["push_out_tokens"] = PUSH_OUT_TOKENS
+        return out
+
+    async def _push_out(self) -> None:
+        body = {"prompt": self.push_out_text, "n_predict": 1, "id_slot": LLAMACPP_SLOT, "cache_prompt": True}
+        await self._post(endpoint.join(self.root, "/completion"), body, "push the prompt out of its slot")
+
+    async def _slots(self, action: str, filename: str | None = None) -> dict[str, Any]:
+        url = endpoint.join(self.root, f"/slots/{LLAMACPP_SLOT}?action={action}")
+        body = {"filename": filename} if filename else {}
+        hint = " (llama-server saves slots only when started with --slot-save-path DIR)"
+        return await self._post(url, body, f"{action} slot {LLAMACPP_SLOT}", hint)
+
+    async def _post(self, url: str, body: dict[str, Any], what: str, hint: str = "") -> dict[str, Any]:
+        said = f"warm_from = {self.warm_from}: the engine could not {what}"
+        try:
+            async with self.session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=STEP_TIMEOUT_S)) as r:
+                text = await r.text()
+                if r.status != 200:
+                    raise EndpointError(f"{said}: HTTP {r.status} {text[:300]}{hint}")
+                got = await r.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            raise EndpointError(f"{said}: {str(e) or type(e).__name__}") from None
+        return got if isinstance(got, dict) else {}
+
+
+def drop_from_page_cache(path: Path) -> None:
+    """The file's pages written back and dropped, so that the restore reads the device."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise EndpointError(
+            f"slot_dir: cannot open the engine's slot file {path}: {e.strerror or e} "
+            "(is slot_dir the engine's --slot-save-path, as this machine sees it?)"
+        ) from None
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def adapter(spec: Any, session: aiohttp.ClientSession, push_out_text: str) -> Adapter:
+    """The adapter an arm's `warm_from` (not "active") needs on its server."""
+    arm = spec.arm
+    if spec.server != "llama.cpp":
+        raise EndpointError(
+            f"arm {arm.name}: warm_from = {arm.warm_from} needs an engine kvbench can move KV on; "
+            f"llama.cpp is the one it knows (this endpoint looks like {spec.server})"
+        )
+    return LlamaCpp(session, spec.base_url, arm.warm_from, spec.run_id, arm.slot_dir, push_out_text)
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _ms(timings: Any, key: str) -> float | None:
+    v = timings.get(key) if isinstance(timings, dict) else None
+    return round(v / 1000, 6) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
