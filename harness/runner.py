@@ -54,6 +54,7 @@ class Target:
     model: str | None = None
     metrics_urls: tuple[str, ...] = ()
     workers: int = 1
+    engine: dict[str, Any] | None = None  # an engine kvbench started ([engine]): run.json's `engine`
 
 
 @dataclass
@@ -458,6 +459,7 @@ class ArmLifecycle:
             "model": self.session.model,
             "emulated": t.emulated,
             "emulator": {"profile": sc.emulator.profile, "time_scale": scale} if scale else None,
+            "engine": t.engine,
             "time_scale": t.clock.scale,
             "times": t.clock.times_label(),
             "clock": "time.perf_counter_ns (monotonic)",

@@ -169,6 +169,19 @@ class Arm:
 
 
 @dataclass(frozen=True)
+class EngineCfg:
+    """An engine kvbench starts itself for the run when no endpoint is given (harness/engines/)."""
+
+    kind: Literal["llamacpp"] = "llamacpp"
+    model: str = "tiny"  # a model kvbench makes (harness/engines/models.py SIZES) or a GGUF file
+    slots: int = 1  # llama-server -np
+    ctx_per_slot: int = 20480
+    cache_ram_mib: int | None = None  # --cache-ram (None: llama.cpp's default; 0: no host-memory cache)
+    slot_dir: str | None = None  # --slot-save-path (None: a folder kvbench makes and removes)
+    threads: int | None = None  # -t (None: every core)
+
+
+@dataclass(frozen=True)
 class TrafficCfg:
     """Competing storage I/O during the measured phase (see harness/traffic/)."""
 
@@ -237,6 +250,7 @@ class Scenario:
     traffic: TrafficCfg | None = None
     metrics: MetricsCfg = MetricsCfg()
     slo: Slo | None = None
+    engine: EngineCfg | None = None
     gate: dict[str, Any] | None = None  # the [gate] table, checked by harness.gate.parse_rules
     path: str = field(default="", compare=False)
     raw: dict[str, Any] = field(default_factory=dict, compare=False)  # the file as written
@@ -414,6 +428,7 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
         traffic=_traffic(top.sub("traffic")) if top.has("traffic") else None,
         metrics=_metrics(top.sub("metrics")),
         slo=_slo(top.sub("slo")) if top.has("slo") else None,
+        engine=_engine(top.sub("engine")) if top.has("engine") else None,
         gate=_gate(top, file),
         path=file,
         raw=data,
@@ -774,6 +789,20 @@ def _size(t: _Table, k: str, default: int) -> int:
     if n <= 0:
         t.fail(k, "expected a size > 0", v)
     return n
+
+
+def _engine(t: _Table) -> EngineCfg:
+    cfg = EngineCfg(
+        kind=t.text("kind", EngineCfg.kind, ("llamacpp",)),
+        model=t.text("model", EngineCfg.model),
+        slots=t.integer("slots", EngineCfg.slots, minimum=1, what="an integer number of slots"),
+        ctx_per_slot=t.integer("ctx_per_slot", EngineCfg.ctx_per_slot, minimum=256, what="an integer number of tokens"),
+        cache_ram_mib=t.integer("cache_ram_mib", None, minimum=-1, what="MiB (0: none, -1: no limit)"),
+        slot_dir=t.text("slot_dir"),
+        threads=t.integer("threads", None, minimum=1, what="an integer number of threads"),
+    )
+    t.done()
+    return cfg
 
 
 def _traffic(t: _Table) -> TrafficCfg:

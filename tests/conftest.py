@@ -47,9 +47,11 @@ def write_scenario(path: Path, body: str) -> Path:
     return path
 
 
-def interrupt(args: list[str], ready: Callable[[], bool], timeout: float = 120) -> tuple[int, str]:
-    """Start `kvbench ARGS` as a user would, wait until `ready()`, press Ctrl-C (SIGINT);
-    returns its exit code and what it printed on stderr."""
+def interrupt(
+    args: list[str], ready: Callable[[], bool], timeout: float = 120, sig: int = signal.SIGINT
+) -> tuple[int, str]:
+    """Start `kvbench ARGS` as a user would, wait until `ready()`, press Ctrl-C (SIGINT; or send
+    `sig`); returns its exit code and what it printed on stderr."""
     env = user_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", *args],
@@ -62,6 +64,6 @@ def interrupt(args: list[str], ready: Callable[[], bool], timeout: float = 120) 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not ready():
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=90)
     return proc.returncode, err

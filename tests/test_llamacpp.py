@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from engines.llamacpp.make_model import main as make_model
-from engines.llamacpp.serve import LlamaServer, binary
 from harness.checks import COLD_START_TOKENS
+from harness.engines.llamacpp import LlamaServer, binary
+from harness.engines.models import make as make_model
 from harness.report.build import render
 from harness.results import load_runs, read_requests
 from tests.browser import assert_clean, inspect_page
-from tests.conftest import kvbench, write_scenario
+from tests.conftest import interrupt, kvbench, write_scenario
 
 SERVER = binary()
 pytestmark = pytest.mark.skipif(
@@ -337,3 +340,73 @@ def test_a_disk_arm_on_an_engine_without_slot_saving_says_how_to_start_it(tmp_pa
     assert r.returncode == 3 and "--slot-save-path" in r.stderr and "Traceback" not in r.stderr, r.stderr
     (folder,) = folders(tmp_path / "out", "llama-tiers").values()
     assert json.loads((folder / "run.json").read_text())["status"] == "failed"
+
+
+def engine_processes() -> list[str]:
+    """Command lines of llama-servers that kvbench started for a scenario's [engine] (from /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            args = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"llama-server") and any(b"kvbench-engine-" in a for a in args):
+            out.append(b" ".join(args).decode(errors="replace"))
+    return out
+
+
+ENGINE = """
+name = "eng"
+[engine]
+kind = "llamacpp"
+model = "tiny"
+cache_ram_mib = 0
+[endpoint]
+api = "completions"
+max_tokens = 2
+[workload]
+kind = "sweep"
+lengths = [2000, 6000]
+repetitions = {reps}
+warm_repeats = 2
+[[arms]]
+name = "cold"
+cache = "bust"
+[[arms]]
+name = "disk"
+warm_from = "disk"
+"""
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed (.ci/run installs it with apt-get)")
+def test_kvbench_starts_the_engine_measures_disk_under_fio_and_stops_it(tmp_path: Path) -> None:
+    traffic = f'[traffic]\ntool = "fio"\ntarget = "20MB/s"\nrw = "write"\ndirectory = "{tmp_path / "fio"}"\n'
+    traffic += "file_size = 16777216\nstart_before_s = 0.5\n"
+    sc = write_scenario(tmp_path / "e.toml", ENGINE.format(reps=1) + traffic)
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "starting llama.cpp's llama-server" in r.stdout + r.stderr
+    got = folders(tmp_path / "out", "eng")
+    meta = json.loads((got["disk"] / "run.json").read_text())
+    engine = meta["engine"]
+    assert engine["kind"] == "llamacpp" and engine["started_by"] == "kvbench" and engine["version"] != "unknown"
+    assert engine["model"]["made"] == "tiny" and "--cache-ram" in engine["flags"] and meta["emulated"] is False
+    # its slot files were where kvbench could drop them from the page cache
+    assert meta["tiers"]["page_cache"].startswith("dropped")
+    warm = [x for x in read_requests(got["disk"]) if x.phase == "warm"]
+    assert len(warm) == 4 and all(x.restore_tokens and x.restore_tokens >= (x.prompt_tokens or 0) for x in warm)
+    assert meta["traffic"]["tool"] == "fio" and meta["traffic"]["achieved_bytes_per_s"] > 0
+    assert engine_processes() == []
+
+
+def test_sigterm_stops_the_engine_kvbench_started(tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "e.toml", ENGINE.format(reps=50))
+    out = tmp_path / "out"
+
+    def ready() -> bool:
+        return any(p.stat().st_size > 0 for p in out.glob("eng/*/requests.jsonl"))
+
+    code, err = interrupt(["run", str(sc), "--out", str(out)], ready, sig=signal.SIGTERM)
+    assert code == 130, err
+    assert engine_processes() == []
+    assert not list(Path(tempfile.gettempdir()).glob("kvbench-engine-*"))  # its model and slot files

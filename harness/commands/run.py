@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from rich.console import Console
@@ -16,6 +17,9 @@ from rich.console import Console
 from harness import aio, endpoint, scenario
 from harness.clock import ModelClock, check_scale
 from harness.errors import InputError
+
+if TYPE_CHECKING:
+    from harness.engines.llamacpp import Started
 
 
 @dataclass(frozen=True)
@@ -60,11 +64,11 @@ def _api_key(env: str | None) -> str | None:
     return os.environ.get("OPENAI_API_KEY") or None
 
 
-def _check(opts: RunOptions, sc: scenario.Scenario, url: str | None) -> None:
+def _check(opts: RunOptions, sc: scenario.Scenario, emulated: bool) -> None:
     from harness import workloads
 
-    if url is not None and opts.time_scale is not None:
-        raise InputError("--time-scale: applies only to the embedded emulator (no --endpoint given)")
+    if not emulated and opts.time_scale is not None:
+        raise InputError("--time-scale: applies only to the embedded emulator (no --endpoint given, no [engine])")
     if opts.time_scale is not None:
         check_scale(opts.time_scale, "--time-scale")
     if opts.workers < 1:
@@ -96,7 +100,11 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
         headers["Authorization"] = f"Bearer {key}"
     arms = tuple(sc.arm(name) for name in opts.arms) if opts.arms else sc.arms
     url = opts.endpoint or os.environ.get("OPENAI_BASE_URL") or sc.endpoint.url
-    _check(opts, sc, url)
+    engine = sc.engine if url is None else None  # --endpoint: an engine someone else started
+    if sc.engine is not None and url is not None:
+        console.print("[yellow]note:[/] the scenario's [engine] is not started: the endpoint given is used instead")
+    emulated = url is None and engine is None
+    _check(opts, sc, emulated)
     if url is not None:
         url = endpoint.check_url(url, "--endpoint" if opts.endpoint else "endpoint URL")
         if urlsplit(url).username is not None and any(k.lower() == "authorization" for k in headers):
@@ -107,21 +115,26 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
     for arm in arms:
         if arm.endpoint:
             endpoint.check_url(arm.endpoint, f"{sc.path}: arms.{arm.name}.endpoint")
-    scale = (opts.time_scale or sc.emulator.time_scale) if url is None else 1.0
+    scale = (opts.time_scale or sc.emulator.time_scale) if emulated else 1.0
     cap = sc.emulator.max_time_scale
-    if url is None and cap is not None and scale > cap:
+    if emulated and cap is not None and scale > cap:
         console.print(
             f"[yellow]note:[/] time scale {scale:g} is above this scenario's max_time_scale {cap:g}, beyond which "
             f"the emulator cannot keep its modelled time for this test: running at {cap:g}"
         )
         scale = cap
-    with _emulator(url is None, sc.emulator, scale, sc.path) as emu_url:
-        base = emu_url or url
+    with _engine(engine, sc.path, console) as started, _emulator(emulated, sc.emulator, scale, sc.path) as emu_url:
+        base = emu_url or (started.base_url if started else url)
         assert base is not None
         if emu_url:
             console.print(
                 f"No endpoint given: using the embedded emulator (profile {sc.emulator.profile}, "
                 f"time scale {scale:g}). Results are emulated, in model time."
+            )
+        if started is not None:  # its slot files are where kvbench can drop them from the page cache
+            arms = tuple(
+                replace(a, slot_dir=str(started.slot_dir)) if a.warm_from == "disk" and a.slot_dir is None else a
+                for a in arms
             )
         target = Target(
             scenario=sc,
@@ -129,7 +142,8 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
             base_url=base,
             headers=headers,
             clock=ModelClock(scale),
-            emulated=url is None,
+            emulated=emulated,
+            engine=started.info if started else None,
             out=opts.out,
             model=opts.model,
             metrics_urls=opts.metrics_urls,
@@ -164,6 +178,21 @@ def _emulator(emulated: bool, cfg: scenario.EmulatorCfg, scale: float, where: st
         raise InputError(f"{where}: emulator.capacity_blocks: {e}") from None
     with EmbeddedEmulator(cfg.profile, scale, capacity_blocks=cfg.capacity_blocks) as emu:
         yield emu.base_url
+
+
+@contextlib.contextmanager
+def _engine(cfg: scenario.EngineCfg | None, where: str, console: Console) -> Iterator[Started | None]:
+    if cfg is None:
+        yield None
+        return
+    from harness.engines import llamacpp
+
+    console.print(
+        f"No endpoint given: starting llama.cpp's llama-server ([engine] of {where}, model {cfg.model})", markup=False
+    )
+    with llamacpp.start(cfg, where) as started:
+        console.print(f"llama-server is up at {started.base_url}; it is stopped when the run ends", markup=False)
+        yield started
 
 
 def main(opts: RunOptions, console: Console) -> int:
