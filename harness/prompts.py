@@ -36,7 +36,7 @@ Counter = Callable[[str], Awaitable[int]]
 
 LEAD_DIGITS = 12
 _MAX_ROUNDS = 12
-_VOCAB = (
+VOCAB = (
     "storage",
     "cache",
     "token",
@@ -161,7 +161,7 @@ def lead(n: int) -> str:
 def body_words(seed: int, key: str, count: int) -> list[str]:
     """Deterministic words for one prompt; a sentence ends every 12 words."""
     rng = random.Random(f"{seed}/{key}")
-    words = rng.choices(_VOCAB, k=count)
+    words = rng.choices(VOCAB, k=count)
     for i in range(11, count, 12):
         words[i] += "."
     return words
@@ -376,12 +376,12 @@ class BlockPrompts:
     async def calibrate(self, lead_text: str) -> None:
         # The opening's own cost, from the difference of two lengths: alone, the lead's trailing
         # space would count as a token that a following word takes into its own.
-        ref = [_VOCAB[0]]
+        ref = [VOCAB[0]]
         n8 = await self.builder._count(lead_text + " ".join(ref * 8))
         n16 = await self.builder._count(lead_text + " ".join(ref * 16))
         self.fixed = n8 - (n16 - n8)
         self.builder.template_tokens = self.builder.template_tokens or await self.builder._count("")
-        for word in dict.fromkeys(_VOCAB):
+        for word in dict.fromkeys(VOCAB):
             n = await self.builder._count(lead_text + " ".join([word] * 8))
             self.cost[word] = max(1, round((n - self.fixed) / 8))
         cheapest, self._dearest = min(self.cost.values()), max(self.cost.values())
@@ -400,7 +400,7 @@ class BlockPrompts:
             left -= self.cost[w]
         cheapest, dearest = self.cost[self._filler[0]], self._dearest
         while left >= 2 * cheapest + dearest:
-            batch = rng.choices(_VOCAB, k=(left - 2 * cheapest) // dearest)  # surely fits
+            batch = rng.choices(VOCAB, k=(left - 2 * cheapest) // dearest)  # surely fits
             words += batch
             left -= sum(map(self.cost.__getitem__, batch))
         while left >= cheapest:

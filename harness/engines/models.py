@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import InputError
-from harness.prompts import _VOCAB  # the words prompts are made of
+from harness.prompts import VOCAB  # the words prompts are made of
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ SIZES = {
     "bench": Size(hidden=256, layers=4, heads=8, kv_heads=2, ffn=768),
 }
 CTX = 131072
+ROPE_THETA = 500000.0  # Llama 3's; any base works for random weights
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -82,7 +83,7 @@ def vocabulary() -> tuple[list[str], list[int], list[str]]:
     types = [gguf.TokenType.NORMAL] * 256
     merges: list[str] = []
     known = set(tokens)
-    words = sorted({w for w in _VOCAB} | {w.capitalize() for w in _VOCAB} | {"kvbench", "prompt", "and"})
+    words = sorted({w for w in VOCAB} | {w.capitalize() for w in VOCAB} | {"kvbench", "prompt", "and"})
     for word in words:
         for text in (word, " " + word):
             chars = "".join(byte_map[b] for b in text.encode())
@@ -118,7 +119,7 @@ def make(out: Path, size: str = "tiny", seed: int = 0) -> Path:
     w.add_head_count(z.heads)
     w.add_head_count_kv(z.kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(ROPE_THETA)
     w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
