@@ -87,10 +87,10 @@ def fit_cost_model(records: Records, kv_bytes_per_token: int) -> CostFit | None:
 
 
 def restores(records: Records) -> dict[str, Any] | None:
-    """Warm requests whose KV the engine restored from a file first (`warm_from = "disk"`): per
+    """Requests whose KV the engine restored from a file first (`warm_from = "disk"`): per
     length, what it read and how fast, the warm TTFT with the restore added (the load path's
     whole cost), and a least-squares fit restore_s = c + bytes / r over them. None without any."""
-    done = [r for r in records if r.ok and r.phase == "warm" and r.restore_s is not None and r.restore_bytes]
+    done = [r for r in records if r.ok and r.restore_s is not None and r.restore_bytes]
     if not done:
         return None
     rows = []

@@ -436,11 +436,13 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
     top.done()
     if scenario.prompts.source == "file" and scenario.workload.kind == "sweep":
         raise InputError(f'{file}: prompts.source: a sweep builds its own prompts; "file" works with the other kinds')
-    tiered = [i for i, a in enumerate(scenario.arms) if a.warm_from != "active"]
-    if tiered and scenario.workload.kind != "sweep":
-        raise InputError(
-            f'{file}: arms[{tiered[0]}].warm_from: applies to kind = "sweep" workloads (one request at a time)'
-        )
+    kind = scenario.workload.kind
+    for i, a in enumerate(scenario.arms):
+        if a.warm_from != "active" and kind != "sweep" and (kind != "closed_loop" or a.warm_from != "disk"):
+            raise InputError(
+                f'{file}: arms[{i}].warm_from: "{a.warm_from}" applies to kind = "sweep" workloads'
+                + ('; a closed loop takes "disk"' if kind == "closed_loop" else "")
+            )
     return scenario
 
 

@@ -10,12 +10,17 @@ API, and what the engine reports of that step goes into the warm request's recor
   directory: `slot_dir`) and restored. Its record carries the engine's restore figures: tokens
   and bytes read, and the restore's time, which the warm request's TTFT does not include.
 
-Adapters per engine: llama.cpp (`/slots/{id}?action=save|restore|erase`, requests pinned to one
+In a closed loop (`"disk"` only) each connection keeps to a slot of its own: a prompt's first
+request is computed and its slot saved to the prompt's file; every later request of that prompt
+has the file restored into its connection's slot first.
+
+Adapters per engine: llama.cpp (`/slots/{id}?action=save|restore|erase`, requests pinned to a
 slot with `id_slot`). Another engine with a save and restore API is one more adapter class.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,14 +54,19 @@ class Restore:
 
 
 class Adapter(Protocol):
-    """An engine's way to put a prompt's KV in a tier, around one sweep prompt; `body_fields`
-    go into every request of the arm."""
+    """An engine's way to put a prompt's KV in a tier, around its requests on one of the
+    engine's slots (a sweep uses slot 0; a closed loop's connection n, slot n); `body_fields`
+    go into every request sent on that slot."""
 
-    def body_fields(self) -> dict[str, Any]: ...
+    def body_fields(self, slot: int = 0) -> dict[str, Any]: ...
 
-    async def after_cold(self, prompt_id: str) -> None: ...
+    async def check_slots(self, needed: int) -> None: ...
 
-    async def before_warm(self, prompt_id: str) -> Restore: ...
+    def saved_file(self, prompt_id: str) -> bool: ...
+
+    async def after_cold(self, prompt_id: str, slot: int = 0) -> None: ...
+
+    async def before_warm(self, prompt_id: str, slot: int = 0) -> Restore: ...
 
     async def finish(self) -> dict[str, Any]: ...
 
@@ -86,34 +96,58 @@ class LlamaCpp:
         self.slot_dir = Path(slot_dir) if slot_dir is not None else None
         self.push_out_text = push_out_text
         self.saved: list[dict[str, Any]] = []  # what each save reported
-        self.files: list[str] = []
+        self.files: dict[str, asyncio.Lock] = {}  # saved files: a restore never reads one being written
+        self.slots_used: set[int] = set()
 
-    def body_fields(self) -> dict[str, Any]:
-        return {"id_slot": LLAMACPP_SLOT}
+    def body_fields(self, slot: int = LLAMACPP_SLOT) -> dict[str, Any]:
+        self.slots_used.add(slot)
+        return {"id_slot": slot}
 
-    async def after_cold(self, prompt_id: str) -> None:
-        if self.warm_from == "disk":
-            name = f"kvbench-{self.run_id}-{prompt_id}.bin"
-            got = await self._slots("save", name)
-            self.files.append(name)
-            self.saved.append(
-                {
-                    "prompt_id": prompt_id,
-                    "tokens": _int(got.get("n_saved")),
-                    "bytes": _int(got.get("n_written")),
-                    "seconds": _ms(got.get("timings"), "save_ms"),
-                }
+    async def check_slots(self, needed: int) -> None:
+        """Each connection keeps to a slot of its own: the engine needs that many."""
+        url = endpoint.join(self.root, "/props")
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as r:
+                got = await r.json(content_type=None) if r.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            got = {}
+        total = got.get("total_slots") if isinstance(got, dict) else None
+        if isinstance(total, int) and total < needed:
+            raise EndpointError(
+                f"warm_from = {self.warm_from}: {needed} connections need as many llama.cpp slots, "
+                f"the engine has {total} (start it with -np {needed}, or [engine] slots = {needed})"
             )
 
-    async def before_warm(self, prompt_id: str) -> Restore:
+    def saved_file(self, prompt_id: str) -> bool:
+        return f"kvbench-{self.run_id}-{prompt_id}.bin" in self.files
+
+    async def after_cold(self, prompt_id: str, slot: int = LLAMACPP_SLOT) -> None:
+        if self.warm_from != "disk":
+            return
+        name = f"kvbench-{self.run_id}-{prompt_id}.bin"
+        lock = self.files.setdefault(name, asyncio.Lock())
+        async with lock:
+            got = await self._slots("save", slot, name)
+        self.saved.append(
+            {
+                "prompt_id": prompt_id,
+                "slot": slot,
+                "tokens": _int(got.get("n_saved")),
+                "bytes": _int(got.get("n_written")),
+                "seconds": _ms(got.get("timings"), "save_ms"),
+            }
+        )
+
+    async def before_warm(self, prompt_id: str, slot: int = LLAMACPP_SLOT) -> Restore:
         if self.warm_from == "host":
             await self._push_out()
             return Restore()
         name = f"kvbench-{self.run_id}-{prompt_id}.bin"
-        await self._slots("erase")
-        if self.slot_dir is not None:
-            drop_from_page_cache(self.slot_dir / name)
-        got = await self._slots("restore", name)
+        await self._slots("erase", slot)
+        async with self.files.setdefault(name, asyncio.Lock()):
+            if self.slot_dir is not None:
+                drop_from_page_cache(self.slot_dir / name)
+            got = await self._slots("restore", slot, name)
         return Restore(_int(got.get("n_restored")), _int(got.get("n_read")), _ms(got.get("timings"), "restore_ms"))
 
     async def finish(self) -> dict[str, Any]:
@@ -121,7 +155,7 @@ class LlamaCpp:
         if self.slot_dir is not None:
             for name in self.files:
                 (self.slot_dir / name).unlink(missing_ok=True)
-        out: dict[str, Any] = {"engine": "llama.cpp", "warm_from": self.warm_from, "slot": LLAMACPP_SLOT}
+        out: dict[str, Any] = {"engine": "llama.cpp", "warm_from": self.warm_from, "slots": sorted(self.slots_used)}
         if self.warm_from == "disk":
             out |= {"saves": self.saved, "page_cache": page_cache_note(str(self.slot_dir) if self.slot_dir else None)}
         else:
@@ -132,11 +166,11 @@ class LlamaCpp:
         body = {"prompt": self.push_out_text, "n_predict": 1, "id_slot": LLAMACPP_SLOT, "cache_prompt": True}
         await self._post(endpoint.join(self.root, "/completion"), body, "push the prompt out of its slot")
 
-    async def _slots(self, action: str, filename: str | None = None) -> dict[str, Any]:
-        url = endpoint.join(self.root, f"/slots/{LLAMACPP_SLOT}?action={action}")
+    async def _slots(self, action: str, slot: int, filename: str | None = None) -> dict[str, Any]:
+        url = endpoint.join(self.root, f"/slots/{slot}?action={action}")
         body = {"filename": filename} if filename else {}
         hint = " (llama-server saves slots only when started with --slot-save-path DIR)"
-        return await self._post(url, body, f"{action} slot {LLAMACPP_SLOT}", hint)
+        return await self._post(url, body, f"{action} slot {slot}", hint)
 
     async def _post(self, url: str, body: dict[str, Any], what: str, hint: str = "") -> dict[str, Any]:
         said = f"warm_from = {self.warm_from}: the engine could not {what}"

@@ -410,3 +410,50 @@ def test_sigterm_stops_the_engine_kvbench_started(tmp_path: Path) -> None:
     assert code == 130, err
     assert engine_processes() == []
     assert not list(Path(tempfile.gettempdir()).glob("kvbench-engine-*"))  # its model and slot files
+
+
+def test_a_closed_loop_from_disk_restores_every_prompt_it_computed_before(llama: LlamaServer, tmp_path: Path) -> None:
+    assert llama.slot_dir is not None
+    sc = write_scenario(
+        tmp_path / "c.toml",
+        f"""
+name = "llama-loop-disk"
+[endpoint]
+api = "completions"
+max_tokens = 2
+[workload]
+kind = "closed_loop"
+requests = 16
+concurrency = 2
+pool = 5
+prompt_tokens = 1500
+[[arms]]
+name = "recompute"
+cache = "bust"
+[[arms]]
+name = "disk"
+warm_from = "disk"
+slot_dir = "{llama.slot_dir}"
+""",
+    )
+    r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    got = folders(tmp_path / "out", "llama-loop-disk")
+    assert all((x.cached_tokens or 0) <= COLD_START_TOKENS for x in read_requests(got["recompute"]))
+    recs = sorted(read_requests(got["disk"]), key=lambda x: x.start_s)
+    assert len(recs) == 16 and all(x.ok for x in recs)
+    computed: set[str] = set()
+    for x in recs:
+        if x.warm_from is None:  # a prompt's first request (or one racing it on the other connection)
+            assert (x.cached_tokens or 0) <= COLD_START_TOKENS and x.worker in (0, 1)
+            computed.add(x.prompt_id)
+        else:  # restored into its connection's slot from the file of the prompt's first request
+            assert x.warm_from == "disk" and x.prompt_id in computed and x.prompt_tokens
+            assert (x.restore_tokens or 0) >= x.prompt_tokens and (x.cached_tokens or 0) >= x.prompt_tokens - 1
+    assert sum(x.warm_from == "disk" for x in recs) >= 16 - 5 - 2
+    tiers = json.loads((got["disk"] / "run.json").read_text())["tiers"]
+    assert tiers["slots"] == [0, 1] and {s["prompt_id"] for s in tiers["saves"]} == computed
+    assert not list(llama.slot_dir.iterdir())
+    html = render(load_runs([tmp_path / "out" / "llama-loop-disk"]), tmp_path / "r.html").read_text()
+    assert "each connection kept to a slot of its own (llama.cpp, slots 0, 1)" in html
+    assert "Restores from disk, as the engine reported them" in html

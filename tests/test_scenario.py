@@ -101,7 +101,7 @@ def test_defaults() -> None:
         (
             'name = "t"\n[workload]\nkind = "closed_loop"\nrequests = 10\nconcurrency = 2\npool = 5\n'
             'prompt_tokens = 100\n[[arms]]\nname = "a"\nwarm_from = "host"\n',
-            'arms[0].warm_from: applies to kind = "sweep" workloads',
+            'arms[0].warm_from: "host" applies to kind = "sweep" workloads; a closed loop takes "disk"',
         ),
     ],
 )

@@ -73,6 +73,8 @@ def _check(opts: RunOptions, sc: scenario.Scenario, emulated: bool) -> None:
         check_scale(opts.time_scale, "--time-scale")
     if opts.workers < 1:
         raise InputError(f"--workers: expected a number of processes >= 1, got {opts.workers}")
+    if opts.workers > 1 and any(a.warm_from != "active" for a in sc.arms):
+        raise InputError("--workers: arms with warm_from keep their engine slots and files in one process")
     if opts.workers > 1 and not workloads.get(sc.workload.kind).shares_schedule:
         raise InputError("--workers: a sweep sends one request at a time; it applies to closed and open loops")
     cap = sc.workload.max_concurrency

@@ -146,6 +146,8 @@ def loops(runs: list[RunResult]) -> dict[str, Any]:
                 "ttft": stats.describe(stats.values(r.records, "ttft_s")),
                 "published": reference.req_per_s(r.reference_test, r.arm),
                 "concurrency": r.scenario.get("workload", {}).get("concurrency"),
+                "restores": analysis.restores(r.records),
+                "tiers": r.meta.get("tiers") if isinstance(r.meta.get("tiers"), dict) else None,
             }
         )
     bars = None

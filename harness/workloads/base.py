@@ -197,9 +197,16 @@ class Sender:
         return self.new_lead() if self.spec.bust else self.spec.reuse_lead(prompt)
 
     async def send(
-        self, prompt: Prompt, phase: str, lead_text: str, answer: list[str] | None = None, **extra: Any
+        self,
+        prompt: Prompt,
+        phase: str,
+        lead_text: str,
+        answer: list[str] | None = None,
+        engine_fields: dict[str, Any] | None = None,
+        **extra: Any,
     ) -> RequestRecord:
-        """One request, recorded; `answer` (a list) gets the response's text."""
+        """One request, recorded; `answer` (a list) gets the response's text; `engine_fields` go
+        into its body instead of the arm's (tiers.py: the slot of its connection)."""
         spec = self.spec
         self.seq += 1
         seq = self.seq
@@ -209,7 +216,7 @@ class Sender:
         self.in_flight += 1
         try:
             text, out = prompt.text(lead_text), prompt.max_tokens
-            engine = self.engine_fields
+            engine = self.engine_fields if engine_fields is None else engine_fields
             ex = await self.client.stream(spec.url, spec.body(text, self._salt(salt), out, engine), request_id, answer)
             if self._salt_refused(salt, ex):
                 ex = await self.client.stream(spec.url, spec.body(text, None, out, engine), request_id, answer)

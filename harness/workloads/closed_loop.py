@@ -1,6 +1,8 @@
 """`kind = "closed_loop"`: `concurrency` connections each take the next request of one schedule
 drawn (seeded) before the run, `requests` picks from a pool of `pool` prompts, until all are
-sent. With `--workers N` the processes share the schedule (workers.py)."""
+sent. With `--workers N` the processes share the schedule (workers.py). An arm's
+`warm_from = "disk"` has each connection keep to an engine slot of its own, and every request of a
+prompt computed before come back from that prompt's slot file (tiers.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import asyncio
 import random
 from collections.abc import Iterator
 
+from harness import tiers
 from harness.workloads.base import Plan, Sender, build_pool
 
 NAME = "closed_loop"
@@ -34,13 +37,29 @@ async def drive(
     (default: all of the arm's; a process of several gets its share, maybe none), numbered from
     `first`."""
     queue = take if take is not None else iter(plan.schedule)
+    count = sender.spec.connections if connections is None else connections
+    tier = None
+    if sender.spec.arm.warm_from != "active":
+        tier = tiers.adapter(sender.spec, sender.client.session, "")
+        await tier.check_slots(first + count)
 
     async def connection(n: int) -> None:
         for i, p in queue:
             if sender.stop.is_set():
                 return
             prompt = plan.prompts[p]
-            sender.check_bust(await sender.send(prompt, "run", sender.lead_for(prompt), worker=n, schedule_index=i))
+            lead = sender.lead_for(prompt)
+            if tier is None:
+                sender.check_bust(await sender.send(prompt, "run", lead, worker=n, schedule_index=i))
+                continue
+            fields, again = tier.body_fields(n), tier.saved_file(prompt.id)
+            extra = (await tier.before_warm(prompt.id, n)).fields(sender.spec.arm.warm_from) if again else {}
+            r = await sender.send(prompt, "run", lead, engine_fields=fields, worker=n, schedule_index=i, **extra)
+            if r.ok and not again:  # computed here: its KV goes to the prompt's file
+                await tier.after_cold(prompt.id, n)
 
-    count = sender.spec.connections if connections is None else connections
-    await asyncio.gather(*(connection(first + n) for n in range(count)))
+    try:
+        await asyncio.gather(*(connection(first + n) for n in range(count)))
+    finally:
+        if tier is not None:
+            sender.info["tiers"] = await tier.finish()
