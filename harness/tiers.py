@@ -30,6 +30,7 @@ import aiohttp
 
 from harness import endpoint
 from harness.errors import EndpointError
+from harness.traffic import fio
 
 LLAMACPP_SLOT = 0  # every request of a tiered arm goes to this slot (one request at a time)
 PUSH_OUT_TOKENS = 64  # the other prompt that takes the slot ("host"): short, of its own text
@@ -158,6 +159,8 @@ class LlamaCpp:
         out: dict[str, Any] = {"engine": "llama.cpp", "warm_from": self.warm_from, "slots": sorted(self.slots_used)}
         if self.warm_from == "disk":
             out |= {"saves": self.saved, "page_cache": page_cache_note(str(self.slot_dir) if self.slot_dir else None)}
+            if self.slot_dir is not None and self.saved:  # the device the restores read, as fio sees it
+                out["fio_read"] = await asyncio.to_thread(fio.read_probe, self.slot_dir)
         else:
             out["push_out_tokens"] = PUSH_OUT_TOKENS
         return out

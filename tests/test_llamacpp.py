@@ -305,6 +305,8 @@ def test_warm_requests_come_back_from_host_memory_and_from_disk(
     assert tiers["warm_from"] == "disk" and tiers["page_cache"].startswith("dropped")
     assert [s["prompt_id"] for s in tiers["saves"]] == ["L1000-r0", "L3000-r0"]
     assert all(s["bytes"] > 0 for s in tiers["saves"])
+    if shutil.which("fio"):  # the directory's read bandwidth as fio measures it, beside the restores'
+        assert tiers["fio_read"]["bytes_per_s"] > 0, tiers["fio_read"]
     assert llama.slot_dir is not None and not list(llama.slot_dir.iterdir())  # its slot files are gone
 
 
@@ -314,6 +316,7 @@ def test_real_tier_runs_in_a_real_browser(tier_runs: tuple[Path, str], tmp_path:
     html = page.read_text()
     assert "Restores from disk, as the engine reported them" in html and "a real engine and real storage" in html
     assert "Page cache: dropped before each restore" in html and "host-memory prompt cache" in html
+    assert "fio on the same directory" in html or not shutil.which("fio")
     assert_clean(asyncio.run(inspect_page(browser, page.as_uri())), page)
 
 

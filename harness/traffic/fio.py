@@ -25,6 +25,41 @@ from harness.traffic.base import (
 )
 
 RUNTIME_S = 7 * 24 * 3600  # time_based for "as long as the run": kvbench stops fio itself
+# What fio measures of a directory's reads, beside the restores an engine did from it (tiers.py):
+# 1 MiB sequential reads of a file of its own, direct I/O (the page cache left out, as the
+# restores' files were dropped from it), for at most this long.
+PROBE_S, PROBE_BYTES, PROBE_BLOCK = 3, 256 << 20, 1 << 20
+
+
+def read_probe(directory: Path) -> dict[str, Any]:
+    """fio's sequential read bandwidth in `directory` (blocking: seconds): {"bytes_per_s", "job"},
+    or {"error"} when fio is missing or failed (e.g. a file system without direct I/O)."""
+    job = f"{PROBE_BLOCK >> 20} MiB sequential reads of a {PROBE_BYTES >> 20} MiB file, direct I/O, at most {PROBE_S} s"
+    cmd = [
+        "fio",
+        "--name=kvbench-read-probe",
+        f"--directory={directory}",
+        "--rw=read",
+        f"--bs={PROBE_BLOCK}",
+        f"--size={PROBE_BYTES}",
+        "--direct=1",
+        "--ioengine=psync",
+        f"--runtime={PROBE_S}",
+        "--unlink=1",
+        "--output-format=json",
+    ]
+    try:
+        got = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_S + 120)
+    except FileNotFoundError:
+        return {"error": "fio is not installed", "job": job}
+    except subprocess.TimeoutExpired:
+        return {"error": "fio did not finish", "job": job}
+    objects = json_objects(got.stdout)
+    jobs = objects[-1].get("jobs") if objects else None
+    bw = jobs[0].get("read", {}).get("bw_bytes") if isinstance(jobs, list) and jobs else None
+    if got.returncode != 0 or not isinstance(bw, int | float) or bw <= 0:
+        return {"error": (got.stderr.strip() or "no read bandwidth in fio's output")[-300:], "job": job}
+    return {"bytes_per_s": float(bw), "job": job}
 
 
 def job_file(cfg: TrafficCfg, directory: str) -> str:
