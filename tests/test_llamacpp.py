@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
 import tempfile
@@ -460,3 +461,27 @@ slot_dir = "{llama.slot_dir}"
     html = render(load_runs([tmp_path / "out" / "llama-loop-disk"]), tmp_path / "r.html").read_text()
     assert "each connection kept to a slot of its own (llama.cpp, slots 0, 1)" in html
     assert "Restores from disk, as the engine reported them" in html
+
+
+def test_serve_py_stopped_with_sigterm_leaves_no_server_and_no_folder(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "engines" / "llamacpp" / "serve.py"), "--parallel", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert proc.stdout is not None
+    with proc.stdout:
+        url = proc.stdout.readline().strip()  # printed once the server answers /health
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass  # nobody listens there any more
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == []  # the model's folder is gone
