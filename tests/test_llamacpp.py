@@ -185,11 +185,8 @@ concurrency = 1
         assert (x.cached_tokens or 0) >= shared * block, (k, x.cached_tokens)
 
 
-def test_sessions_later_turns_find_their_history_cached(llama: LlamaServer, tmp_path: Path) -> None:
-    sc = write_scenario(
-        tmp_path / "s.toml",
-        """
-name = "llama-sessions"
+SESSIONS = """
+name = "{name}"
 [workload]
 kind = "sessions"
 users = 2
@@ -198,9 +195,12 @@ think_s = 0.2
 system_prompt_tokens = 200
 user_context_tokens = 600
 message_tokens = 30
-answer_tokens = 4
-""",
-    )
+answer_tokens = {answer}
+{extra}"""
+
+
+def test_sessions_later_turns_find_their_history_cached(llama: LlamaServer, tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "s.toml", SESSIONS.format(name="llama-sessions", answer=4, extra=""))
     r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
     (folder,) = folders(tmp_path / "out", "llama-sessions").values()
@@ -213,24 +213,8 @@ answer_tokens = 4
 
 
 def test_sessions_with_real_history_resend_the_engines_answers(llama: LlamaServer, tmp_path: Path) -> None:
-    sc = write_scenario(
-        tmp_path / "s.toml",
-        """
-name = "llama-real"
-[endpoint]
-api = "completions"
-[workload]
-kind = "sessions"
-users = 2
-turns = 3
-think_s = 0.1
-system_prompt_tokens = 200
-user_context_tokens = 600
-message_tokens = 30
-answer_tokens = 8
-history = "real"
-""",
-    )
+    extra = 'history = "real"\n[endpoint]\napi = "completions"\n'
+    sc = write_scenario(tmp_path / "s.toml", SESSIONS.format(name="llama-real", answer=8, extra=extra))
     r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
     (folder,) = folders(tmp_path / "out", "llama-real").values()
