@@ -129,7 +129,7 @@ def _shares(records: Records) -> list[float]:
     return [r.cached_tokens / r.prompt_tokens for r in records if r.cached_tokens is not None and r.prompt_tokens]
 
 
-def cache_verification(records: Records, cold_allowance: int = 0) -> dict[str, Any]:
+def cache_verification(records: Records, cold_allowance: int = 0, block: int | None = None) -> dict[str, Any]:
     """Were warm requests served from cache, and were cold ones cold?"""
     done = stats.ok(records)
     warm = [r for r in done if r.phase == "warm"]
@@ -145,7 +145,7 @@ def cache_verification(records: Records, cold_allowance: int = 0) -> dict[str, A
         "warm_requests": len(warm),
         "warm_reported": len(reported),
         "warm_served_from_cache": sum(
-            checks.warm_hit(r.cached_tokens or 0, r.prompt_tokens or 0) for r in reported if r.prompt_tokens
+            checks.warm_hit(r.cached_tokens or 0, r.prompt_tokens or 0, block) for r in reported if r.prompt_tokens
         ),
         "warm_mean_cached_share": float(np.mean(share)) if share else None,
         "cold_requests": len(cold),

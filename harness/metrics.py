@@ -49,6 +49,16 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
 TTFT_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "dynamo_frontend_time_to_first_token_seconds")
 
 
+def block_size(snap: Snapshot) -> int | None:
+    """The KV block size a vLLM server publishes (`vllm:cache_config_info{block_size=...}`)."""
+    for (name, labels), _ in snap.items():
+        if name == "vllm:cache_config_info":
+            got = dict(labels).get("block_size", "")
+            if got.isdigit() and int(got) > 0:
+                return int(got)
+    return None
+
+
 def parse(text: str) -> tuple[Snapshot, set[str]]:
     """Every sample of a Prometheus text exposition, and the names of the gauges."""
     out: Snapshot = {}

@@ -23,7 +23,7 @@ import aiohttp
 from rich.console import Console
 from rich.markup import escape
 
-from harness import aio, capacity, endpoint, metrics, prompts, reference, selfcheck, stats, workloads
+from harness import aio, capacity, checks, endpoint, metrics, prompts, reference, selfcheck, stats, workloads
 from harness.clock import ModelClock
 from harness.errors import EndpointError, ExitCode, FilesError
 from harness.progress import RunProgress, show_summary
@@ -338,6 +338,8 @@ class ArmLifecycle:
         self.scraper = self._scraper()
         if self.scraper is not None and not self.kind.shares_schedule:
             sender.scraper = self.scraper  # one request at a time: counters around each
+        sender.block, source = await self._block_size()
+        writer.meta["warm_rule"] = checks.warm_rule(sender.block, source)
         key = self.load.label if self.load is not None else ""
         if key not in self.state.plans:
             self.state.plans[key] = await self.kind.plan(sender, self.state.prior())
@@ -395,6 +397,15 @@ class ArmLifecycle:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
         return got if isinstance(got, dict) else None
+
+    async def _block_size(self) -> tuple[int | None, str]:
+        """The server's KV block size for the warm check, and where it came from."""
+        snap = await self.scraper.snapshot() if self.scraper is not None else None
+        if snap is not None and (block := metrics.block_size(snap)) is not None:
+            return block, "vllm:cache_config_info"
+        if self.session.server == "llama.cpp":
+            return 1, "llama.cpp caches a prefix of any length"
+        return None, ""
 
     def _scraper(self) -> Scraper | None:
         sc, t = self.t.scenario, self.t

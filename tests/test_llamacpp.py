@@ -62,6 +62,7 @@ warm_repeats = 2
     (folder,) = folders(tmp_path / "out", "llama-sweep").values()
     meta = json.loads((folder / "run.json").read_text())
     assert meta["prompt_counting"] == "server /tokenize (llama.cpp format)" and meta["emulated"] is False
+    assert meta["warm_rule"]["block_tokens"] == 1  # llama.cpp caches a prefix of any length
     recs = read_requests(folder)
     assert len(recs) == 2 * 2 * 3 and all(x.ok for x in recs)
     for x in recs:

@@ -70,3 +70,35 @@ def test_emulator_exposition_round_trips() -> None:
     m = metrics.mapped(metrics.delta({}, snap, gauges))
     assert m["external_prefix_cache_hit_ratio"] == 0.9 and "kvbench-emulator" in m["families"]  # type: ignore[operator]
     assert m["server_ttft_mean_s"] == 0.25
+
+
+def test_the_block_size_vllm_publishes_is_read() -> None:
+    text = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",'
+        'gpu_memory_utilization="0.9",num_cpu_blocks="None"} 1.0\n'
+    )
+    assert metrics.block_size(metrics.parse(text)[0]) == 128
+    assert metrics.block_size(metrics.parse((GOLDEN / "metrics-llamacpp.txt").read_text())[0]) is None
+
+
+@pytest.mark.parametrize(
+    ("cached", "prompt", "block", "warm"),
+    [
+        (896, 999, 128, True),  # vLLM's CPU backend: 7 full blocks of 128 before the last token
+        (768, 999, 128, False),  # a block short
+        (998, 999, 1, True),  # llama.cpp: any prefix, all but the last token
+        (990, 999, 1, False),
+        (896, 999, None, True),  # no block size known: 128 read off the count (896 = 7 x 128)
+        (512, 999, None, False),  # 512 = 2 x 256: the largest block believed, and 768 were due
+        (900, 999, None, True),  # 90 % of the prompt
+        (500, 999, None, False),
+    ],
+)
+def test_a_warm_request_is_judged_by_the_servers_blocks(
+    cached: int, prompt: int, block: int | None, warm: bool
+) -> None:
+    from harness import checks
+
+    assert checks.warm_hit(cached, prompt, block) is warm

@@ -275,3 +275,21 @@ def test_a_tiered_arm_on_an_engine_kvbench_cannot_move_kv_on_is_refused(tmp_path
     )
     r = kvbench("run", str(sc), "--out", str(tmp_path / "out"))  # the embedded emulator
     assert r.returncode == 3 and "llama.cpp is the one it knows" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_warm_requests_are_judged_by_the_block_size_the_server_publishes(tmp_path: Path) -> None:
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        'name = "blocks"\n[endpoint]\nmax_tokens = 1\n[workload]\nkind = "sweep"\nlengths = [999, 2000]\n'
+        "[emulator]\ntime_scale = 20.0\n",
+    )
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert "meant to be warm" not in r.stderr
+    (folder,) = (tmp_path / "out" / "blocks").iterdir()
+    rule = json.loads((folder / "run.json").read_text())["warm_rule"]
+    # the emulator publishes its 16-token blocks as vLLM does (vllm:cache_config_info)
+    assert rule["block_tokens"] == 16 and rule["source"] == "vllm:cache_config_info"
+    for x in read_requests(folder):
+        if x.phase == "warm":
+            assert x.prompt_tokens and x.cached_tokens == (x.prompt_tokens - 1) // 16 * 16

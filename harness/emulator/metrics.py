@@ -71,6 +71,13 @@ def render(c: Counters, cache: KVCache, model: str) -> str:
             (f"_count{{{lbl}}}", c.ttft_count),
         ],
     )
+    # as vLLM publishes its cache's configuration: the block size is what the warm check needs
+    metric(
+        "vllm:cache_config_info",
+        "gauge",
+        "Information of the LLMEngine CacheConfig.",
+        [(f'{{block_size="{cache.block_tokens}",enable_prefix_caching="True"}}', 1.0)],
+    )
     tiers = {t.name: t for t in cache.tiers}
 
     def blocks(*names: str, attr: str) -> int:

@@ -301,7 +301,12 @@ def timelines(runs: list[RunResult]) -> dict[str, Any]:
 
 def verification(runs: list[RunResult]) -> dict[str, Any]:
     cache_rows = [
-        {"label": r.label, **analysis.cache_verification(r.records, checks.allowance_of(r.meta))}
+        {
+            "label": r.label,
+            **analysis.cache_verification(r.records, checks.allowance_of(r.meta), checks.block_of(r.meta)),
+            "block": checks.block_of(r.meta),
+            "block_source": (r.meta.get("warm_rule") or {}).get("source"),
+        }
         for r in runs
         if r.records
     ]

@@ -179,6 +179,7 @@ class Sender:
     in_flight: int = 0
     send_salt: bool = True
     said_no_cached: bool = False
+    block: int | None = None  # the server's KV block size, when known (checks.warm_hit)
     off_target: set[str] = field(default_factory=set)
     dead_streak: int = 0
     dead_kinds: set[str] = field(default_factory=set)
@@ -298,10 +299,15 @@ class Sender:
                     "cannot be verified (vLLM: start it with --enable-prompt-tokens-details)"
                 )
             return
-        if not checks.warm_hit(r.cached_tokens, r.prompt_tokens):
+        if not checks.warm_hit(r.cached_tokens, r.prompt_tokens, self.block):
+            wanted = (
+                f"every full {self.block}-token block, {checks.full_blocks(r.prompt_tokens, self.block)}"
+                if self.block is not None
+                else f"{checks.WARM_CACHED_SHARE:.0%} of them or every full block"
+            )
             self.warn(
                 f"request {r.id} ({r.prompt_id}) was meant to be warm but only {r.cached_tokens} of "
-                f"{r.prompt_tokens} prompt tokens came from cache: its warm TTFT is not warm"
+                f"{r.prompt_tokens} prompt tokens came from cache ({wanted} expected): its warm TTFT is not warm"
             )
 
     async def build(self, prompt_id: str, target: int, shared: str = "") -> Prompt:
