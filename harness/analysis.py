@@ -214,6 +214,8 @@ def captured_reuse(run: RunResult) -> dict[str, Any] | None:
     mapped = ((run.server_metrics or {}).get("phases", {}).get("run") or {}).get("mapped") or {}
     if isinstance(mapped.get("tier_hit_tokens"), dict):  # the emulator: G1 .. G4
         by_tier = {str(k): float(v) for k, v in mapped["tier_hit_tokens"].items()}
+    elif isinstance(mapped.get("cached_tokens_by_source"), dict):  # vLLM 0.32+: device, host, p2p, disk
+        by_tier = {str(k): float(v) for k, v in mapped["cached_tokens_by_source"].items() if v}
     else:  # vLLM and the like: the GPU's own prefix cache, and what came from outside it
         pairs = (("device", "prefix_cache_hit_tokens"), ("external", "external_hit_tokens"))
         by_tier = {k: float(mapped[f]) for k, f in pairs if mapped.get(f)}

@@ -71,12 +71,22 @@ def parse(text: str) -> tuple[Snapshot, set[str]]:
     return out, gauges
 
 
-def _sum(snap: Snapshot, name: str, tier: str | None = None) -> float | None:
-    """Sum over label sets. The parser names every counter sample ..._total (Dynamo's KVBM
-    counters have no such suffix on the wire), so either spelling matches."""
+def _sum(snap: Snapshot, name: str, value: str | None = None, label: str = "tier") -> float | None:
+    """Sum over label sets (those whose `label` is `value`, when given). The parser names every
+    counter sample ..._total (Dynamo's KVBM counters have no such suffix on the wire), so either
+    spelling matches."""
     names = {name, name + "_total"}
-    values = [v for (n, labels), v in snap.items() if n in names and (tier is None or ("tier", tier) in labels)]
+    values = [v for (n, labels), v in snap.items() if n in names and (value is None or (label, value) in labels)]
     return sum(values) if values else None
+
+
+# vLLM's per-source counters (0.32+): where cached prompt tokens came from ("device", "host",
+# "p2p", "disk"), and how every prompt token was had ("local_compute", "local_cache_hit",
+# "external_kv_transfer")
+BY_SOURCE = (
+    ("cached_tokens_by_source", "vllm:prompt_tokens_cached_by_source_total"),
+    ("prompt_tokens_by_source", "vllm:prompt_tokens_by_source_total"),
+)
 
 
 def delta(before: Snapshot, after: Snapshot, gauges: Iterable[str] = ()) -> Snapshot:
@@ -120,6 +130,12 @@ def mapped(d: Snapshot, prompt_tokens_sent: int | None = None) -> dict[str, Any]
         out["tier_hit_tokens"] = {t: _sum(d, "kvbench_emulator_tier_hit_tokens_total", t) for t in tiers}
         out["tier_onboarded_blocks"] = {t: _sum(d, "kvbench_emulator_tier_onboarded_blocks_total", t) for t in tiers}
         out["tier_offloaded_blocks"] = {t: _sum(d, "kvbench_emulator_tier_offloaded_blocks_total", t) for t in tiers}
+    for name, metric in BY_SOURCE:
+        names = {metric, metric + "_total"}
+        sources = sorted({dict(labels).get("source", "") for (n, labels) in d if n in names})
+        if sources:
+            families.add("vllm")
+            out[name] = {src: _sum(d, metric, src, "source") for src in sources}
     # llama.cpp counts only the prompt tokens it computed: the rest came from its cache.
     processed = out.get("llamacpp_prompt_tokens_processed")
     if processed is not None and prompt_tokens_sent:

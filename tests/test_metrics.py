@@ -102,3 +102,23 @@ def test_a_warm_request_is_judged_by_the_servers_blocks(
     from harness import checks
 
     assert checks.warm_hit(cached, prompt, block) is warm
+
+
+def test_vllm_per_source_counters_say_where_cached_tokens_came_from() -> None:
+    def text(device: int, host: int, compute: int) -> str:
+        lbl = 'engine="0",model_name="tiny"'
+        return (
+            "# TYPE vllm:prompt_tokens_cached_by_source counter\n"
+            f'vllm:prompt_tokens_cached_by_source_total{{{lbl},source="device"}} {device}.0\n'
+            f'vllm:prompt_tokens_cached_by_source_total{{{lbl},source="host"}} {host}.0\n'
+            "# TYPE vllm:prompt_tokens_by_source counter\n"
+            f'vllm:prompt_tokens_by_source_total{{{lbl},source="local_compute"}} {compute}.0\n'
+            f'vllm:prompt_tokens_by_source_total{{{lbl},source="local_cache_hit"}} {device + host}.0\n'
+        )
+
+    before, gauges = metrics.parse(text(100, 0, 1000))
+    after, _ = metrics.parse(text(996, 512, 1103))
+    m = metrics.mapped(metrics.delta(before, after, gauges))
+    assert m["cached_tokens_by_source"] == {"device": 896.0, "host": 512.0}
+    assert m["prompt_tokens_by_source"] == {"local_cache_hit": 1408.0, "local_compute": 103.0}
+    assert m["families"] == ["vllm"]
