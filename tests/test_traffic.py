@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.clock import ModelClock
+from harness.engines.process import free_port
 from harness.errors import InputError
 from harness.scenario import TrafficCfg
 from harness.traffic.base import TrafficResult, cleanup_directory, prepare_directory
@@ -172,12 +172,6 @@ def test_unreachable_target_is_warned(tmp_path: Path) -> None:
     assert "did not apply the load it claims" in r.stderr
     (folder,) = (tmp_path / "out" / "io").iterdir()
     assert any("did not apply" in w for w in json.loads((folder / "run.json").read_text())["warnings"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @needs_fio

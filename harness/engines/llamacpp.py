@@ -1,24 +1,19 @@
-"""llama.cpp's llama-server, started and stopped by kvbench: on an ephemeral loopback port, with
-a model made here (models.py) or a user's GGUF file, waited for until /health answers, and always
-stopped by PID (its process group; and by the kernel if kvbench itself dies, on Linux). Used by
-`[engine] kind = "llamacpp"` scenarios, the tests and benches, and engines/llamacpp/serve.py."""
+"""llama.cpp's llama-server, started and stopped by kvbench (process.py): with a model made here
+(models.py) or a user's GGUF file. Used by `[engine] kind = "llamacpp"` scenarios, the tests and
+benches, and engines/llamacpp/serve.py."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness.engines.process import ServerProcess
 
 VERSION = "0.3.36"  # the llama-cpp-python release whose llama.cpp engines/llamacpp/build.sh builds
 
@@ -33,20 +28,9 @@ def binary() -> Path | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: the kernel sends SIGTERM if kvbench dies without stopping it."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class LlamaServer:
+class LlamaServer(ServerProcess):
     ALIAS = "kvbench-tiny-llama"
+    name = "llama-server"
 
     def __init__(
         self,
@@ -59,94 +43,38 @@ class LlamaServer:
         cache_ram_mib: int | None = None,
         alias: str = ALIAS,
     ) -> None:
+        super().__init__()
         self.server, self.model, self.alias = server, model, alias
-        self.argv: list[str] = []
         self.parallel, self.ctx, self.threads = parallel, ctx_per_slot * parallel, threads
         self.slot_dir = slot_dir
         self.cache_ram_mib = cache_ram_mib  # the host-memory prompt cache (None: llama.cpp's default)
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)  # noqa: SIM115
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def __enter__(self) -> LlamaServer:
-        for _ in range(3):  # a free port can be taken between the check and the bind: try again
-            self.port = free_port()
-            cmd = [
-                str(self.server),
-                "-m",
-                str(self.model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "-c",
-                str(self.ctx),
-                "-np",
-                str(self.parallel),
-                "-t",
-                str(self.threads),
-                "--metrics",
-                "--alias",
-                self.alias,
-                "--no-webui",
-            ]
-            if self.slot_dir is not None:
-                self.slot_dir.mkdir(parents=True, exist_ok=True)
-                cmd += ["--slot-save-path", str(self.slot_dir)]
-            if self.cache_ram_mib is not None:
-                cmd += ["--cache-ram", str(self.cache_ram_mib)]
-            self.argv = cmd
-            self.proc = subprocess.Popen(
-                cmd,
-                stdout=self.log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
-            if self._wait_healthy(60):
-                return self
-            self._stop()
-        self.log.flush()
-        tail = Path(self.log.name).read_text(errors="replace")[-1500:]
-        self.__exit__(None, None, None)
-        raise RuntimeError(f"llama-server did not become healthy: {tail}")
-
-    def _wait_healthy(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                return False
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r,
-            ):
-                if r.status == 200:
-                    return True
-            time.sleep(0.2)
-        return False
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop()
-        self.log.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log.name)
-
-    def _stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+    def command(self, port: int) -> list[str]:
+        cmd = [
+            str(self.server),
+            "-m",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            str(self.ctx),
+            "-np",
+            str(self.parallel),
+            "-t",
+            str(self.threads),
+            "--metrics",
+            "--alias",
+            self.alias,
+            "--no-webui",
+        ]
+        if self.slot_dir is not None:
+            self.slot_dir.mkdir(parents=True, exist_ok=True)
+            cmd += ["--slot-save-path", str(self.slot_dir)]
+        if self.cache_ram_mib is not None:
+            cmd += ["--cache-ram", str(self.cache_ram_mib)]
+        return cmd
 
 
 def version(server: Path) -> str:

