@@ -31,19 +31,30 @@ class Counters:
                 self.ttft_counts[i] += 1
 
 
-def render(c: Counters, cache: KVCache, model: str) -> str:
-    lines: list[str] = []
-    lbl = f'model_name="{model}"'
+class _Exposition:
+    def __init__(self, model: str) -> None:
+        self.lines: list[str] = []
+        self.lbl = f'model_name="{model}"'
 
-    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {kind}")
+    def metric(self, name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_}")
+        self.lines.append(f"# TYPE {name} {kind}")
         for suffix_labels, value in samples:
-            lines.append(f"{name}{suffix_labels} {value}")
+            self.lines.append(f"{name}{suffix_labels} {value}")
 
-    def counter(name: str, help_: str, value: float) -> None:
-        metric(name, "counter", help_, [("_total{" + lbl + "}", value)])
+    def counter(self, name: str, help_: str, value: float) -> None:
+        self.metric(name, "counter", help_, [("_total{" + self.lbl + "}", value)])
 
+
+def render(c: Counters, cache: KVCache, model: str) -> str:
+    x = _Exposition(model)
+    _vllm(x, c, cache)
+    _kvbm(x, c, cache)
+    return "\n".join(x.lines) + "\n"
+
+
+def _vllm(x: _Exposition, c: Counters, cache: KVCache) -> None:
+    counter, metric, lbl = x.counter, x.metric, x.lbl
     counter("vllm:request_success", "Finished requests.", c.requests)
     counter("kvbench_emulator:request_errors", "Requests that failed.", c.request_errors)
     counter("vllm:prompt_tokens", "Prompt tokens processed.", c.prompt_tokens)
@@ -78,6 +89,10 @@ def render(c: Counters, cache: KVCache, model: str) -> str:
         "Information of the LLMEngine CacheConfig.",
         [(f'{{block_size="{cache.block_tokens}",enable_prefix_caching="True"}}', 1.0)],
     )
+
+
+def _kvbm(x: _Exposition, c: Counters, cache: KVCache) -> None:
+    metric = x.metric
     tiers = {t.name: t for t in cache.tiers}
 
     def blocks(*names: str, attr: str) -> int:
@@ -115,4 +130,3 @@ def render(c: Counters, cache: KVCache, model: str) -> str:
         "Blocks held by each tier.",
         [(f'{{tier="{t.name}"}}', len(t.blocks)) for t in cache.tiers],
     )
-    return "\n".join(lines) + "\n"
