@@ -70,6 +70,7 @@ def test_closed_loop_server_counters_agree_with_the_requests(vllm: VllmServer, t
     )
     r = kvbench("run", str(sc), "--endpoint", vllm.base_url, "--out", str(tmp_path / "out"), timeout=900)
     assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr, r.stderr
     for arm, folder in folders(tmp_path / "out", "vllm-loop").items():
         recs = read_requests(folder)
         cached = sum(x.cached_tokens or 0 for x in recs)
@@ -82,8 +83,18 @@ def test_closed_loop_server_counters_agree_with_the_requests(vllm: VllmServer, t
 def test_the_metric_map_on_live_metrics(vllm: VllmServer) -> None:
     import urllib.request
 
-    with urllib.request.urlopen(vllm.base_url.removesuffix("/v1") + "/metrics", timeout=10) as resp:
-        snap, gauges = metrics.parse(resp.read().decode())
-    assert metrics.block_size(snap) == 128
-    m = metrics.mapped(metrics.delta({}, snap, gauges))
+    def scrape() -> tuple[metrics.Snapshot, set[str]]:
+        with urllib.request.urlopen(vllm.base_url.removesuffix("/v1") + "/metrics", timeout=10) as resp:
+            return metrics.parse(resp.read().decode())
+
+    before, gauges = scrape()
+    body = json.dumps({"model": "tiny", "prompt": "kvbench storage tier " * 100, "max_tokens": 1}).encode()
+    for _ in range(2):  # the second finds the first's blocks on the device
+        req = urllib.request.Request(vllm.base_url + "/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            assert resp.status == 200
+    after, _ = scrape()
+    assert metrics.block_size(after) == 128
+    m = metrics.mapped(metrics.delta(before, after, gauges))
     assert "vllm" in m["families"] and set(m["cached_tokens_by_source"]) >= {"device", "host", "disk"}
+    assert m["cached_tokens_by_source"]["device"] >= 128 and m["cached_tokens_by_source"]["disk"] == 0
