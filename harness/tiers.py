@@ -24,13 +24,16 @@ import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
 from harness import endpoint
 from harness.errors import EndpointError
 from harness.traffic import fio
+
+if TYPE_CHECKING:
+    from harness.workloads.base import ArmSpec
 
 LLAMACPP_SLOT = 0  # every request of a tiered arm goes to this slot (one request at a time)
 PUSH_OUT_TOKENS = 64  # the other prompt that takes the slot ("host"): short, of its own text
@@ -204,7 +207,7 @@ def drop_from_page_cache(path: Path) -> None:
         os.close(fd)
 
 
-def adapter(spec: Any, session: aiohttp.ClientSession, push_out_text: str) -> Adapter:
+def adapter(spec: ArmSpec, session: aiohttp.ClientSession, push_out_text: str) -> Adapter:
     """The adapter an arm's `warm_from` (not "active") needs on its server."""
     arm = spec.arm
     if spec.server != "llama.cpp":

@@ -42,6 +42,11 @@ def kvbench(*args: str, env: dict[str, str] | None = None, timeout: float = 240)
     )
 
 
+def arm_folders(out: Path, scenario: str) -> dict[str, Path]:
+    """A scenario's result folders under `out`, by arm (the part of the name after the stamp)."""
+    return {p.name.split("-", 1)[1]: p for p in sorted((out / scenario).iterdir()) if p.is_dir()}
+
+
 def write_scenario(path: Path, body: str) -> Path:
     path.write_text("schema_version = 1\n" + body, encoding="utf-8")
     return path

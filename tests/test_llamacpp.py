@@ -21,7 +21,7 @@ from harness.engines.models import make as make_model
 from harness.report.build import render
 from harness.results import load_runs, read_requests
 from tests.browser import assert_clean, inspect_page
-from tests.conftest import interrupt, kvbench, write_scenario
+from tests.conftest import arm_folders, interrupt, kvbench, write_scenario
 
 SERVER = binary()
 pytestmark = pytest.mark.skipif(
@@ -37,10 +37,6 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     with LlamaServer(SERVER, tmp / "tiny.gguf", parallel=4, ctx_per_slot=8192, slot_dir=tmp / "slots") as srv:
         yield srv
     assert srv.proc is None  # stopped by PID
-
-
-def folders(out: Path, name: str) -> dict[str, Path]:
-    return {p.name.split("-", 1)[1]: p for p in sorted((out / name).iterdir()) if p.is_dir()}
 
 
 def test_sweep_cold_warm_and_exact_lengths(llama: LlamaServer, tmp_path: Path) -> None:
@@ -59,7 +55,7 @@ warm_repeats = 2
     )
     r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
-    (folder,) = folders(tmp_path / "out", "llama-sweep").values()
+    (folder,) = arm_folders(tmp_path / "out", "llama-sweep").values()
     meta = json.loads((folder / "run.json").read_text())
     assert meta["prompt_counting"] == "server /tokenize (llama.cpp format)" and meta["emulated"] is False
     assert meta["warm_rule"]["block_tokens"] == 1  # llama.cpp caches a prefix of any length
@@ -102,7 +98,7 @@ name = "reuse"
     )
     r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
-    arms = folders(tmp_path / "out", "llama-loop")
+    arms = arm_folders(tmp_path / "out", "llama-loop")
     bust, reuse = read_requests(arms["bust"]), read_requests(arms["reuse"])
     assert len(bust) == len(reuse) == 16 and all(x.ok for x in bust + reuse)
     assert all(x.cached_tokens == 0 for x in bust)
@@ -137,7 +133,7 @@ e2e_s = 60.0
     )
     r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
-    found = folders(tmp_path / "out", "llama-open")
+    found = arm_folders(tmp_path / "out", "llama-open")
     assert sorted(found) == ["default-r1", "default-r3"]
     for name, rate in (("default-r1", 1.0), ("default-r3", 3.0)):
         meta = json.loads((found[name] / "run.json").read_text())
@@ -177,7 +173,7 @@ concurrency = 1
     )
     r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
-    (folder,) = folders(tmp_path / "out", "llama-trace").values()
+    (folder,) = arm_folders(tmp_path / "out", "llama-trace").values()
     recs = {x.prompt_id: x for x in read_requests(folder)}
     for k, (_ids, shared) in enumerate(rows):
         x = recs[f"t{k + 1}"]
@@ -204,7 +200,7 @@ def test_sessions_later_turns_find_their_history_cached(llama: LlamaServer, tmp_
     sc = write_scenario(tmp_path / "s.toml", SESSIONS.format(name="llama-sessions", answer=4, extra=""))
     r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
-    (folder,) = folders(tmp_path / "out", "llama-sessions").values()
+    (folder,) = arm_folders(tmp_path / "out", "llama-sessions").values()
     by = {(x.session, x.turn): x for x in read_requests(folder)}
     assert len(by) == 6
     for (u, k), x in by.items():
@@ -218,7 +214,7 @@ def test_sessions_with_real_history_resend_the_engines_answers(llama: LlamaServe
     sc = write_scenario(tmp_path / "s.toml", SESSIONS.format(name="llama-real", answer=8, extra=extra))
     r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
-    (folder,) = folders(tmp_path / "out", "llama-real").values()
+    (folder,) = arm_folders(tmp_path / "out", "llama-real").values()
     by = {(x.session, x.turn): x for x in read_requests(folder)}
     assert len(by) == 6 and all(x.ok and x.prompt_tokens for x in by.values())
     grown = []
@@ -273,7 +269,7 @@ def test_warm_requests_come_back_from_host_memory_and_from_disk(
 ) -> None:
     out, stderr = tier_runs
     assert "warning" not in stderr, stderr
-    got = folders(out, "llama-tiers")
+    got = arm_folders(out, "llama-tiers")
     for arm, folder in got.items():
         for x in read_requests(folder):
             assert x.ok and x.prompt_tokens and x.cached_tokens is not None
@@ -315,7 +311,7 @@ def test_with_no_host_cache_a_pushed_out_prompt_is_recomputed(tmp_path: Path) ->
         r = kvbench("run", str(sc), "--endpoint", srv.base_url, "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
     assert "meant to be warm" in r.stderr
-    (folder,) = folders(tmp_path / "out", "llama-tiers").values()
+    (folder,) = arm_folders(tmp_path / "out", "llama-tiers").values()
     warm = [x for x in read_requests(folder) if x.phase == "warm"]
     assert len(warm) == 4 and all((x.cached_tokens or 0) <= COLD_START_TOKENS for x in warm)
 
@@ -327,7 +323,7 @@ def test_a_disk_arm_on_an_engine_without_slot_saving_says_how_to_start_it(tmp_pa
         sc = write_scenario(tmp_path / "t.toml", TIERS + '[[arms]]\nname = "disk"\nwarm_from = "disk"\n')
         r = kvbench("run", str(sc), "--endpoint", srv.base_url, "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 3 and "--slot-save-path" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    (folder,) = folders(tmp_path / "out", "llama-tiers").values()
+    (folder,) = arm_folders(tmp_path / "out", "llama-tiers").values()
     assert json.loads((folder / "run.json").read_text())["status"] == "failed"
 
 
@@ -375,7 +371,7 @@ def test_kvbench_starts_the_engine_measures_disk_under_fio_and_stops_it(tmp_path
     r = kvbench("run", str(sc), "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
     assert "starting llama.cpp's llama-server" in r.stdout + r.stderr
-    got = folders(tmp_path / "out", "eng")
+    got = arm_folders(tmp_path / "out", "eng")
     meta = json.loads((got["disk"] / "run.json").read_text())
     engine = meta["engine"]
     assert engine["kind"] == "llamacpp" and engine["started_by"] == "kvbench" and engine["version"] != "unknown"
@@ -427,7 +423,7 @@ slot_dir = "{llama.slot_dir}"
     )
     r = kvbench("run", str(sc), "--endpoint", llama.base_url, "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
-    got = folders(tmp_path / "out", "llama-loop-disk")
+    got = arm_folders(tmp_path / "out", "llama-loop-disk")
     assert all((x.cached_tokens or 0) <= COLD_START_TOKENS for x in read_requests(got["recompute"]))
     recs = sorted(read_requests(got["disk"]), key=lambda x: x.start_s)
     assert len(recs) == 16 and all(x.ok for x in recs)

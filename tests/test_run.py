@@ -8,11 +8,7 @@ from pathlib import Path
 
 from harness.emulator.serve import EmbeddedEmulator
 from harness.results import read_requests
-from tests.conftest import interrupt, kvbench, write_scenario
-
-
-def arm_folders(out: Path, scenario: str) -> dict[str, Path]:
-    return {p.name.split("-", 1)[1]: p for p in sorted((out / scenario).iterdir())}
+from tests.conftest import arm_folders, interrupt, kvbench, write_scenario
 
 
 def test_smoke_sweep_on_the_embedded_emulator(tmp_path: Path) -> None:

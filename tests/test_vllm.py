@@ -16,7 +16,7 @@ import pytest
 from harness import metrics
 from harness.engines.vllm import VllmServer, python
 from harness.results import read_requests
-from tests.conftest import ROOT, kvbench, write_scenario
+from tests.conftest import ROOT, arm_folders, kvbench, write_scenario
 
 PYTHON = python()
 pytestmark = pytest.mark.skipif(
@@ -34,10 +34,6 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     assert srv.proc is None  # stopped by PID
 
 
-def folders(out: Path, name: str) -> dict[str, Path]:
-    return {p.name.split("-", 1)[1]: p for p in sorted((out / name).iterdir()) if p.is_dir()}
-
-
 def test_sweep_exact_lengths_cold_by_salt_and_block_aligned_warm_hits(vllm: VllmServer, tmp_path: Path) -> None:
     sc = write_scenario(
         tmp_path / "s.toml",
@@ -47,7 +43,7 @@ def test_sweep_exact_lengths_cold_by_salt_and_block_aligned_warm_hits(vllm: Vllm
     r = kvbench("run", str(sc), "--endpoint", vllm.base_url, "--out", str(tmp_path / "out"), timeout=900)
     assert r.returncode == 0, r.stderr
     assert "warning" not in r.stderr, r.stderr  # no false warm or cold alarm
-    for arm, folder in folders(tmp_path / "out", "vllm-sweep").items():
+    for arm, folder in arm_folders(tmp_path / "out", "vllm-sweep").items():
         meta = json.loads((folder / "run.json").read_text())
         assert meta["prompt_counting"] == "server /tokenize (vllm format)"
         assert meta["warm_rule"]["block_tokens"] == 128 and meta["warm_rule"]["source"] == "vllm:cache_config_info"
@@ -71,7 +67,7 @@ def test_closed_loop_server_counters_agree_with_the_requests(vllm: VllmServer, t
     r = kvbench("run", str(sc), "--endpoint", vllm.base_url, "--out", str(tmp_path / "out"), timeout=900)
     assert r.returncode == 0, r.stderr
     assert "warning" not in r.stderr, r.stderr
-    for arm, folder in folders(tmp_path / "out", "vllm-loop").items():
+    for arm, folder in arm_folders(tmp_path / "out", "vllm-loop").items():
         recs = read_requests(folder)
         cached = sum(x.cached_tokens or 0 for x in recs)
         prompt = sum(x.prompt_tokens or 0 for x in recs)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.engines.process import ServerProcess
+from harness.scenario import EngineCfg
 
 VERSION = "0.3.36"  # the llama-cpp-python release whose llama.cpp engines/llamacpp/build.sh builds
 
@@ -97,7 +98,7 @@ class Started:
 
 
 @contextlib.contextmanager
-def start(cfg: Any, where: str) -> Iterator[Started]:
+def start(cfg: EngineCfg, where: str) -> Iterator[Started]:
     """llama-server as the scenario's `[engine]` says (scenario.EngineCfg), stopped on the way out
     whatever happens; the models it makes and a slot directory it made are removed then."""
     from harness.engines import models

@@ -183,7 +183,6 @@ class Sender:
     off_target: set[str] = field(default_factory=set)
     dead_streak: int = 0
     dead_kinds: set[str] = field(default_factory=set)
-    engine_fields: dict[str, Any] = field(default_factory=dict)  # added to every body (tiers.py)
     info: dict[str, Any] = field(default_factory=dict)  # what the workload learnt, for run.json
 
     def warn(self, text: str) -> None:
@@ -207,7 +206,7 @@ class Sender:
         **extra: Any,
     ) -> RequestRecord:
         """One request, recorded; `answer` (a list) gets the response's text; `engine_fields` go
-        into its body instead of the arm's (tiers.py: the slot of its connection)."""
+        into its body (tiers.py: the engine slot it is pinned to)."""
         spec = self.spec
         self.seq += 1
         seq = self.seq
@@ -217,10 +216,10 @@ class Sender:
         self.in_flight += 1
         try:
             text, out = prompt.text(lead_text), prompt.max_tokens
-            engine = self.engine_fields if engine_fields is None else engine_fields
-            ex = await self.client.stream(spec.url, spec.body(text, self._salt(salt), out, engine), request_id, answer)
+            body = spec.body(text, self._salt(salt), out, engine_fields)
+            ex = await self.client.stream(spec.url, body, request_id, answer)
             if self._salt_refused(salt, ex):
-                ex = await self.client.stream(spec.url, spec.body(text, None, out, engine), request_id, answer)
+                ex = await self.client.stream(spec.url, spec.body(text, None, out, engine_fields), request_id, answer)
         finally:
             self.in_flight -= 1
         record = spec.record(seq, ex, prompt, phase, **extra)

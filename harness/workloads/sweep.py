@@ -26,7 +26,6 @@ async def drive(
     if sender.spec.arm.warm_from != "active":
         other = await sender.build("push-out", tiers.PUSH_OUT_TOKENS)
         tier = tiers.adapter(sender.spec, sender.client.session, other.text(sender.new_lead()))
-        sender.engine_fields = tier.body_fields()
     try:
         await _lengths(sender, tier)
     finally:
@@ -37,6 +36,7 @@ async def drive(
 async def _lengths(sender: Sender, tier: tiers.Adapter | None) -> None:
     w = sender.spec.scenario.workload
     bust = sender.spec.bust
+    fields = tier.body_fields() if tier is not None else None  # its slot
     for length in w.lengths:
         for rep in range(w.repetitions):
             if sender.stop.is_set():
@@ -44,7 +44,7 @@ async def _lengths(sender: Sender, tier: tiers.Adapter | None) -> None:
             sender.progress.note(f"building a {length}-token prompt")
             prompt = await sender.build(f"L{length}-r{rep}", length)
             lead = sender.lead_for(prompt)
-            sender.check_cold(await sender.send(prompt, "cold", lead, repeat=0))
+            sender.check_cold(await sender.send(prompt, "cold", lead, engine_fields=fields, repeat=0))
             if tier is not None:
                 await tier.after_cold(prompt.id)
             for i in range(w.warm_repeats):
@@ -55,4 +55,4 @@ async def _lengths(sender: Sender, tier: tiers.Adapter | None) -> None:
                     continue
                 step = await tier.before_warm(prompt.id) if tier is not None else None
                 extra = step.fields(sender.spec.arm.warm_from) if step is not None else {}
-                sender.check_warm(await sender.send(prompt, "warm", lead, repeat=i + 1, **extra))
+                sender.check_warm(await sender.send(prompt, "warm", lead, engine_fields=fields, repeat=i + 1, **extra))
