@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.engines.process import ServerProcess
+from harness.engines.process import ServerProcess, installed
 from harness.scenario import EngineCfg
 
 VERSION = "0.3.36"  # the llama-cpp-python release whose llama.cpp engines/llamacpp/build.sh builds
@@ -21,12 +21,7 @@ VERSION = "0.3.36"  # the llama-cpp-python release whose llama.cpp engines/llama
 
 def binary() -> Path | None:
     """llama-server from $KVBENCH_LLAMA_SERVER or build.sh's cache, if it is there."""
-    env = os.environ.get("KVBENCH_LLAMA_SERVER")
-    cache = Path(os.environ.get("KVBENCH_ENGINE_CACHE", "/var/cache/kvbench"))
-    for p in (Path(env) if env else None, cache / f"llamacpp-{VERSION}" / "bin" / "llama-server"):
-        if p is not None and p.is_file() and os.access(p, os.X_OK):
-            return p
-    return None
+    return installed("KVBENCH_LLAMA_SERVER", f"llamacpp-{VERSION}/bin/llama-server")
 
 
 class LlamaServer(ServerProcess):

@@ -18,6 +18,18 @@ from pathlib import Path
 from typing import Self
 
 
+def installed(env_var: str, in_cache: str) -> Path | None:
+    """An engine's executable: the one $`env_var` names, else `in_cache` below the engine cache
+    ($KVBENCH_ENGINE_CACHE, default /var/cache/kvbench) where the build and install scripts put
+    it; None when neither is there."""
+    env = os.environ.get(env_var)
+    cache = Path(os.environ.get("KVBENCH_ENGINE_CACHE", "/var/cache/kvbench"))
+    for p in (Path(env) if env else None, cache / in_cache):
+        if p is not None and p.is_file() and os.access(p, os.X_OK):
+            return p
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

