@@ -35,7 +35,7 @@ from harness.traffic import fio
 if TYPE_CHECKING:
     from harness.workloads.base import ArmSpec
 
-LLAMACPP_SLOT = 0  # every request of a tiered arm goes to this slot (one request at a time)
+LLAMACPP_SLOT = 0  # the slot a tiered sweep's requests go to (a closed loop's connection n: slot n)
 PUSH_OUT_TOKENS = 64  # the other prompt that takes the slot ("host"): short, of its own text
 STEP_TIMEOUT_S = 600.0  # a save or restore of a long prompt from a slow disk
 
@@ -75,7 +75,7 @@ class Adapter(Protocol):
     async def finish(self) -> dict[str, Any]: ...
 
 
-def page_cache_note(slot_dir: str | None) -> str:
+def page_cache_note(slot_dir: Path | None) -> str:
     return (
         "dropped before each restore (posix_fadvise DONTNEED on the slot file)"
         if slot_dir is not None
@@ -122,13 +122,17 @@ class LlamaCpp:
                 f"the engine has {total} (start it with -np {needed}, or [engine] slots = {needed})"
             )
 
+    def _file(self, prompt_id: str) -> str:
+        """The name of a prompt's slot file (in the engine's --slot-save-path)."""
+        return f"kvbench-{self.run_id}-{prompt_id}.bin"
+
     def saved_file(self, prompt_id: str) -> bool:
-        return f"kvbench-{self.run_id}-{prompt_id}.bin" in self.files
+        return self._file(prompt_id) in self.files
 
     async def after_cold(self, prompt_id: str, slot: int = LLAMACPP_SLOT) -> None:
         if self.warm_from != "disk":
             return
-        name = f"kvbench-{self.run_id}-{prompt_id}.bin"
+        name = self._file(prompt_id)
         lock = self.files.setdefault(name, asyncio.Lock())
         async with lock:
             got = await self._slots("save", slot, name)
@@ -146,7 +150,7 @@ class LlamaCpp:
         if self.warm_from == "host":
             await self._push_out()
             return Restore()
-        name = f"kvbench-{self.run_id}-{prompt_id}.bin"
+        name = self._file(prompt_id)
         await self._slots("erase", slot)
         async with self.files.setdefault(name, asyncio.Lock()):
             if self.slot_dir is not None:
@@ -161,7 +165,7 @@ class LlamaCpp:
                 (self.slot_dir / name).unlink(missing_ok=True)
         out: dict[str, Any] = {"engine": "llama.cpp", "warm_from": self.warm_from, "slots": sorted(self.slots_used)}
         if self.warm_from == "disk":
-            out |= {"saves": self.saved, "page_cache": page_cache_note(str(self.slot_dir) if self.slot_dir else None)}
+            out |= {"saves": self.saved, "page_cache": page_cache_note(self.slot_dir)}
             if self.slot_dir is not None and self.saved:  # the device the restores read, as fio sees it
                 out["fio_read"] = await asyncio.to_thread(fio.read_probe, self.slot_dir)
         else:
