@@ -9,21 +9,13 @@ old tree, then this one, against a fresh firehose; the host's load moves both al
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from ceiling import once
-from common import CODE, ROOT, pct
+from common import CODE, ROOT, checkout, pct
 from ttft_accuracy import run as accuracy
-
-
-def checkout(rev: str, into: Path) -> Path:
-    """The tree of `rev`, unpacked (no worktree bookkeeping left behind)."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
 
 
 def main() -> None:

@@ -177,3 +177,10 @@ concurrency = {concurrency}
 pool = 50
 prompt_tokens = 1000
 """
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """The tree of `rev`, unpacked (no worktree bookkeeping left behind)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into

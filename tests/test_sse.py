@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.wire.sse import SSEDecoder, SSEEvent, SSELimitError
+from harness.wire.sse import Run, SSEDecoder, SSEEvent, SSELimitError
 from harness.wire.stream import StreamState, chunk_tokens
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -22,18 +23,17 @@ def decode(pieces: list[bytes]) -> list[SSEEvent]:
     return out + d.close()
 
 
-def replay(pieces: list[bytes]) -> StreamState:
-    """Feed pieces as reads; read i arrives at time i (ns), as the client stamps them."""
-    d = SSEDecoder()
-    state = StreamState()
+def replay(pieces: list[bytes], fast: bool = True, answer: list[str] | None = None) -> StreamState:
+    """Feed pieces as reads, as the client does; read i arrives at time i (ns). `fast`: with the
+    template fast path (runs of token chunks taken undecoded), else every chunk parsed."""
+    state = StreamState(learn=fast, answer=answer)
+    d = SSEDecoder(skip=state.run_end if fast else None)
     for t, p in enumerate(pieces):
         state.on_bytes(t)
-        for ev in d.feed(p):
-            state.on_event(ev, t)
-            if state.done:
-                return state
-    for ev in d.close():
-        state.on_event(ev, len(pieces))
+        state.on_events(d.feed(p), t)
+        if state.done:
+            return state
+    state.on_events(d.close(), len(pieces))
     return state
 
 
@@ -101,10 +101,11 @@ def test_arbitrary_payloads_round_trip(payloads: list[bytes], sep: bytes, cuts: 
     assert [e.data for e in decode(pieces)] == payloads
 
 
-def test_role_only_chunk_is_not_the_first_token_and_reasoning_is() -> None:
+@pytest.mark.parametrize("fast", [True, False])
+def test_role_only_chunk_is_not_the_first_token_and_reasoning_is(fast: bool) -> None:
     raw = (GOLDEN / "vllm_chat_reasoning.sse").read_bytes()
     reads = [r + b"\n\n" for r in raw.split(b"\n\n") if r]  # one event per read: read i at t=i
-    s = replay(reads)
+    s = replay(reads, fast)
     assert s.first_byte_ns == 0
     assert s.first_token_ns == 1  # reasoning_content, not the role chunk at t=0
     assert s.first_content_ns == 3
@@ -113,9 +114,10 @@ def test_role_only_chunk_is_not_the_first_token_and_reasoning_is() -> None:
     assert s.done and s.error is None and s.finish_reason == "length"
 
 
-def test_reasoning_field_crlf_comments_and_null_choices() -> None:
+@pytest.mark.parametrize("fast", [True, False])
+def test_reasoning_field_crlf_comments_and_null_choices(fast: bool) -> None:
     raw = (GOLDEN / "crlf_reasoning_field.sse").read_bytes()
-    s = replay([raw[:60], raw[60:]])
+    s = replay([raw[:60], raw[60:]], fast)
     assert s.first_token_ns is not None and s.prompt_tokens == 12 and s.cached_tokens is None and s.done
 
 
@@ -128,19 +130,22 @@ def test_usage_chunk_never_moves_first_token() -> None:
     assert s.first_token_ns == 9 and s.completion_tokens == 1
 
 
-def test_error_event_inside_200_stream() -> None:
-    s = replay([(GOLDEN / "error_in_stream.sse").read_bytes()])
+@pytest.mark.parametrize("fast", [True, False])
+def test_error_event_inside_200_stream(fast: bool) -> None:
+    s = replay([(GOLDEN / "error_in_stream.sse").read_bytes()], fast)
     assert s.error == "500: CUDA out of memory"
     assert s.first_token_ns is None
 
 
-def test_stops_at_done_even_with_more_bytes() -> None:
-    s = replay([(GOLDEN / "completions_done_then_more.sse").read_bytes()])
+@pytest.mark.parametrize("fast", [True, False])
+def test_stops_at_done_even_with_more_bytes(fast: bool) -> None:
+    s = replay([(GOLDEN / "completions_done_then_more.sse").read_bytes()], fast)
     assert s.done and s.token_chunk_ns == [0, 0] and s.prompt_tokens == 5
 
 
-def test_tool_call_is_a_token() -> None:
-    s = replay([(GOLDEN / "tool_call.sse").read_bytes()])
+@pytest.mark.parametrize("fast", [True, False])
+def test_tool_call_is_a_token(fast: bool) -> None:
+    s = replay([(GOLDEN / "tool_call.sse").read_bytes()], fast)
     assert s.first_token_ns == 0 and s.first_content_ns is None
 
 
@@ -193,3 +198,154 @@ def test_a_long_line_in_pieces_is_one_event(pieces: list[bytes]) -> None:
     for p in [b"data: ", *[body[i : i + 3] for i in range(0, len(body), 3)], b"\r", b"\n\n"]:
         events += d.feed(p)
     assert events == [SSEEvent(body)]
+
+
+# --- the fast path (stream.Template): the same state as parsing every chunk ---
+
+FIELDS = (
+    "first_byte_ns",
+    "first_token_ns",
+    "first_content_ns",
+    "token_chunk_ns",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "error",
+    "done",
+    "finish_reason",
+)
+
+
+def seen(pieces: list[bytes], fast: bool) -> dict[str, object]:
+    """What a record is made of, with the answer's text, from one path."""
+    answer: list[str] = []
+    s = replay(pieces, fast, answer)
+    return {**{f: getattr(s, f) for f in FIELDS}, "answer": "".join(answer)}
+
+
+def sse_event(obj: object, ensure_ascii: bool = False, sep: bytes = b"\n") -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=ensure_ascii).encode() + sep + sep
+
+
+def vllm_chunk(delta: dict[str, object], finish: str | None = None) -> dict[str, object]:
+    return {
+        "id": "chatcmpl-7",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def test_fast_path_takes_a_streams_token_chunks_in_runs() -> None:
+    """A firehose-like stream (role chunk, 256 tokens written 32 at a time, usage, [DONE]): every
+    token chunk but none of the others arrives in a Run, and the state is the full path's."""
+    role = sse_event(vllm_chunk({"role": "assistant", "content": ""}))
+    tokens = [sse_event(vllm_chunk({"content": f" w{i}"})) for i in range(256)]
+    end = sse_event(vllm_chunk({}, "length")) + sse_event({"choices": [], "usage": {"prompt_tokens": 9}})
+    reads = [role + tokens[0] + b"".join(tokens[1:33])]
+    reads += [b"".join(tokens[i : i + 32]) for i in range(33, 256, 32)] + [end + b"data: [DONE]\n\n"]
+    state = StreamState(answer=[])
+    d = SSEDecoder(skip=state.run_end)
+    in_runs = 0
+    for t, p in enumerate(reads):
+        events = d.feed(p)
+        in_runs += sum(e.buf.count(b"\n\n", e.start, e.end) for e in events if isinstance(e, Run))
+        state.on_events(events, t)
+    assert in_runs == 256
+    assert seen(reads, True) == seen(reads, False)
+    assert seen(reads, True)["answer"] == "".join(f" w{i}" for i in range(256))
+
+
+# Texts that a template must not swallow: quotes, escapes, control characters, non-ASCII, empty.
+TEXTS = st.one_of(
+    st.sampled_from([" the", " a", "x", "", '"', "\\", "\n", "é", "日本", "a\tb", "\u2028"]),
+    st.text(max_size=6),
+)
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> list[bytes]:
+    """A stream of chunks as engines send them (one shape each), with chunks that a template must
+    not take for its own: other fields beside the text, usage inside chunks, broken UTF-8."""
+    shape = draw(st.sampled_from(["vllm", "bare", "completions", "changing-id", "usage-inside"]))
+    ensure_ascii = draw(st.booleans())
+    sep = draw(st.sampled_from([b"\n", b"\r\n"]))
+
+    def chunk(i: int, delta: dict[str, object], finish: str | None = None) -> dict[str, object]:
+        if shape == "vllm":
+            return vllm_chunk(delta, finish)
+        if shape == "changing-id":
+            return {"id": f"c{i}", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        if shape == "completions":
+            return {"id": "cmpl", "choices": [{"index": 0, "text": delta.get("content", ""), "finish_reason": finish}]}
+        if shape == "usage-inside":  # continuous usage stats, the same figures in every chunk
+            return {"choices": [{"delta": delta}], "usage": {"prompt_tokens": 7, "completion_tokens": 1}}
+        return {"choices": [{"delta": delta}]}
+
+    def event(obj: object) -> bytes:
+        return sse_event(obj, ensure_ascii, sep)
+
+    kinds = ["content"] * 8 + ["reasoning"] * 3 + ["empty", "usage", "comment", "multiline", "continued", "junk"]
+    kinds += ["beside", "bad-utf8"]
+    out = [event(chunk(0, {"role": "assistant", "content": ""}))]
+    for i in range(draw(st.integers(0, 40))):
+        kind = draw(st.sampled_from(kinds))
+        if kind in ("content", "reasoning", "empty"):
+            field = "content" if kind != "reasoning" else draw(st.sampled_from(["reasoning_content", "reasoning"]))
+            out.append(event(chunk(i, {field: draw(TEXTS) if kind != "empty" else ""})))
+        elif kind == "beside":  # the text, then another field: the same bytes at both ends
+            out.append(event(chunk(i, {"content": "b", draw(st.sampled_from(["role", "reasoning"])): "z"})))
+        elif kind == "bad-utf8":
+            out.append(event(chunk(i, {"content": "QQ"})).replace(b"QQ", b"Q\xff"))
+        elif kind == "usage":
+            out.append(sse_event({"choices": [], "usage": {"prompt_tokens": i, "completion_tokens": i}}, True, sep))
+        elif kind == "comment":
+            out.append(b": keep-alive" + sep + sep)
+        elif kind in ("multiline", "continued"):  # a second data line; a line that is no field at all
+            second = b"data: " if kind == "multiline" else b""
+            text = json.dumps(draw(TEXTS)).encode()
+            out.append(b'data: {"choices":[{"delta":' + sep + second + b'{"content":' + text + b"}}]}" + sep + sep)
+        else:
+            out.append(b"data: {not json" + sep + sep)
+    tail = draw(st.sampled_from(["finish", "error", "none"]))
+    if tail == "finish":
+        out.append(event(chunk(99, {}, "stop")))
+    elif tail == "error":
+        out.append(sse_event({"error": {"message": "boom", "code": 500}}, True, sep))
+    out.append(b"data: [DONE]" + sep + sep)
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(streams(), st.data())
+def test_fast_path_gives_what_parsing_every_chunk_gives(events: list[bytes], data: st.DataObject) -> None:
+    raw = b"".join(events)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=12)))
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+    assert seen(pieces, True) == seen(pieces, False)
+
+
+def test_chunks_with_usage_inside_are_parsed_each_time() -> None:
+    """Continuous usage stats: the figures of the last chunk stand, also after a usage-only chunk
+    with others in between, so no template may take such chunks."""
+
+    def chunk(text: str) -> bytes:
+        return sse_event(
+            {"choices": [{"delta": {"content": text}}], "usage": {"prompt_tokens": 7, "completion_tokens": 1}}
+        )
+
+    usage = sse_event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}})
+    reads = [chunk("a"), chunk("b"), usage + chunk("c") + chunk("d"), b"data: [DONE]\n\n"]
+    assert seen(reads, True) == seen(reads, False)
+    assert seen(reads, True)["prompt_tokens"] == 7
+
+
+def test_a_template_is_never_learnt_from_an_event_of_several_lines() -> None:
+    """An event whose data spans two `data:` lines holds a newline: a run taking the same bytes in
+    one event, its second line no field at all, would count a chunk that does not parse."""
+    two_lines = b'data: {"choices":[{"delta":\ndata: {"content":"a"}}]}\n\n'
+    no_field = b'data: {"choices":[{"delta":\n{"content":"b"}}]}\n\n'
+    reads = [two_lines, no_field + no_field, b"data: [DONE]\n\n"]
+    assert seen(reads, True) == seen(reads, False)
+    assert str(seen(reads, True)["error"]).startswith("malformed SSE data")

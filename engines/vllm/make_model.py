@@ -2,7 +2,7 @@
 trained here on the words of kvbench's synthetic prompts, for vLLM's CPU build: nothing comes
 from a model hub. Run it with the Python that has vLLM (transformers, tokenizers, torch):
 
-    VENV/bin/python engines/vllm/make_model.py OUT_DIR
+    VENV/bin/python engines/vllm/make_model.py OUT_DIR [--tokenizer-only]
 
 4 layers, hidden 256, 4 query / 2 KV heads, context 16384; ChatML control tokens and template.
 """
@@ -25,10 +25,11 @@ CHAT_TEMPLATE = (
 CTX = 16384
 
 
-def main(out: Path, seed: int = 0) -> None:
-    import torch
+def tokenizer(out: Path) -> int:
+    """Write the tokenizer (and its chat template) to `out`; return its vocabulary size. Needs
+    only transformers and tokenizers (bench/genai_perf.py gives it to genai-perf this way)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -43,23 +44,35 @@ def main(out: Path, seed: int = 0) -> None:
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
+    return int(tok.get_vocab_size())
+
+
+def main(out: Path, seed: int = 0) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = tokenizer(out)
+    ids = PreTrainedTokenizerFast.from_pretrained(out)
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
+        vocab_size=vocab,
         hidden_size=256,
         intermediate_size=512,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=CTX,
-        bos_token_id=tok.token_to_id("<|endoftext|>"),
-        eos_token_id=tok.token_to_id("<|im_end|>"),
+        bos_token_id=ids.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=ids.convert_tokens_to_ids("<|im_end|>"),
         torch_dtype="bfloat16",
     )
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: make_model.py OUT_DIR")
-    main(Path(sys.argv[1]))
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--tokenizer-only"]):
+        raise SystemExit("usage: make_model.py OUT_DIR [--tokenizer-only]")
+    if sys.argv[2:]:
+        tokenizer(Path(sys.argv[1]))
+    else:
+        main(Path(sys.argv[1]))

@@ -175,8 +175,8 @@ class StreamingClient:
     async def _read(
         self, resp: aiohttp.ClientResponse, ex: Exchange, deadline: asyncio.Timeout, total_deadline: float
     ) -> None:
-        decoder = SSEDecoder(self.max_line_bytes)
         state = ex.state
+        decoder = SSEDecoder(self.max_line_bytes, skip=state.run_end)
         rescheduled = False
         # The response's protocol, not resp.connection: aiohttp lets go of the connection as soon
         # as the whole body is in, which for a short answer is before this line.
@@ -195,10 +195,11 @@ class StreamingClient:
             for t, n in take(arrivals, len(chunk), time.perf_counter_ns()):
                 state.on_bytes(t)
                 for cut in range(pos, pos + n, FEED_BYTES):  # a piece can be 256 KB: split the work
-                    for event in decoder.feed(chunk[cut : min(cut + FEED_BYTES, pos + n)]):
+                    events = decoder.feed(chunk[cut : min(cut + FEED_BYTES, pos + n)])
+                    if events:
                         if TURNS.spent():
                             await TURNS.wait()
-                        state.on_event(event, t)
+                        state.on_events(events, t)
                 pos += n
             if state.first_token_ns is not None and not rescheduled:
                 deadline.reschedule(total_deadline)
@@ -206,8 +207,7 @@ class StreamingClient:
             if state.done or state.error:
                 break
         else:
-            for event in decoder.close():
-                state.on_event(event, time.perf_counter_ns())
+            state.on_events(decoder.close(), time.perf_counter_ns())
         if state.error:
             ex.error, ex.error_kind = f"error in stream: {state.error}", "stream"
         elif not state.done and state.finish_reason is None:

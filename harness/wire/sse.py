@@ -6,10 +6,15 @@ line (or an event's data) longer than `max_line_bytes` raises SSELimitError: a s
 streams without ever ending a line must not take the client's memory. The unfinished line is
 kept as a list of pieces and joined once, when its end arrives, so work stays linear in the
 bytes received however the line is split.
+
+A decoder may be given `skip`: asked at the first event boundary in a read, it names a run of whole
+events from there on that it will take undecoded (stream.py's token chunks that differ only in
+their text); the run comes out as one `Run`, in order with the events around it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # The longest SSE line (or event) accepted by default: far above any chunk an engine sends.
@@ -27,11 +32,26 @@ class SSEEvent:
     id: str | None = None
 
 
-class SSEDecoder:
-    __slots__ = ("_buf", "_data", "_event", "_has_data", "_id", "_pending", "_pending_len", "max_line_bytes")
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Whole events, `buf[start:end]` ("data: ...\n\n" each), that `skip` took undecoded."""
 
-    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    buf: bytes
+    start: int
+    end: int
+
+
+# skip(buf, start) -> (first, end): the run of events it takes, buf[first:end], where `start` is an
+# event boundary and `first` is `start` or just after a blank line ("\n\n"); first == end for none
+Skip = Callable[[bytes, int], tuple[int, int]]
+
+
+class SSEDecoder:
+    __slots__ = ("_buf", "_data", "_event", "_has_data", "_id", "_pending", "_pending_len", "max_line_bytes", "skip")
+
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES, skip: Skip | None = None) -> None:
         self.max_line_bytes = max_line_bytes
+        self.skip = skip
         self._buf = b""
         self._pending: list[bytes] = []  # an unfinished line that outgrew one piece
         self._pending_len = 0
@@ -40,8 +60,8 @@ class SSEDecoder:
         self._id: str | None = None
         self._has_data = False
 
-    def feed(self, chunk: bytes) -> list[SSEEvent]:
-        """Add bytes; return the events they complete (possibly none)."""
+    def feed(self, chunk: bytes) -> list[SSEEvent | Run]:
+        """Add bytes; return the events they complete (possibly none), and runs (with `skip`)."""
         if self._buf and b"\n" not in chunk and b"\r" not in chunk and not self._buf.endswith(b"\r"):
             # still inside one line: keep the piece, join nothing (a held CR may end the line)
             self._pending.append(chunk)
@@ -62,11 +82,37 @@ class SSEDecoder:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
             if hold_cr:
                 buf += b"\r"
+        out: list[SSEEvent | Run] = []
+        if self.skip is not None:
+            buf = self._skip_run(buf, out, self.skip)
+        self._lines(buf, out)
+        return out
+
+    def _skip_run(self, buf: bytes, out: list[SSEEvent | Run], skip: Skip) -> bytes:
+        """Decode up to the first event boundary in `buf`, let `skip` take a run from there on;
+        return the bytes after it."""
+        start = 0
+        if self._has_data or self._event is not None:  # inside an event: it ends at the first blank line
+            if buf[:1] == b"\n":
+                start = 1
+            else:
+                start = buf.find(b"\n\n") + 2
+                if start < 2:
+                    return buf
+        first, end = skip(buf, start)
+        if end > first:
+            self._lines(buf[:first], out)
+            out.append(Run(buf, first, end))
+            return buf[end:]
+        if start:
+            self._lines(buf[:start], out)
+        return buf[start:] if start else buf
+
+    def _lines(self, buf: bytes, out: list[SSEEvent | Run]) -> None:
         lines = buf.split(b"\n")
         self._buf = lines.pop()
         if len(self._buf) > self.max_line_bytes:
             self._too_long("line")
-        out: list[SSEEvent] = []
         for line in lines:
             # The common case inline (one call per line costs more than the work it does).
             if line[:6] == b"data: ":
@@ -81,15 +127,14 @@ class SSEDecoder:
                 self._line(line, out)
         if len(self._data) > 1 and sum(map(len, self._data)) > self.max_line_bytes:
             self._too_long("event")
-        return out
 
     def _too_long(self, what: str) -> None:
         self._buf, self._pending, self._pending_len, self._data = b"", [], 0, []
         raise SSELimitError(f"an SSE {what} of more than {self.max_line_bytes:,} bytes (max_line_bytes)")
 
-    def close(self) -> list[SSEEvent]:
+    def close(self) -> list[SSEEvent | Run]:
         """End of stream: a final event without its blank line is still delivered."""
-        out: list[SSEEvent] = []
+        out: list[SSEEvent | Run] = []
         rest = b"".join((self._buf, *self._pending)).rstrip(b"\r")
         self._buf, self._pending, self._pending_len = b"", [], 0
         if rest:
@@ -97,7 +142,7 @@ class SSEDecoder:
         self._line(b"", out)
         return out
 
-    def _line(self, line: bytes, out: list[SSEEvent]) -> None:
+    def _line(self, line: bytes, out: list[SSEEvent | Run]) -> None:
         if not line:
             if self._has_data:
                 out.append(SSEEvent(b"\n".join(self._data), self._event, self._id))

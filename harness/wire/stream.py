@@ -1,21 +1,29 @@
 """What an OpenAI-compatible streaming response says, and when: the one place that decides
 which chunk is the first token.
 
-Pure logic: `StreamState.on_event(event, t_ns)` is fed every SSE event with the monotonic time
+Pure logic: `StreamState.on_events(events, t_ns)` is fed every SSE event with the monotonic time
 at which the bytes carrying it arrived. The first token is the first chunk with a non-empty
 `content`, `reasoning`, `reasoning_content`, tool call, or completions `text`. A role-only
 chunk, an empty string and a usage chunk are not tokens and never move the first-token time.
+
+The fast path: after the first token, an engine's chunks differ only in the token's text. The
+first token chunk parsed gives a `Template` (its bytes with the text left open); later chunks that
+fit it, with a text of plain characters, are counted and timed from their bytes, unparsed, and a
+decoder with `skip=state.run_end` hands over whole runs of them at once. Anything else (usage,
+finish, errors, escapes, another shape) is parsed as before, so the records are the same.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from harness.wire.sse import SSEEvent
+from harness.wire.sse import Run, SSEEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,101 @@ def content_of(obj: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _token_text(obj: dict[str, Any]) -> str | None:
+    """The one text a single-choice chunk carries: content, else reasoning, else completions text."""
+    choices = obj.get("choices")
+    if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict:
+        return None
+    delta = choices[0].get("delta")
+    if type(delta) is not dict:
+        text = choices[0].get("text")
+    else:
+        text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+    return text if type(text) is str else None
+
+
+def _finish_reason(obj: dict[str, Any]) -> str | None:
+    """The last choice's finish reason that a chunk gives, if any."""
+    found = None
+    choices = obj.get("choices")
+    if choices and type(choices) is list:
+        for choice in choices:
+            if type(choice) is dict and choice.get("finish_reason"):
+                found = str(choice["finish_reason"])
+    return found
+
+
+# A JSON string's body without escapes, quotes or control characters: its bytes are its text.
+_TEXT = rb'[^"\\\x00-\x1f]+'
+_PROBE = "kvbench"
+# Chunks longer than this get no template (token chunks are a few hundred bytes): the templates
+# kept stay small whatever a server sends.
+TEMPLATE_MAX_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A token chunk's bytes with the token's text left open: prefix, text, suffix."""
+
+    content: bool  # the text is visible content (else reasoning)
+    one: re.Pattern[bytes]  # one event's data
+    run: re.Pattern[bytes]  # whole events in a row, as the SSE decoder sees them
+    texts: re.Pattern[bytes]  # the texts of such events
+    cut: tuple[int, int]  # the prefix's and the suffix's lengths
+
+    def text(self, data: bytes) -> str:
+        return data[self.cut[0] : len(data) - self.cut[1]].decode()
+
+
+def learn(data: bytes, obj: dict[str, Any], tokens: ChunkTokens) -> Template | None:
+    """The template of a parsed one-line token chunk, or None. Its text must appear once in its bytes as
+    JSON writes it, and the bytes with another text in its place must parse to a chunk that says
+    nothing else: the same kind of token, that text as the token (and the visible text), no usage,
+    finish or error. Then any plain text in that place gives such a chunk: a JSON string's body
+    swapped for another leaves every other token of the document as it was."""
+    text = _token_text(obj)
+    if not text or len(data) > TEMPLATE_MAX_BYTES or b"\n" in data:
+        return None
+    needle = orjson.dumps(text)
+    i = data.find(needle)
+    if i < 0 or data.find(needle, i + 1) >= 0:
+        return None
+    return _template(data[: i + 1], data[i + len(needle) - 1 :], tokens)
+
+
+@functools.lru_cache(maxsize=256)  # an engine's streams share their few templates
+def _template(prefix: bytes, suffix: bytes, tokens: ChunkTokens) -> Template | None:
+    try:
+        probe = orjson.loads(prefix + _PROBE.encode() + suffix)
+    except orjson.JSONDecodeError:
+        return None
+    if (
+        type(probe) is not dict
+        or probe.get("error")
+        or probe.get("usage")
+        or _finish_reason(probe) is not None
+        or chunk_tokens(probe) is not tokens
+        or _token_text(probe) != _PROBE
+        or content_of(probe) != (_PROBE if tokens.content else "")
+    ):
+        return None
+    p, s = re.escape(prefix), re.escape(suffix)
+    return Template(
+        content=tokens.content,
+        one=re.compile(p + _TEXT + s),
+        run=re.compile(b"(?:data: " + p + _TEXT + s + b"\n\n)+"),
+        texts=re.compile(b"data: " + p + b"(" + _TEXT + b")" + s + b"\n\n"),
+        cut=(len(prefix), len(suffix)),
+    )
+
+
+# A stream whose chunks keep not fitting the template learnt from the one before (a field that
+# changes with every chunk) stops learning after this many templates that fitted nothing.
+LEARN_TRIES = 4
+# Events looked through for the first token chunk, to learn the template from, before it is parsed
+LOOK_AHEAD = 4
+
+
 # An answer kept for a history (`answer` below) stops growing here: bounded memory, whatever the
 # server sends (16 MiB of text is some 4M tokens, beyond any context).
 ANSWER_MAX_CHARS = 16 << 20
@@ -87,13 +190,36 @@ class StreamState:
     finish_reason: str | None = None
     answer: list[str] | None = None  # the visible text, kept only when given a list
     answer_chars: int = 0
+    learn: bool = True  # use the fast path (False: parse every chunk, as the tests' reference)
+    template: Template | None = None
+    _matched: Template | None = None  # the template `run_end` matched last (a Run's)
+    _hits: int = 0  # chunks that fitted the template
+    _learn_left: int = LEARN_TRIES
 
     def on_bytes(self, t_ns: int) -> None:
         if self.first_byte_ns is None:
             self.first_byte_ns = t_ns
 
+    def on_events(self, events: list[SSEEvent | Run], t_ns: int) -> None:
+        """Events (and runs of token chunks) whose bytes arrived at `t_ns`, in order; nothing
+        after [DONE] counts."""
+        for event in events:
+            if self.done:
+                return
+            if type(event) is Run:
+                self._on_run(event, t_ns)
+            else:
+                self.on_event(event, t_ns)  # type: ignore[arg-type]
+
     def on_event(self, event: SSEEvent, t_ns: int) -> None:
         data = event.data
+        template = self.template
+        if template is not None and template.one.fullmatch(data) and (data.isascii() or _utf8(data)):
+            self._hits += 1
+            self._token(template.content, t_ns)
+            if template.content and self.answer is not None:
+                self._keep(template.text(data))
+            return
         if len(data) < 16 and data.strip() == b"[DONE]":
             self.done = True
             return
@@ -112,21 +238,92 @@ class StreamState:
             self._on_usage(usage)
         tokens = chunk_tokens(obj)
         if tokens.any_token:
-            if self.first_token_ns is None:
-                self.first_token_ns = t_ns
-            self.token_chunk_ns.append(t_ns)
-            if tokens.content:
-                if self.first_content_ns is None:
-                    self.first_content_ns = t_ns
-                if self.answer is not None and self.answer_chars < ANSWER_MAX_CHARS:
-                    text = content_of(obj)[: ANSWER_MAX_CHARS - self.answer_chars]
-                    self.answer.append(text)
-                    self.answer_chars += len(text)
-        choices = obj.get("choices")
-        if choices and type(choices) is list:
-            for choice in choices:
-                if type(choice) is dict and choice.get("finish_reason"):
-                    self.finish_reason = str(choice["finish_reason"])
+            self._token(tokens.content, t_ns)
+            if tokens.content and self.answer is not None:
+                self._keep(content_of(obj))
+            if self.learn and self._learn_left:
+                self._learn(data, obj, tokens)
+        finish = _finish_reason(obj)
+        if finish is not None:
+            self.finish_reason = finish
+
+    def _learn(self, data: bytes, obj: dict[str, Any], tokens: ChunkTokens) -> None:
+        if self._hits:
+            self._learn_left, self._hits = LEARN_TRIES, 0
+        elif self.template is not None:
+            self._learn_left -= 1  # the last template fitted nothing
+        self.template = learn(data, obj, tokens) if self._learn_left else None
+        if self.template is None:
+            self._learn_left = max(0, self._learn_left - 1)
+
+    def run_end(self, buf: bytes, start: int) -> tuple[int, int]:
+        """The decoder's `skip`: the run of events in `buf` that fit the template, from the event
+        boundary `start` on: (first, end), first == end for none. Before the first token there is
+        no template yet: the first token chunk among the next few events gives it, and the run
+        starts there (the events before it are decoded as usual)."""
+        first = start
+        if self.template is None:
+            if self.first_token_ns is not None or not self.learn or not self._learn_left:
+                return start, start
+            first = self._learn_ahead(buf, start)
+        template = self.template
+        if template is None:
+            return start, start
+        m = template.run.match(buf, first)
+        if m is None:
+            return start, start
+        end = m.end()
+        if not buf.isascii() and not _utf8(buf[first:end]):
+            return start, start  # parsed one by one, to be refused as malformed
+        self._matched = template
+        return first, end
+
+    def _learn_ahead(self, buf: bytes, start: int) -> int:
+        """Learn the template from the first token chunk among the events from `start` (single
+        `data: ` lines, at most LOOK_AHEAD of them); return where that chunk begins."""
+        pos = start
+        for _ in range(LOOK_AHEAD):
+            end = buf.find(b"\n\n", pos)
+            if end < 0 or buf[pos : pos + 6] != b"data: " or buf.find(b"\n", pos, end) >= 0:
+                break
+            data = buf[pos + 6 : end]
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                break
+            if type(obj) is not dict or obj.get("error"):
+                break
+            tokens = chunk_tokens(obj)
+            if tokens.any_token:
+                self._learn(data, obj, tokens)
+                return pos
+            pos = end + 2
+        return start
+
+    def _on_run(self, run: Run, t_ns: int) -> None:
+        template = self._matched
+        assert template is not None  # run_end matched it
+        n = run.buf.count(b"\n\n", run.start, run.end)
+        self._token(template.content, t_ns)
+        self._hits += n
+        self.token_chunk_ns += [t_ns] * (n - 1)
+        if template.content and self.answer is not None:
+            self._keep(b"".join(template.texts.findall(run.buf, run.start, run.end)).decode())
+
+    def _token(self, content: bool, t_ns: int) -> None:
+        """A token chunk (content: with visible text) arrived at t_ns."""
+        if self.first_token_ns is None:
+            self.first_token_ns = t_ns
+        self.token_chunk_ns.append(t_ns)
+        if content and self.first_content_ns is None:
+            self.first_content_ns = t_ns
+
+    def _keep(self, text: str) -> None:
+        """Add visible text to the answer, up to its bound."""
+        if self.answer is not None and self.answer_chars < ANSWER_MAX_CHARS:
+            text = text[: ANSWER_MAX_CHARS - self.answer_chars]
+            self.answer.append(text)
+            self.answer_chars += len(text)
 
     def _on_usage(self, usage: dict[str, Any]) -> None:
         # Later usage chunks (continuous usage stats) supersede earlier ones.
@@ -137,6 +334,14 @@ class StreamState:
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
             self.cached_tokens = details["cached_tokens"]
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _error_text(err: Any) -> str:

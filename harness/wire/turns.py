@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections import deque
 
-SLICE_NS = 200_000  # parsing allowed between two polls of the sockets
+SLICE_NS = 100_000  # parsing allowed between two polls of the sockets
 
 
 class Turns:

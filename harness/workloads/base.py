@@ -222,6 +222,9 @@ class Sender:
                 ex = await self.client.stream(spec.url, spec.body(text, None, out, engine_fields), request_id, answer)
         finally:
             self.in_flight -= 1
+        # The loop polls the sockets between a response's end and what follows it (the record,
+        # the next request): other streams' bytes that came meanwhile are stamped then.
+        await asyncio.sleep(0)
         record = spec.record(seq, ex, prompt, phase, **extra)
         if self.scraper is not None:
             self.scraper.record(phase, before, await self.scraper.snapshot(), [record])
