@@ -1,7 +1,9 @@
 """Old and new code in alternation on the same machine, as ratios in one run: the client's
 ceiling (one process, 28 connections, 256 tokens, TTFT 0) and its first-token error against the
-server's send time (28 connections, 256 tokens sent at once, TTFT 200 ms). Each pair runs the
-old tree, then this one, against a fresh firehose; the host's load moves both alike.
+server's send time (256 tokens sent at once, TTFT 200 ms): in a closed loop of 28 connections,
+and with Poisson arrivals at 140 req/s (about 28 in flight; start times that do not depend on
+the client's speed). Each pair runs the old tree, then this one, against a fresh firehose; the
+host's load moves both alike.
 
     python bench/ab.py REV [pairs] [requests]     # e.g. python bench/ab.py 20845cc 3 3000
 """
@@ -16,6 +18,14 @@ from pathlib import Path
 from ceiling import once
 from common import CODE, ROOT, checkout, pct
 from ttft_accuracy import run as accuracy
+from ttft_accuracy import run_open
+
+OPEN_RATE = 140.0
+
+
+def errors_of(err: dict[str, list[tuple[float, float]]], i: int) -> str:
+    (om, op), (nm, np_) = err["old"][i], err["new"][i]
+    return f"old {om:.3f}/{op:.2f} new {nm:.3f}/{np_:.2f}"
 
 
 def main() -> None:
@@ -26,17 +36,19 @@ def main() -> None:
         trees = {"old": checkout(rev, Path(tmp)), "new": ROOT}
         rps: dict[str, list[float]] = {"old": [], "new": []}
         err: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
+        err_open: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
         for i in range(pairs):
             for name, tree in trees.items():
                 CODE["root"] = tree
                 rps[name].append(once(n, 28, 1)["rps"])
                 _, errs = accuracy(min(n, 1500), 28, 0.0)
                 err[name].append((statistics.mean(errs), pct(errs, 99)))
-            (om, op), (nm, np_) = err["old"][-1], err["new"][-1]
+                _, errs = run_open(min(n, 1500), OPEN_RATE)
+                err_open[name].append((statistics.mean(errs), pct(errs, 99)))
             print(
                 f"pair {i + 1}: ceiling old {rps['old'][-1]:.0f} new {rps['new'][-1]:.0f} req/s "
-                f"({rps['new'][-1] / rps['old'][-1]:.3f}x); first-token error mean/p99 ms "
-                f"old {om:.3f}/{op:.2f} new {nm:.3f}/{np_:.2f}"
+                f"({rps['new'][-1] / rps['old'][-1]:.3f}x); first-token error mean/p99 ms, closed loop "
+                f"{errors_of(err, -1)}, open loop {errors_of(err_open, -1)}"
             )
         ratios = [b / a for a, b in zip(rps["old"], rps["new"], strict=True)]
         spread = f"{min(ratios):.3f}-{max(ratios):.3f}"

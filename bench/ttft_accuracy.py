@@ -31,19 +31,47 @@ TTFT_S = 0.2
 
 
 def run(n: int, conc: int, itl_ms: float, ttft_ms: float = TTFT_S * 1e3) -> tuple[dict, list[float]]:
-    """One kvbench run against the firehose: (run.json, first-token errors in ms)."""
+    """One closed-loop kvbench run against the firehose: (run.json, first-token errors in ms)."""
+    return errors(STREAMING.format(name="accuracy", requests=n, concurrency=conc), itl_ms, ttft_ms)
+
+
+# Poisson arrivals: when requests start does not depend on how fast the client finishes the ones
+# before (a closed loop's 28 streams, all started together, stay bunched closer together the
+# faster the client is, and bunched first tokens wait for each other).
+OPEN_LOOP = """
+name = "accuracy"
+[endpoint]
+max_tokens = 256
+[metrics]
+enabled = false
+[workload]
+kind = "open_loop"
+arrivals = "poisson"
+rate = {rate}
+requests = {requests}
+warmup_requests = 50
+pool = 50
+prompt_tokens = 1000
+"""
+
+
+def run_open(n: int, rate: float) -> tuple[dict, list[float]]:
+    """One open-loop run (tokens all at once): (run.json, first-token errors of measured requests)."""
+    return errors(OPEN_LOOP.format(rate=rate, requests=n), 0.0, TTFT_S * 1e3)
+
+
+def errors(scenario: str, itl_ms: float, ttft_ms: float) -> tuple[dict, list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "server.jsonl"
         with Firehose(ttft_ms=ttft_ms, tokens=256, timing_log=log, itl_ms=itl_ms) as fh:
-            (folder,) = kvbench_run(
-                STREAMING.format(name="accuracy", requests=n, concurrency=conc), fh.base_url, Path(tmp)
-            )
+            (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp))
         meta = json.loads((folder / "run.json").read_text())
         sent = {d["request_id"]: d["first_token_ns"] for d in map(json.loads, log.read_text().splitlines())}
         errs = []
         for r in read_requests(folder):
-            client = meta["t0_monotonic_ns"] + (r.start_s + r.ttft_s) * 1e9
-            errs.append((client - sent[f"{meta['run_id']}-default-{r.id}"]) / 1e6)
+            if r.phase != "warmup":
+                client = meta["t0_monotonic_ns"] + (r.start_s + r.ttft_s) * 1e9
+                errs.append((client - sent[f"{meta['run_id']}-default-{r.id}"]) / 1e6)
         return meta, errs
 
 

@@ -24,6 +24,7 @@ from harness.results import RequestRecord
 from harness.scenario import Arm, Distribution, Scenario
 from harness.scrape import Scraper
 from harness.wire.client import Exchange, StreamingClient
+from harness.wire.turns import TURNS
 
 # A run stops early after this many consecutive requests that could not connect or timed out.
 DEAD_ENDPOINT_STREAK = 10
@@ -222,9 +223,10 @@ class Sender:
                 ex = await self.client.stream(spec.url, spec.body(text, None, out, engine_fields), request_id, answer)
         finally:
             self.in_flight -= 1
-        # The loop polls the sockets between a response's end and what follows it (the record,
-        # the next request): other streams' bytes that came meanwhile are stamped then.
-        await asyncio.sleep(0)
+        # What follows a response's end (its record, a closed loop's next request) takes its turn
+        # with the streams' parsing: several streams ending at once do not hold the loop in one go.
+        if TURNS.spent():
+            await TURNS.wait()
         record = spec.record(seq, ex, prompt, phase, **extra)
         if self.scraper is not None:
             self.scraper.record(phase, before, await self.scraper.snapshot(), [record])
