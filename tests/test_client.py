@@ -7,13 +7,15 @@ import socket
 import threading
 import time
 
+import aiohttp
+from aiohttp.base_protocol import BaseProtocol
 from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import aio
 from harness.scenario import Timeouts
 from harness.wire import seam
-from harness.wire.arrivals import take
+from harness.wire.arrivals import merge_chunks, take
 from harness.wire.client import Exchange, StreamingClient
 from harness.wire.turns import SLICE_NS, TURNS
 
@@ -196,6 +198,7 @@ def test_the_seam_finds_every_aiohttp_internal_it_uses() -> None:
             return client.stamping
 
     assert seam.missing_handler_internals() == ()
+    assert seam.missing_reader_internals() == ()
     assert aio.run(go()) == seam.SOCKET_READ
     assert seam.missing_connector_internals(object()) == ("TCPConnector._factory", "TCPConnector._loop")
 
@@ -220,3 +223,28 @@ def test_without_the_internals_the_client_stamps_at_parse_time_and_says_so(monke
     assert ex.ok and ex.state.first_token_ns is not None and len(ex.state.token_chunk_ns) == 3
     assert client.stamping == seam.PARSE_TIME
     assert client.stamping_warning and "ResponseHandler._payload" in client.stamping_warning
+
+
+@given(st.lists(st.lists(st.binary(min_size=1, max_size=20), max_size=12), max_size=12), st.data())
+def test_merged_chunks_read_as_aiohttp_reads_them(reads: list[list[bytes]], data: st.DataObject) -> None:
+    """Reads of HTTP chunks, each read's chunks merged into one piece, the reader taking what is
+    there now and then: the body it reads is the body sent, each read adds one piece at most, and
+    no chunk boundary is kept."""
+    loop = asyncio.new_event_loop()
+    try:
+        body = aiohttp.StreamReader(BaseProtocol(loop), limit=1 << 16, loop=loop)
+        got = b""
+        for read in reads:
+            pieces = len(body._buffer)
+            for c in read:  # what aiohttp's parser does for each chunk of a read
+                body.begin_http_chunk_receiving()
+                body.feed_data(c)
+                body.end_http_chunk_receiving()
+            merge_chunks(body, pieces)
+            assert len(body._buffer) <= pieces + 1 and not body._http_chunk_splits
+            if data.draw(st.booleans()):
+                got += body.read_nowait(data.draw(st.sampled_from([-1, 1, 7])))
+        got += body.read_nowait(-1)
+    finally:
+        loop.close()
+    assert got == b"".join(c for read in reads for c in read)

@@ -6,11 +6,16 @@ public API: its response protocol class (`ResponseHandler`, with `_reading_pause
 the response's protocol (`ClientResponse._protocol`). pyproject bounds aiohttp to the versions
 the tests cover; should one of these still go missing, the client does not break: it stamps
 bytes when it parses them instead, says so, and records `client_health.stamping`.
+
+Merging a read's HTTP chunks into one piece of the response body (arrivals.merge_chunks) uses
+the body reader's `_buffer` and `_http_chunk_splits`; without them each chunk
+is read apart, as aiohttp does (slower, the same records).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 from typing import Any
 
@@ -25,6 +30,7 @@ SENT_HEADER = "X-Kvbench-Sent-Ns"
 _HANDLER_METHODS = ("data_received", "resume_reading", "eof_received", "connection_lost")
 _HANDLER_ATTRS = ("_reading_paused", "_payload", "transport")
 _CONNECTOR_ATTRS = ("_factory", "_loop")
+_READER_ATTRS = ("_buffer", "_http_chunk_splits")
 
 
 @functools.cache
@@ -41,6 +47,24 @@ def missing_handler_internals() -> tuple[str, ...]:
         gone += [f"ResponseHandler.{a}" for a in _HANDLER_ATTRS if not hasattr(handler, a)]
     except Exception as e:  # any failure to build one is a changed internal
         gone.append(f"ResponseHandler(loop): {type(e).__name__}")
+    finally:
+        loop.close()
+    return tuple(gone)
+
+
+@functools.cache
+def missing_reader_internals() -> tuple[str, ...]:
+    """The internals of aiohttp's body reader that chunk merging needs and that are not there."""
+    from aiohttp import StreamReader
+
+    loop = asyncio.new_event_loop()
+    try:
+        reader = StreamReader(protocol=None, limit=1 << 16, loop=loop)  # type: ignore[arg-type]
+        gone = [f"StreamReader.{a}" for a in _READER_ATTRS if not hasattr(reader, a)]
+        if not gone and not isinstance(reader._buffer, collections.deque):
+            gone.append("StreamReader._buffer (a deque)")
+    except Exception as e:  # any failure to build one is a changed internal
+        gone = [f"StreamReader(...): {type(e).__name__}"]
     finally:
         loop.close()
     return tuple(gone)
