@@ -250,12 +250,12 @@ def merge_chunks(payload: aiohttp.StreamReader, pieces: int) -> None:
     The chunk boundaries it also keeps (for `iter_chunks`, which kvbench does not use) are
     dropped, read or not."""
     buf = payload._buffer
-    added = len(buf) - pieces
-    if added > 1:  # (the reader's offset into the first piece stays right: that piece is either
-        # left alone or was empty before this read, and an empty buffer has no offset)
+    if len(buf) - pieces > 1:  # (the reader's offset into the first piece stays right: that piece
+        # is either kept as it is or was added by this read to an empty buffer, which has none)
+        kept = list(itertools.islice(buf, pieces))
         joined = b"".join(itertools.islice(buf, pieces, None))
-        for _ in range(added):
-            buf.pop()
+        buf.clear()
+        buf.extend(kept)
         buf.append(joined)
     splits = payload._http_chunk_splits
     if splits:
