@@ -3,6 +3,7 @@ emulator on an ephemeral port (and llama.cpp in test_llamacpp.py)."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from harness import capacity, scenario, stats
+from harness import aio, capacity, scenario, stats
 from harness.capacity import Point
 from harness.errors import InputError
 from harness.results import read_requests, read_run
@@ -240,3 +241,19 @@ time_scale = 1.0
     meta = json.loads((folder / "run.json").read_text())
     assert any(said in w for w in meta["warnings"])
     assert meta["client_health"]["schedule_lag"]["requests"] > 0
+
+
+def test_collections_wait_for_gaps_in_the_schedule() -> None:
+    """While an open loop sends, the young collections the usual thresholds ask for run only where
+    the schedule leaves a gap; afterwards the thresholds are the usual ones again."""
+    with aio.collections_in_gaps() as usual:
+        assert gc.get_threshold()[0] == aio.YOUNG_LIMIT
+        junk = [[] for _ in range(2 * usual[0])]  # tracked objects: past the usual young threshold
+        young = gc.get_count()[0]
+        assert young >= usual[0]
+        aio.collect_in_gap(aio.GAP_COLLECT_NS - 1, usual)
+        assert gc.get_count()[0] >= young  # no gap: nothing collected
+        aio.collect_in_gap(aio.GAP_COLLECT_NS, usual)
+        assert gc.get_count()[0] < usual[0]
+        del junk
+    assert gc.get_threshold() == usual

@@ -21,6 +21,7 @@ import statistics
 import time
 from collections import deque
 
+from harness import aio
 from harness.workloads import closed_loop, schedule
 from harness.workloads.base import Load, Plan, Schedule, Sender, build_pool
 
@@ -121,24 +122,27 @@ async def send_timed(sender: Sender, plan: Plan, take: Schedule | None, cap: int
 
     async def dispatch(i: int, p: int) -> None:
         early = min(PACE_MAX_NS, max(0, round(statistics.median(setup)))) if setup else 0
-        await until(clock.t0_ns + shift_ns + round(clock.wall_s(plan.times[i]) * 1e9) - early)
+        due = clock.t0_ns + shift_ns + round(clock.wall_s(plan.times[i]) * 1e9) - early
+        aio.collect_in_gap(due - time.perf_counter_ns(), usual)
+        await until(due)
         if not sender.stop.is_set():
             task = asyncio.create_task(one(i, p, shift_ns))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-    for i, p in queue:
-        if i >= plan.warmup and plan.warmup and not shift_ns:
-            if tasks:  # every warm-up request answered (a cold first prefix, queues drained)
-                await asyncio.gather(*tasks)
-            start = await queue.measured_start(time.perf_counter_ns())
-            # the same for every process: the first measured request is sent at `start`
-            shift_ns = max(1, start - clock.t0_ns - round(clock.wall_s(plan.times[plan.warmup]) * 1e9))
-        await dispatch(i, p)
-        if sender.stop.is_set():
-            break
-    if tasks:
-        await asyncio.gather(*tasks)
+    with aio.collections_in_gaps() as usual:
+        for i, p in queue:
+            if i >= plan.warmup and plan.warmup and not shift_ns:
+                if tasks:  # every warm-up request answered (a cold first prefix, queues drained)
+                    await asyncio.gather(*tasks)
+                start = await queue.measured_start(time.perf_counter_ns())
+                # the same for every process: the first measured request is sent at `start`
+                shift_ns = max(1, start - clock.t0_ns - round(clock.wall_s(plan.times[plan.warmup]) * 1e9))
+            await dispatch(i, p)
+            if sender.stop.is_set():
+                break
+        if tasks:
+            await asyncio.gather(*tasks)
 
 
 async def until(due_ns: int) -> None:
