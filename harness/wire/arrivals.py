@@ -245,10 +245,9 @@ class StampedHandler(ResponseHandler):
 
 def merge_chunks(payload: aiohttp.StreamReader, pieces: int) -> None:
     """Join what one read added to a body's buffer (after its first `pieces`) into one piece.
-    aiohttp keeps every HTTP chunk as a piece of its own and its reader takes them one at a time,
-    some five Python calls a chunk: with one SSE event per chunk, a fifth of the client's CPU.
-    The chunk boundaries it also keeps (for `iter_chunks`, which kvbench does not use) are
-    dropped, read or not."""
+    aiohttp keeps every HTTP chunk as a piece of its own and its reader takes them one at a time
+    (with one SSE event per chunk, about a tenth of the client's CPU at its ceiling). The chunk
+    boundaries it also keeps (for `iter_chunks`, which kvbench does not use) are dropped."""
     buf = payload._buffer
     if len(buf) - pieces > 1:  # (the reader's offset into the first piece stays right: that piece
         # is either kept as it is or was added by this read to an empty buffer, which has none)

@@ -6,8 +6,8 @@ one go holds the loop for ~2 ms; streams that each yield after a slice of their 
 enough, since every ready stream takes its slice before the next poll (28 streams x 0.5 ms =
 14 ms). So all streams share one budget per turn: a stream that finds it spent queues, and each
 loop turn wakes only the stream at the head of the queue (first come, first served; a woken
-stream that still has work queues again at the back). What follows a response's end (its record,
-a closed loop's next request) takes a turn too (workloads/base.py).
+stream that still has work queues again at the back). What follows a response's record (a closed
+loop's next request) takes a turn too (workloads/base.py).
 """
 
 from __future__ import annotations

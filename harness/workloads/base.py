@@ -223,10 +223,6 @@ class Sender:
                 ex = await self.client.stream(spec.url, spec.body(text, None, out, engine_fields), request_id, answer)
         finally:
             self.in_flight -= 1
-        # What follows a response's end (its record, a closed loop's next request) takes its turn
-        # with the streams' parsing: several streams ending at once do not hold the loop in one go.
-        if TURNS.spent():
-            await TURNS.wait()
         record = spec.record(seq, ex, prompt, phase, **extra)
         if self.scraper is not None:
             self.scraper.record(phase, before, await self.scraper.snapshot(), [record])
@@ -234,6 +230,11 @@ class Sender:
         for notify in self.subscribers:
             notify(record)
         self._count_dead(ex)
+        # What follows (a closed loop's next request) takes its turn with the streams' parsing:
+        # streams that end together do not hold the loop in one go. After the record: a
+        # cancellation while waiting loses nothing.
+        if TURNS.spent():
+            await TURNS.wait()
         return record
 
     def _salt(self, salt: str | None) -> str | None:
