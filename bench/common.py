@@ -163,20 +163,35 @@ def run_argv(scenario: Path, base_url: str, out: Path) -> list[str]:
     return [sys.executable, "-m", "harness", "run", str(scenario), "--endpoint", base_url, "--out", str(out)]
 
 
-# Streaming closed loop used by the ceiling and accuracy benches: 256 tokens per request.
-STREAMING = """
+# The benches' scenarios: 256 tokens per request, ~1,000-token prompts from a pool of 50.
+_HEAD = """
 name = "{name}"
 [endpoint]
 max_tokens = 256
 [metrics]
 enabled = false
 [workload]
-kind = "closed_loop"
-requests = {requests}
-concurrency = {concurrency}
 pool = 50
 prompt_tokens = 1000
 """
+# Poisson arrivals at `rate` with 50 warm-up requests (schedule-lag and accuracy benches).
+POISSON = (
+    _HEAD
+    + """kind = "open_loop"
+arrivals = "poisson"
+rate = {rate}
+requests = {requests}
+warmup_requests = 50
+"""
+)
+# A streaming closed loop (ceiling and accuracy benches).
+STREAMING = (
+    _HEAD
+    + """kind = "closed_loop"
+requests = {requests}
+concurrency = {concurrency}
+"""
+)
 
 
 def checkout(rev: str, into: Path) -> Path:

@@ -18,26 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import STREAMING, Firehose, client_cores, kvbench_run
+from common import POISSON, STREAMING, Firehose, client_cores, kvbench_run
 
 from harness import stats
 from harness.results import read_requests
-
-OPEN = """
-name = "lag"
-[endpoint]
-max_tokens = 256
-[metrics]
-enabled = false
-[workload]
-kind = "open_loop"
-arrivals = "poisson"
-rate = {rate}
-requests = {requests}
-warmup_requests = 50
-pool = 50
-prompt_tokens = 1000
-"""
 
 
 def ceiling() -> float:
@@ -50,7 +34,11 @@ def once(rate: float, n: int, workers: int) -> dict[str, float]:
     extra = ["--workers", str(workers)] if workers > 1 else None
     with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=200, tokens=256) as fh:
         (folder,) = kvbench_run(
-            OPEN.format(rate=rate, requests=n), fh.base_url, Path(tmp), extra, cores=client_cores(workers)
+            POISSON.format(name="lag", rate=rate, requests=n),
+            fh.base_url,
+            Path(tmp),
+            extra,
+            cores=client_cores(workers),
         )
         recs = [r for r in read_requests(folder) if r.phase == "run"]
         meta = json.loads((folder / "run.json").read_text())

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import STREAMING, Firehose, kvbench_run, pct
+from common import POISSON, STREAMING, Firehose, kvbench_run, pct
 
 from harness.results import read_requests
 
@@ -35,29 +35,12 @@ def run(n: int, conc: int, itl_ms: float, ttft_ms: float = TTFT_S * 1e3) -> tupl
     return errors(STREAMING.format(name="accuracy", requests=n, concurrency=conc), itl_ms, ttft_ms)
 
 
-# Poisson arrivals: when requests start does not depend on how fast the client finishes the ones
-# before (a closed loop's 28 streams, all started together, stay bunched closer together the
-# faster the client is, and bunched first tokens wait for each other).
-OPEN_LOOP = """
-name = "accuracy"
-[endpoint]
-max_tokens = 256
-[metrics]
-enabled = false
-[workload]
-kind = "open_loop"
-arrivals = "poisson"
-rate = {rate}
-requests = {requests}
-warmup_requests = 50
-pool = 50
-prompt_tokens = 1000
-"""
-
-
 def run_open(n: int, rate: float) -> tuple[dict, list[float]]:
-    """One open-loop run (tokens all at once): (run.json, first-token errors of measured requests)."""
-    return errors(OPEN_LOOP.format(rate=rate, requests=n), 0.0, TTFT_S * 1e3)
+    """One open-loop run (tokens all at once): (run.json, first-token errors of measured requests).
+    With Poisson arrivals, when requests start does not depend on how fast the client finishes
+    the ones before (a closed loop's 28 streams, all started together, stay bunched closer
+    together the faster the client is, and bunched first tokens wait for each other)."""
+    return errors(POISSON.format(name="accuracy", rate=rate, requests=n), 0.0, TTFT_S * 1e3)
 
 
 def errors(scenario: str, itl_ms: float, ttft_ms: float) -> tuple[dict, list[float]]:
