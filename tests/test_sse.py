@@ -26,7 +26,7 @@ def decode(pieces: list[bytes]) -> list[SSEEvent]:
 def replay(pieces: list[bytes], fast: bool = True, answer: list[str] | None = None) -> StreamState:
     """Feed pieces as reads, as the client does; read i arrives at time i (ns). `fast`: with the
     template fast path (runs of token chunks taken undecoded), else every chunk parsed."""
-    state = StreamState(learn=fast, answer=answer)
+    state = StreamState(fast=fast, answer=answer)
     d = SSEDecoder(skip=state.run_end if fast else None)
     for t, p in enumerate(pieces):
         state.on_bytes(t)

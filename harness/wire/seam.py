@@ -8,8 +8,8 @@ the tests cover; should one of these still go missing, the client does not break
 bytes when it parses them instead, says so, and records `client_health.stamping`.
 
 Merging a read's HTTP chunks into one piece of the response body (arrivals.merge_chunks) uses
-the body reader's `_buffer` and `_http_chunk_splits`; without them each chunk
-is read apart, as aiohttp does (slower, the same records).
+the body reader's `_buffer` and `_http_chunk_splits`; without them each chunk is read apart, as
+aiohttp does (slower, the same records).
 """
 
 from __future__ import annotations

@@ -121,11 +121,11 @@ class Template:
 
 
 def learn(data: bytes, obj: dict[str, Any], tokens: ChunkTokens) -> Template | None:
-    """The template of a parsed one-line token chunk, or None. Its text must appear once in its bytes as
-    JSON writes it, and the bytes with another text in its place must parse to a chunk that says
-    nothing else: the same kind of token, that text as the token (and the visible text), no usage,
-    finish or error. Then any plain text in that place gives such a chunk: a JSON string's body
-    swapped for another leaves every other token of the document as it was."""
+    """The template of a parsed one-line token chunk, or None. Its text must appear once in its
+    bytes as JSON writes it, and the bytes with another text in its place must parse to a chunk
+    that says nothing else: the same kind of token, that text as the token (and the visible
+    text), no usage, finish or error. Then any plain text in that place gives such a chunk: a
+    JSON string's body swapped for another leaves every other token of the document as it was."""
     text = _token_text(obj)
     if not text or len(data) > TEMPLATE_MAX_BYTES or b"\n" in data:
         return None
@@ -190,7 +190,7 @@ class StreamState:
     finish_reason: str | None = None
     answer: list[str] | None = None  # the visible text, kept only when given a list
     answer_chars: int = 0
-    learn: bool = True  # use the fast path (False: parse every chunk, as the tests' reference)
+    fast: bool = True  # learn templates and take runs (False: parse every chunk, the tests' reference)
     template: Template | None = None
     _matched: Template | None = None  # the template `run_end` matched last (a Run's)
     _hits: int = 0  # chunks that fitted the template
@@ -241,7 +241,7 @@ class StreamState:
             self._token(tokens.content, t_ns)
             if tokens.content and self.answer is not None:
                 self._keep(content_of(obj))
-            if self.learn and self._learn_left:
+            if self.fast and self._learn_left:
                 self._learn(data, obj, tokens)
         finish = _finish_reason(obj)
         if finish is not None:
@@ -263,7 +263,7 @@ class StreamState:
         starts there (the events before it are decoded as usual)."""
         first = start
         if self.template is None:
-            if self.first_token_ns is not None or not self.learn or not self._learn_left:
+            if self.first_token_ns is not None or not self.fast or not self._learn_left:
                 return start, start
             first = self._learn_ahead(buf, start)
         template = self.template
