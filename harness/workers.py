@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import random
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,15 +36,21 @@ ID_STRIDE = 10**9
 
 
 @dataclass(frozen=True)
-class Job:
+class Share:
+    """What one client process (or Ray worker) sends of an arm."""
+
     index: int
     spec: ArmSpec
     kind: str
-    headers: dict[str, str]  # may hold the API key: travels through a pipe, never argv or disk
+    headers: dict[str, str]  # may hold the API key: travels through a pipe or Ray's RPC, never argv or disk
     plan: Plan
     connections: int
     first_connection: int
-    send_clock: bool
+    send_clock: bool  # tell the embedded emulator when requests left: only on the emulator's own host
+
+
+@dataclass(frozen=True)
+class Job(Share):
     folder: Path
 
     @property
@@ -56,18 +63,15 @@ class SharedOrder(Schedule):
     loop's measured part starts once every process has its warm-up answered (the latest of them)."""
 
     def __init__(self, order: list[tuple[int, int]], sync: Sync, index: int) -> None:
-        super().__init__(iter(()))
+        super().__init__(())
         self.items, self.sync, self.index = order, sync, index
 
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __next__(self) -> tuple[int, int]:
+    async def __anext__(self) -> tuple[int, int]:
         taken = self.sync.taken
         with taken.get_lock():
             k = taken.value
             if k >= len(self.items):
-                raise StopIteration
+                raise StopAsyncIteration
             taken.value = k + 1
         return self.items[k]
 
@@ -109,13 +113,35 @@ def _main(job: Job, sync: Sync) -> None:
 
 
 async def _run(job: Job, sync: Sync) -> None:
-    from rich.console import Console
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    async def go() -> int:
+        sync.ready.release()
+        while not sync.go.wait(0.05) and not stop.is_set():
+            await asyncio.sleep(0)  # Ctrl-C before the start: the signal handler must run
+        return int(sync.t0_ns.value)
+
     writer = _PartWriter(job.part, job.index)
+    end = await send_share(job, SharedOrder(list(job.plan.schedule), sync, job.index), stop, [writer.add], go)
+    (job.folder / f"requests.part-{job.index}.json").write_text(json.dumps(end))
+
+
+async def send_share(
+    job: Share,
+    take: Schedule,
+    stop: asyncio.Event,
+    subscribers: list[Callable[[RequestRecord], None]],
+    go: Callable[[], Awaitable[int]],
+) -> dict[str, Any]:
+    """One process's share of an arm, sent on its own client: `take` gives it the schedule's
+    requests, `subscribers` get its records, and `go` (once the client is ready) waits for the
+    start and returns the arm clock's start on this process's monotonic clock. Returns what
+    the process saw: client_health, warnings, aborted, interrupted."""
+    from rich.console import Console
+
     quiet = RunProgress(Console(file=open(os.devnull, "w"), force_terminal=False))  # noqa: SIM115
     sc = job.spec.scenario
     async with StreamingClient(
@@ -129,31 +155,24 @@ async def _run(job: Job, sync: Sync) -> None:
             stop=stop,
             rng=random.Random(f"{job.spec.run_id}/{job.spec.arm.name}/{job.index}/{random.SystemRandom().random()}"),
             seq=job.index * ID_STRIDE,  # request ids stay unique until the merge renumbers them
-            subscribers=[writer.add],
+            subscribers=subscribers,
         )
         monitor = LoopMonitor(active=lambda: sender.in_flight > 0)
         aio.freeze_heap()
-        sync.ready.release()
-        while not sync.go.wait(0.05) and not stop.is_set():
-            await asyncio.sleep(0)  # Ctrl-C before the start: the signal handler must run
-        sender.spec = replace(sender.spec, clock=replace(sender.spec.clock, t0_ns=sync.t0_ns.value))
+        t0_ns = await go()
+        sender.spec = replace(sender.spec, clock=replace(sender.spec.clock, t0_ns=t0_ns))
         monitor.start()
-        take = SharedOrder(list(job.plan.schedule), sync, job.index)
         drive = workloads.get(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
         await aio.until_done_or_stopped(drive, stop)
         health = monitor.stop()
     health["stamping"] = client.stamping
     health["connections"] = client.connections
-    (job.folder / f"requests.part-{job.index}.json").write_text(
-        json.dumps(
-            {
-                "client_health": health,
-                "warnings": sender.warnings + ([client.stamping_warning] if client.stamping_warning else []),
-                "aborted": sender.aborted,
-                "interrupted": stop.is_set(),
-            }
-        )
-    )
+    return {
+        "client_health": health,
+        "warnings": sender.warnings + ([client.stamping_warning] if client.stamping_warning else []),
+        "aborted": sender.aborted,
+        "interrupted": stop.is_set(),
+    }
 
 
 async def _no_count(_text: str) -> int:

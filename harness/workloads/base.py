@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -357,15 +357,19 @@ class Plan:
     sessions: tuple[SessionPlan, ...] = ()  # sessions: the schedule's index i is sessions[i]
 
 
-class Schedule(Iterator[tuple[int, int]]):
+class Schedule(AsyncIterator[tuple[int, int]]):
     """Where connections take the next (schedule index, prompt index) pair, and where an open
-    loop's processes agree on when its measured part starts (after the warm-up is answered)."""
+    loop's processes agree on when its measured part starts (after the warm-up is answered).
+    Asynchronous: several processes or hosts may share one (workers.py, raypool.py)."""
 
-    def __init__(self, order: Iterator[tuple[int, int]]) -> None:
-        self.order = order
+    def __init__(self, order: Iterable[tuple[int, int]]) -> None:
+        self.order = iter(order)
 
-    def __next__(self) -> tuple[int, int]:
-        return next(self.order)
+    async def __anext__(self) -> tuple[int, int]:
+        try:
+            return next(self.order)
+        except StopIteration:
+            raise StopAsyncIteration from None
 
     async def measured_start(self, ready_ns: int) -> int:
         """Given when this process is ready for the measured part (its warm-up answered), when

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
 
 from harness import tiers
-from harness.workloads.base import Plan, Sender, build_pool
+from harness.workloads.base import Plan, Schedule, Sender, build_pool
 
 NAME = "closed_loop"
 SHARES_SCHEDULE = True
@@ -28,7 +27,7 @@ async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
 async def drive(
     sender: Sender,
     plan: Plan,
-    take: Iterator[tuple[int, int]] | None = None,
+    take: Schedule | None = None,
     connections: int | None = None,
     first: int = 0,
 ) -> None:
@@ -36,7 +35,7 @@ async def drive(
     the plan's schedule; workers.py passes one shared by all processes); `connections`: how many
     (default: all of the arm's; a process of several gets its share, maybe none), numbered from
     `first`."""
-    queue = take if take is not None else iter(plan.schedule)
+    queue = take if take is not None else Schedule(plan.schedule)
     count = sender.spec.connections if connections is None else connections
     tier = None
     if sender.spec.arm.warm_from != "active":
@@ -44,7 +43,7 @@ async def drive(
         await tier.check_slots(first + count)
 
     async def connection(n: int) -> None:
-        for i, p in queue:
+        async for i, p in queue:
             if sender.stop.is_set():
                 return
             prompt = plan.prompts[p]

@@ -117,7 +117,7 @@ async def send_timed(sender: Sender, plan: Plan, take: Schedule | None, cap: int
             if slots is not None:
                 slots.release()
 
-    queue = take if take is not None else Schedule(iter(plan.schedule))
+    queue = take if take is not None else Schedule(plan.schedule)
     shift_ns = 0  # the measured schedule starts when the warm-up has been answered
 
     async def dispatch(i: int, p: int) -> None:
@@ -131,7 +131,7 @@ async def send_timed(sender: Sender, plan: Plan, take: Schedule | None, cap: int
             task.add_done_callback(tasks.discard)
 
     with aio.collections_in_gaps() as usual:
-        for i, p in queue:
+        async for i, p in queue:
             if i >= plan.warmup and plan.warmup and not shift_ns:
                 if tasks:  # every warm-up request answered (a cold first prefix, queues drained)
                     await asyncio.gather(*tasks)

@@ -111,7 +111,7 @@ async def drive(
         return
     slots = asyncio.Semaphore(share)
     real = spec.scenario.workload.history == "real"
-    queue = take if take is not None else Schedule(iter(plan.schedule))
+    queue = take if take is not None else Schedule(plan.schedule)
     tasks: set[asyncio.Task[None]] = set()
 
     async def session(u: int) -> None:
@@ -142,8 +142,8 @@ async def drive(
     while not sender.stop.is_set():
         await slots.acquire()
         try:
-            u, _ = next(queue)
-        except StopIteration:
+            u, _ = await anext(queue)
+        except StopAsyncIteration:
             slots.release()
             break
         task = asyncio.create_task(session(u))
