@@ -5,6 +5,7 @@ code (see harness/errors.py), never a traceback."""
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -61,6 +62,16 @@ Examples:
 """
 
 
+WORKERS_HELP = (
+    "Send from this many processes (one event loop each), results merged (default 1); with --ray, this many "
+    "Ray workers (default: one per CPU of the cluster)."
+)
+RAY_HELP = (
+    "Send from the workers of a Ray cluster on many client hosts: its address, or none for the cluster this "
+    "host belongs to (needs pip install 'kvbench[ray]')."
+)
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"kvbench {__version__}")
@@ -99,9 +110,8 @@ def run(
         str | None, typer.Option(help="Environment variable holding the API key (default: OPENAI_API_KEY).")
     ] = None,
     report: Annotated[bool, typer.Option("--report", help="Render the HTML report right after the run.")] = False,
-    workers: Annotated[
-        int, typer.Option(help="Closed loops: send from this many processes (one event loop each), results merged.")
-    ] = 1,
+    workers: Annotated[int | None, typer.Option(help=WORKERS_HELP, show_default=False)] = None,
+    ray: Annotated[str | None, typer.Option("--ray", metavar="[ADDRESS]", help=RAY_HELP, show_default=False)] = None,
     timeout_connect: Annotated[float | None, typer.Option(help="Seconds to connect (overrides connect_s).")] = None,
     timeout_first_token: Annotated[
         float | None, typer.Option(help="Seconds from request start to first token (overrides first_token_s).")
@@ -133,6 +143,7 @@ def run(
         api_key_env=api_key_env,
         metrics_urls=tuple(metrics_url or ()),
         workers=workers,
+        ray=ray,
         report=report,
         timeouts=tuple(
             (k, v)
@@ -300,5 +311,17 @@ def emulator(
     return command.main(opts)
 
 
+def with_ray_value(argv: list[str]) -> list[str]:
+    """`--ray` takes an optional address (typer's options take a value or none, not either): a
+    bare one, followed by nothing, an option or the scenario file, means "auto"."""
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        after = argv[i + 1] if i + 1 < len(argv) else None
+        if arg == "--ray" and (after is None or after.startswith("-") or after.endswith(".toml")):
+            out.append("auto")
+    return out
+
+
 def main() -> None:
-    app()
+    app(args=with_ray_value(sys.argv[1:]))

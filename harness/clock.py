@@ -65,3 +65,27 @@ class ModelClock:
 
     def times_label(self) -> str:
         return "model time: wall-clock x time_scale" if self.modelled else "wall-clock"
+
+
+# A Ray worker's clock is placed on the coordinator's time line only as well as its offset is
+# known; beyond this uncertainty or drift (ns) its records' times are warned about.
+CLOCK_WARN_NS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Offset:
+    """Another process's monotonic clock minus this one's, from round trips (sent, read there,
+    received back): the shortest round trip bounds it best. The true offset lies within
+    `uncertainty_ns` of `offset_ns` (half that round trip), whatever the path's asymmetry."""
+
+    offset_ns: int
+    uncertainty_ns: int
+    samples: int
+
+    @classmethod
+    def estimate(cls, trips: list[tuple[int, int, int]]) -> Offset:
+        sent, there, back = min(trips, key=lambda t: t[2] - t[0])
+        return cls(there - (sent + back) // 2, (back - sent + 1) // 2, len(trips))
+
+    def meta(self) -> dict[str, int]:
+        return {"offset_ns": self.offset_ns, "uncertainty_ns": self.uncertainty_ns, "round_trips": self.samples}

@@ -18,7 +18,7 @@ import json
 import os
 import platform
 import subprocess
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -236,6 +236,30 @@ class RunWriter:
         except OSError as e:
             raise files_error(e, str(self.folder / REQUESTS)) from None
         self.count += 1
+
+    def add_line(self, line: bytes) -> None:
+        """A record another process serialized (RequestRecord.to_json)."""
+        try:
+            self._requests.write(line + b"\n")
+            self._requests.flush()
+        except OSError as e:
+            raise files_error(e, str(self.folder / REQUESTS)) from None
+        self.count += 1
+
+    def reorder(self) -> None:
+        """The records written so far, put in start order and numbered from 1: requests.jsonl
+        of a run whose clients' records came in as each ended (raypool.py). Replaced at once."""
+        path, tmp = self.folder / REQUESTS, self.folder / (REQUESTS + ".tmp")
+        records = sorted(read_requests(path), key=lambda r: r.start_s)
+        try:
+            self._requests.close()
+            with tmp.open("wb") as f:
+                f.writelines(replace(r, id=i).to_json() + b"\n" for i, r in enumerate(records, 1))
+            os.replace(tmp, path)
+            self._requests = path.open("ab")
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise files_error(e, str(path)) from None
 
     def finish(self, status: str, **extra: Any) -> None:
         self.meta.update(extra)

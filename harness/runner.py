@@ -23,13 +23,13 @@ import aiohttp
 from rich.console import Console
 from rich.markup import escape
 
-from harness import aio, capacity, checks, endpoint, metrics, prompts, reference, selfcheck, stats, workloads
+from harness import aio, capacity, checks, endpoint, metrics, prompts, raypool, reference, selfcheck, stats, workloads
 from harness.clock import ModelClock
 from harness.errors import EndpointError, ExitCode, FilesError
 from harness.progress import RunProgress, show_summary
 from harness.prompts import PromptBuilder
 from harness.results import RunWriter, iso, machine, read_requests, utc_stamp, versions
-from harness.scenario import Arm, Scenario
+from harness.scenario import Arm, DistributedCfg, Scenario
 from harness.scrape import Scraper
 from harness.selfcheck import LoopMonitor
 from harness.traffic import make_driver
@@ -54,6 +54,7 @@ class Target:
     model: str | None = None
     metrics_urls: tuple[str, ...] = ()
     workers: int = 1
+    distributed: DistributedCfg | None = None  # --ray: the arms are sent from a Ray cluster's workers
     engine: dict[str, Any] | None = None  # an engine kvbench started ([engine]): run.json's `engine`
 
 
@@ -88,6 +89,7 @@ class RunState:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stamp: str = ""
     plans: dict[str, Plan] = field(default_factory=dict)  # by load: settled once, shared by the arms
+    cluster: raypool.Cluster | None = None  # --ray: the workers, started once for every arm
 
     def prior(self) -> Plan | None:
         """A plan already made (at another load), whose prompts a new one reuses."""
@@ -134,10 +136,16 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
     progress = RunProgress(console)
     outcomes: list[Outcome] = []
     ep = t.scenario.endpoint
-    async with StreamingClient(
-        connections(t.scenario), ep.timeouts, t.headers, t.emulated, ep.max_line_bytes
-    ) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(
+            StreamingClient(connections(t.scenario), ep.timeouts, t.headers, t.emulated, ep.max_line_bytes)
+        )
         session = await open_session(t, client)
+        if (d := t.distributed) is not None:
+            console.print(f"Joining the Ray cluster at {d.address} ...", markup=False)
+            state.cluster = stack.enter_context(raypool.connect(d.address, d.workers, t.base_url))
+            hosts = {m.info["hostname"] for m in state.cluster.members}
+            console.print(f"{len(state.cluster.members)} Ray workers on {len(hosts)} host(s)", markup=False)
         for arm in t.arms:
             try:
                 if t.scenario.workload.sweep_rates:
@@ -355,9 +363,12 @@ class ArmLifecycle:
         self.before = await self.scraper.snapshot() if self.scraper is not None and sender.scraper is None else None
         if t.emulated:
             await self._emulator_lateness("POST")  # a new count for this arm
-        pool = None
-        if t.workers > 1:
+        pool: WorkerPool | raypool.RayPool | None = None
+        if self.state.cluster is not None:
+            pool = raypool.RayPool(self.state.cluster, sender, self.kind.name, plan, writer, t.emulated)
+        elif t.workers > 1:
             pool = WorkerPool(sender, self.kind.name, plan, t.workers, writer, t.emulated)
+        if pool is not None:
             await pool.ready()  # processes started before the clock: an open loop's time 0 is theirs too
         aio.freeze_heap()
         clock = sender.spec.clock.start()

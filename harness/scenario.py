@@ -236,6 +236,15 @@ class ReferenceCfg:
 
 
 @dataclass(frozen=True)
+class DistributedCfg:
+    """[distributed]: send each arm from workers on many client hosts (raypool.py)."""
+
+    engine: Literal["ray"] = "ray"
+    address: str = "auto"  # a Ray cluster's address; "auto": the cluster this host belongs to
+    workers: int | None = None  # worker actors, one CPU each; default: one per CPU of the cluster
+
+
+@dataclass(frozen=True)
 class Scenario:
     schema_version: int
     name: str
@@ -251,6 +260,7 @@ class Scenario:
     metrics: MetricsCfg = MetricsCfg()
     slo: Slo | None = None
     engine: EngineCfg | None = None
+    distributed: DistributedCfg | None = None
     gate: dict[str, Any] | None = None  # the [gate] table, checked by harness.gate.parse_rules
     path: str = field(default="", compare=False)
     raw: dict[str, Any] = field(default_factory=dict, compare=False)  # the file as written
@@ -429,6 +439,7 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
         metrics=_metrics(top.sub("metrics")),
         slo=_slo(top.sub("slo")) if top.has("slo") else None,
         engine=_engine(top.sub("engine")) if top.has("engine") else None,
+        distributed=_distributed(top.sub("distributed")) if top.has("distributed") else None,
         gate=_gate(top, file),
         path=file,
         raw=data,
@@ -803,6 +814,18 @@ def _engine(t: _Table) -> EngineCfg:
         slot_dir=t.text("slot_dir"),
         threads=t.integer("threads", None, minimum=1, what="an integer number of threads"),
     )
+    t.done()
+    return cfg
+
+
+def _distributed(t: _Table) -> DistributedCfg:
+    cfg = DistributedCfg(
+        engine=t.text("engine", required=True, choices=("ray",)),
+        address=t.text("address", DistributedCfg.address),
+        workers=t.integer("workers", None, minimum=1, what="an integer number of workers"),
+    )
+    if not cfg.address.strip():
+        t.fail("address", 'expected a Ray cluster address, or "auto"', cfg.address)
     t.done()
     return cfg
 

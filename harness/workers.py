@@ -229,7 +229,7 @@ class WorkerPool:
                         self.sync.arrived[k] = 1
         finally:
             healths = await self._end()
-        return _combine(healths, len(self.jobs))
+        return combine_health(healths, len(self.jobs))
 
     async def _end(self) -> list[dict[str, Any]]:
         for k in range(len(self.procs)):  # nobody waits at an open loop's start line any more
@@ -276,15 +276,15 @@ def _merge(sender: Sender, jobs: list[Job], sink: RunWriter) -> list[dict[str, A
             sender.warnings.extend(w for w in info["warnings"] if w not in sender.warnings)
             sender.aborted = sender.aborted or info["aborted"]
             meta.unlink()
-    records.sort(key=lambda r: r.start_s)
-    for i, r in enumerate(records, 1):
-        sink.add(replace(r, id=i))
+    for r in records:
+        sink.add(r)
+    sink.reorder()
     for job in jobs:
         job.part.unlink(missing_ok=True)
     return healths
 
 
-def _combine(healths: list[dict[str, Any]], n: int) -> dict[str, Any]:
+def combine_health(healths: list[dict[str, Any]], n: int) -> dict[str, Any]:
     """One client_health for the run: the worst loop lag and CPU of any process."""
 
     def worst(key: str, sub: str) -> float | None:

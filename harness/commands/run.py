@@ -33,7 +33,8 @@ class RunOptions:
     headers: tuple[str, ...] = ()
     api_key_env: str | None = None
     metrics_urls: tuple[str, ...] = ()
-    workers: int = 1
+    workers: int | None = None  # --workers: processes on this host, or with Ray the worker actors
+    ray: str | None = None  # --ray: the Ray cluster's address ("auto": the one this host belongs to)
     report: bool = False
     timeouts: tuple[tuple[str, float], ...] = ()  # --timeout-*: (Timeouts field, seconds)
 
@@ -71,17 +72,19 @@ def _check(opts: RunOptions, sc: scenario.Scenario, emulated: bool) -> None:
         raise InputError("--time-scale: applies only to the embedded emulator (no --endpoint given, no [engine])")
     if opts.time_scale is not None:
         check_scale(opts.time_scale, "--time-scale")
-    if opts.workers < 1:
+    ray = distributed(opts, sc)
+    workers = opts.workers or (ray.workers if ray else None) or 1
+    flag = "--ray" if ray else "--workers"
+    if opts.workers is not None and opts.workers < 1:
         raise InputError(f"--workers: expected a number of processes >= 1, got {opts.workers}")
-    if opts.workers > 1 and any(a.warm_from != "active" for a in sc.arms):
-        raise InputError("--workers: arms with warm_from keep their engine slots and files in one process")
-    if opts.workers > 1 and not workloads.get(sc.workload.kind).shares_schedule:
-        raise InputError("--workers: a sweep sends one request at a time; it applies to closed and open loops")
+    if (workers > 1 or ray) and any(a.warm_from != "active" for a in sc.arms):
+        raise InputError(f"{flag}: arms with warm_from keep their engine slots and files in one process")
+    if (workers > 1 or ray) and not workloads.get(sc.workload.kind).shares_schedule:
+        raise InputError(f"{flag}: a sweep sends one request at a time; it applies to the other workload kinds")
     cap = sc.workload.max_concurrency
-    if cap is not None and opts.workers > cap:
+    if cap is not None and workers > cap:
         raise InputError(
-            f"--workers: {opts.workers} processes cannot share max_concurrency = {cap} ({sc.path}): "
-            "give at most as many processes"
+            f"{flag}: {workers} processes cannot share max_concurrency = {cap} ({sc.path}): give at most as many"
         )
     for m in opts.metrics_urls:
         endpoint.check_url(m, "--metrics-url")
@@ -90,6 +93,17 @@ def _check(opts: RunOptions, sc: scenario.Scenario, emulated: bool) -> None:
         raise InputError(
             f"{sc.path}: workload.path: no trace file {w.path!r} (paths are relative to the current directory)"
         )
+
+
+def distributed(opts: RunOptions, sc: scenario.Scenario) -> scenario.DistributedCfg | None:
+    """Ray, if --ray or the scenario's [distributed] asks for it (--ray's address first)."""
+    if opts.ray is None and sc.distributed is None:
+        return None
+    from harness import raypool
+
+    raypool.require()
+    cfg = sc.distributed or scenario.DistributedCfg()
+    return replace(cfg, address=opts.ray or cfg.address, workers=opts.workers or cfg.workers)
 
 
 def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
@@ -149,7 +163,8 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
             out=opts.out,
             model=opts.model,
             metrics_urls=opts.metrics_urls,
-            workers=opts.workers,
+            workers=opts.workers or 1,
+            distributed=distributed(opts, sc),
         )
         return aio.run(run_arms(target, console))
 

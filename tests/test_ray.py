@@ -1,0 +1,309 @@
+"""`kvbench run --ray`: one run sent from the workers of a local Ray cluster of several nodes
+(ray.cluster_utils), against the real emulator; the Dispatch and clock offsets on their own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.clock import Offset
+from harness.raypool import OPEN_LOOKAHEAD_S, Dispatch
+from harness.results import read_requests, read_run
+from tests.conftest import ROOT, kvbench, user_env, write_scenario
+
+ray = pytest.importorskip("ray")
+
+NODES = 3  # each with one CPU: a worker per node; the head node holds none (only the Dispatch)
+
+LOOP = """
+name = "rl"
+[endpoint]
+max_tokens = 8
+[workload]
+kind = "closed_loop"
+requests = {requests}
+concurrency = 6
+pool = 10
+prompt_tokens = 2000
+[[arms]]
+name = "bust"
+cache = "bust"
+[[arms]]
+name = "reuse"
+[emulator]
+time_scale = {scale}
+"""
+
+OPEN = """
+name = "ro"
+[endpoint]
+max_tokens = 4
+[workload]
+kind = "open_loop"
+rate = 20.0
+requests = 90
+warmup_requests = 3
+pool = 8
+prompt_tokens = 1000
+[[arms]]
+name = "cached"
+[emulator]
+time_scale = 2.0
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A Ray cluster of NODES nodes on this machine, and this test process connected to it."""
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        for _ in range(NODES):
+            c.add_node(num_cpus=1)
+        c.wait_for_nodes()
+        ray.init(address=c.address, log_to_driver=False)
+        yield c.address
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None:
+    async def go() -> None:
+        order = [(i, i % 3) for i in range(10)]
+        times = [i * OPEN_LOOKAHEAD_S / 2 for i in range(10)]  # two due within a look-ahead
+        d = Dispatch(order, times, [0, 1])
+        assert await d.take(0, 5) == order[0:3]  # the third is due exactly one look-ahead on
+        assert await d.take(1, 1) == order[3:4]
+        closed = Dispatch(order, [], [0, 1])
+        assert await closed.take(0, 4) == order[:4] and await closed.take(1, 100) == order[4:]
+        assert await closed.take(0, 4) == [] and await closed.taken(1) == order[4:]
+        line = asyncio.ensure_future(d.start(0, 100))
+        await asyncio.sleep(0.01)
+        assert not line.done()  # worker 1 is neither ready nor gone
+        await d.gone(1)
+        assert await line == 100
+        both = Dispatch(order, times, [0, 1])
+        lines = [asyncio.ensure_future(both.start(0, 100)), asyncio.ensure_future(both.start(1, 250))]
+        assert await asyncio.gather(*lines) == [250, 250]  # the latest one ready
+
+    asyncio.run(go())
+
+
+def test_clock_offset_comes_from_the_shortest_round_trip() -> None:
+    # (sent, read there, received): the other clock is 1,000 ns ahead; slow trips say less
+    o = Offset.estimate([(0, 5_000, 8_000), (100, 1_150, 200), (300, 9_000, 2_300)])
+    assert o.offset_ns == 1_000 and o.uncertainty_ns == 50 and o.samples == 3
+
+
+def _run_json(folder: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((folder / "run.json").read_text())
+    return meta
+
+
+def test_closed_loop_over_ray_matches_worker_processes(tmp_path: Path, cluster: str) -> None:
+    sc = write_scenario(tmp_path / "rl.toml", LOOP.format(requests=60, scale=10.0))
+    r = kvbench("run", str(sc), "--ray", cluster, "--out", str(tmp_path / "ray"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"{NODES} Ray workers" in r.stderr
+    local = kvbench("run", str(sc), "--workers", "2", "--out", str(tmp_path / "local"), timeout=300)
+    assert local.returncode == 0, local.stderr
+    for arm in ("bust", "reuse"):
+        (folder,) = (tmp_path / "ray" / "rl").glob(f"*-{arm}")
+        (other,) = (tmp_path / "local" / "rl").glob(f"*-{arm}")
+        recs, theirs = read_requests(folder), read_requests(other)
+        assert [x.id for x in recs] == list(range(1, 61)) and all(x.ok for x in recs)
+        assert [x.start_s for x in recs] == sorted(x.start_s for x in recs)
+        # every scheduled request sent exactly once, the same schedule as the worker processes'
+        assert sorted((x.schedule_index, x.prompt_id) for x in recs) == sorted(
+            (x.schedule_index, x.prompt_id) for x in theirs
+        )
+        assert {x.process for x in recs} == set(range(NODES)) and len({x.worker for x in recs}) == 6
+        assert sum(x.completion_tokens or 0 for x in recs) == sum(x.completion_tokens or 0 for x in theirs)
+        if arm == "bust":
+            assert all(x.cached_tokens == 0 for x in recs)
+        meta = _run_json(folder)
+        assert meta["status"] == "completed" and meta["summary"]["requests"] == meta["summary"]["completed"] == 60
+        d = meta["distributed"]
+        assert d["engine"] == "ray" and not d["faults"] and len(d["workers"]) == NODES
+        for w in d["workers"]:
+            # one machine, one monotonic clock: the measured offset is 0 within its uncertainty
+            start, end = w["clock_start"], w["clock_end"]
+            assert start["uncertainty_ns"] > 0 and abs(start["offset_ns"]) <= start["uncertainty_ns"]
+            assert abs(end["offset_ns"]) <= end["uncertainty_ns"] and w["lost"] is None
+        health = meta["client_health"]
+        assert health["engine"] == "ray" and health["processes"] == NODES
+        assert {h["worker"] for h in health["per_process"]} == set(range(NODES))
+
+
+def test_open_loop_over_ray_sends_each_request_once_on_one_clock(tmp_path: Path, cluster: str) -> None:
+    sc = write_scenario(tmp_path / "ro.toml", OPEN)
+    r = kvbench("run", str(sc), "--ray", cluster, "--out", str(tmp_path / "out"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    (folder,) = [p for p in (tmp_path / "out" / "ro").iterdir() if p.is_dir()]
+    recs = read_requests(folder)
+    assert sorted(x.schedule_index for x in recs) == list(range(93)) and all(x.ok for x in recs)
+    assert len({x.process for x in recs}) >= 2 and sum(x.phase == "warmup" for x in recs) == 3
+    # over all workers, the warm-up is answered before the measured part starts
+    warm_end = max(x.end_s() or 0.0 for x in recs if x.phase == "warmup")
+    assert min(x.start_s for x in recs if x.phase == "run") >= warm_end
+    # each request keeps its intended time on the coordinator's clock: in schedule order
+    measured = sorted((x for x in recs if x.phase == "run"), key=lambda x: x.schedule_index or 0)
+    intended = [x.intended_s for x in measured]
+    assert all(t is not None for t in intended) and intended == sorted(intended)  # type: ignore[type-var]
+    meta = read_run(folder).meta
+    assert meta["summary"]["schedule_lag"]["requests"] == 90
+
+
+def test_a_session_stays_on_one_ray_worker(tmp_path: Path, cluster: str) -> None:
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        """
+name = "rs"
+[workload]
+kind = "sessions"
+users = 6
+turns = 3
+think_s = 0.5
+user_context_tokens = 1000
+message_tokens = 40
+answer_tokens = 10
+[[arms]]
+name = "cached"
+[emulator]
+time_scale = 10.0
+""",
+    )
+    r = kvbench("run", str(sc), "--ray", cluster, "--out", str(tmp_path / "out"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    (folder,) = (tmp_path / "out" / "rs").iterdir()
+    recs = read_requests(folder)
+    assert sorted((x.session, x.turn) for x in recs) == [(u, k) for u in range(6) for k in (1, 2, 3)]
+    for u in range(6):
+        mine = sorted((x for x in recs if x.session == u), key=lambda x: x.turn or 0)
+        assert len({x.process for x in mine}) == 1  # its history and cache, as in one process
+        assert [x.start_s for x in mine] == sorted(x.start_s for x in mine)
+        assert all((x.cached_tokens or 0) > 0 for x in mine[1:])
+
+
+def _popen(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        cwd=ROOT,
+        env=env or user_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _lines(out: Path) -> int:
+    return sum(len(p.read_bytes().splitlines()) for p in out.glob("*/*/requests.jsonl"))
+
+
+def _wait(check: Any, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: Path, cluster: str) -> None:
+    sc = write_scenario(tmp_path / "k.toml", LOOP.format(requests=150, scale=1.0).replace('"rl"', '"rk"'))
+    out = tmp_path / "out"
+    proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", cluster, "--out", str(out)])
+    _wait(lambda: _lines(out) >= 6)
+    (victim,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == "worker-1"]
+    ray.kill(ray.get_actor("worker-1", namespace=victim["namespace"]))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 4, err  # requests failed: the lost ones
+    assert "Ray worker 1" in err and "was lost" in err
+    (folder,) = (out / "rk").iterdir()
+    recs = read_requests(folder)
+    # every scheduled request is in the file once: sent by a worker, or lost with worker 1
+    assert sorted(x.schedule_index for x in recs) == list(range(150))
+    lost = [x for x in recs if not x.ok]
+    assert lost and all(x.error_kind == "lost" and x.process == 1 for x in lost)
+    assert any(x.ok and x.process == 1 for x in recs)  # what it reported before is kept
+    assert any(x.ok and x.process != 1 and x.start_s > max(y.start_s for y in lost) for x in recs)  # went on
+    meta = _run_json(folder)
+    assert meta["status"] == "completed"
+    (fault,) = meta["distributed"]["faults"]
+    assert fault["worker"] == 1 and fault["lost_requests"] == len(lost)
+    assert [w["worker"] for w in meta["distributed"]["workers"] if w["lost"]] == [1]
+
+
+def test_ctrl_c_stops_every_ray_worker_and_keeps_merged_partial_results(tmp_path: Path, cluster: str) -> None:
+    sc = write_scenario(tmp_path / "c.toml", LOOP.format(requests=400, scale=1.0).replace('"rl"', '"rc"'))
+    out = tmp_path / "out"
+    proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", cluster, "--out", str(out)])
+    _wait(lambda: _lines(out) >= 6)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    (folder,) = (out / "rc").iterdir()
+    assert _run_json(folder)["status"] == "interrupted"
+    recs = read_requests(folder)
+    assert 6 <= len(recs) < 400 and [x.id for x in recs] == list(range(1, len(recs) + 1))
+    assert len({x.schedule_index for x in recs}) == len(recs)
+    # every worker stopped: none is left running in the cluster
+    _wait(lambda: not any(a["name"].startswith("worker-") for a in ray.util.list_named_actors(all_namespaces=True)))
+
+
+def test_ray_from_the_scenario_and_the_bare_flag(tmp_path: Path, cluster: str) -> None:
+    """`[distributed]` asks for Ray in the file; a bare --ray joins the cluster RAY_ADDRESS names."""
+    body = LOOP.format(requests=12, scale=10.0).replace('"rl"', '"rd"')
+    sc = write_scenario(
+        tmp_path / "d.toml", body + f'\n[distributed]\nengine = "ray"\naddress = "{cluster}"\nworkers = 2\n'
+    )
+    r = kvbench("run", str(sc), "--arm", "reuse", "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    assert "2 Ray workers" in r.stderr
+    plain = write_scenario(tmp_path / "p.toml", body)
+    r = kvbench(
+        "run",
+        str(plain),
+        "--arm",
+        "reuse",
+        "--ray",
+        "--workers",
+        "1",
+        "--out",
+        str(tmp_path / "b"),
+        env={"RAY_ADDRESS": cluster},
+    )
+    assert r.returncode == 0, r.stderr
+    (folder,) = (tmp_path / "b" / "rd").iterdir()
+    assert {x.process for x in read_requests(folder)} == {0}
+
+
+def test_more_workers_than_the_cluster_has_cpus_is_refused(tmp_path: Path, cluster: str) -> None:
+    sc = write_scenario(tmp_path / "m.toml", LOOP.format(requests=12, scale=10.0))
+    r = kvbench("run", str(sc), "--ray", cluster, "--workers", str(NODES + 1), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and f"has {NODES} CPU(s)" in r.stderr, r.stderr
+
+
+def test_ray_missing_says_how_to_install_it(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None  # as if not installed\n")
+    sc = write_scenario(tmp_path / "n.toml", LOOP.format(requests=12, scale=10.0))
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    r = kvbench("run", str(sc), "--ray", "--out", str(tmp_path / "o"), env=env)
+    assert r.returncode == 2 and "pip install 'kvbench[ray]'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_nothing_but_the_ray_module_imports_ray() -> None:
+    for path in (ROOT / "harness").rglob("*.py"):
+        if path.name != "raypool.py":
+            assert not re.search(r"^\s*(import ray\b|from ray\b)", path.read_text(), re.M), path
