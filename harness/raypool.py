@@ -44,18 +44,28 @@ from harness.workers import ID_STRIDE, Share, combine_health, deal, send_share
 from harness.workloads.base import Plan, Schedule, Sender
 
 INSTALL_HINT = "pip install 'kvbench[ray]' (on this host and on every client host of the cluster)"
-# How often the coordinator drains the workers' records (s): what a dying worker can take with it.
-POLL_S = 0.1
+# How often the coordinator drains the workers' records (s): what a dying worker can take with it
+# unreported (recorded as lost), against a few Ray calls per worker each time (0.1 s cost a
+# tenth of a loaded core).
+POLL_S = 0.25
 # Round trips per clock-offset measurement.
 CLOCK_TRIPS = 16
 # A worker's client must be up within this long (s); a cluster without room for an actor never is.
 READY_TIMEOUT_S = 120.0
-# Requests a worker takes from the schedule at once: a closed loop's, at most this many (and a
-# quarter of its connections), so that none idles long at the end; an open loop's, those due
-# within OPEN_LOOKAHEAD_S (wall-clock) of the first, at most OPEN_BATCH.
-BATCH_MAX = 16
-OPEN_BATCH = 64
+# Requests a worker takes from the schedule at once: a closed loop's, CLOSED_BATCH times as many
+# as it has connections; an open loop's, those due within OPEN_LOOKAHEAD_S (wall-clock) of the
+# first, at most OPEN_BATCH; either, at most a GUIDED-th of its share of what is left, so that
+# none holds many at the end. Fewer, larger calls: each costs the worker's core a few
+# context switches through Ray's threads.
+CLOSED_BATCH = 4
+OPEN_BATCH = 256
 OPEN_LOOKAHEAD_S = 0.05
+GUIDED = 4
+# How often a worker asks whether every worker has its open loop's warm-up answered (s), and how
+# long after the last one was ready the measured part starts (ns): time for every worker to
+# learn it through Ray before its first send is due.
+START_POLL_S = 0.001
+START_MARGIN_NS = 20_000_000
 # Concurrent calls an actor serves: its run, and the coordinator's drain, stop and clock calls.
 ACTOR_THREADS = 4
 
@@ -69,10 +79,10 @@ def require() -> None:
 
 
 class Dispatch:
-    """The schedule, shared by the workers of one arm (a Ray actor beside the coordinator; plain
-    Python, so that it can be tested without Ray). It remembers what each worker took, for the
-    requests a lost worker takes with it, and holds an open loop's start line: the measured part
-    starts once every worker still there has its warm-up answered."""
+    """The schedule, shared by the workers of one arm (a Ray actor beside the coordinator, serving
+    one call at a time; plain Python, so that it can be tested without Ray). It remembers what
+    each worker took, for the requests a lost worker takes with it, and holds an open loop's start
+    line: the measured part starts once every worker still there has its warm-up answered."""
 
     def __init__(self, order: list[tuple[int, int]], times_wall_s: list[float], workers: list[int]) -> None:
         self.reset(order, times_wall_s, workers)
@@ -84,11 +94,14 @@ class Dispatch:
         self.given: dict[int, list[tuple[int, int]]] = {k: [] for k in workers}
         self.ready: dict[int, int] = {}  # worker -> when it was ready (coordinator ns)
         self.gone_workers: set[int] = set()
-        self.line = asyncio.Event()
 
-    async def take(self, worker: int, n: int) -> list[tuple[int, int]]:
-        """Up to n of the next requests (an open loop's: those due soon after the first)."""
-        end = min(len(self.order), self.next + max(1, n))
+    def take(self, worker: int, n: int) -> list[tuple[int, int]]:
+        """Up to n of the next requests, fewer as the schedule runs out (guided self-scheduling:
+        a GUIDED-th of each worker's share of what is left, so that none holds many at the end),
+        and of an open loop only those due within OPEN_LOOKAHEAD_S of the first."""
+        left = len(self.order) - self.next
+        n = max(1, min(n, -(-left // (GUIDED * len(self.given)))))
+        end = min(len(self.order), self.next + n)
         if self.times and self.next < end:
             last = self.times[self.order[self.next][0]] + OPEN_LOOKAHEAD_S
             end = next((j for j in range(self.next + 1, end) if self.times[self.order[j][0]] > last), end)
@@ -97,30 +110,29 @@ class Dispatch:
         self.given[worker] += got
         return got
 
-    async def taken(self, worker: int) -> list[tuple[int, int]]:
+    def taken(self, worker: int) -> list[tuple[int, int]]:
         return self.given[worker]
 
-    async def start(self, worker: int, ready_ns: int) -> int:
-        """An open loop's measured start (coordinator ns): the latest ready of all workers."""
+    def arrive(self, worker: int, ready_ns: int) -> None:
+        """Worker ready for an open loop's measured part (its warm-up answered), coordinator ns."""
         self.ready[worker] = ready_ns
-        self._settle()
-        await self.line.wait()
-        return max(self.ready.values())
 
-    async def gone(self, worker: int) -> None:
+    def gone(self, worker: int) -> None:
         """A worker that is done or lost: nobody waits for it at the start line."""
         self.gone_workers.add(worker)
-        self._settle()
 
-    def _settle(self) -> None:
+    def start_line(self) -> int | None:
+        """The measured part's start (coordinator ns, the latest ready), once every worker still
+        there is ready; None before."""
         if self.ready and set(self.ready) | self.gone_workers >= set(self.given):
-            self.line.set()
+            return max(self.ready.values()) + START_MARGIN_NS
+        return None
 
 
 class RemoteOrder(Schedule):
     """A worker's side of the Dispatch: batches taken as its connections need them (one call
-    for all that wait; the next is asked for when a quarter of one is left), an open loop's
-    start line converted to this worker's clock."""
+    for all that wait; the next is asked for when a quarter of the last one is left), an open
+    loop's start line converted to this worker's clock."""
 
     def __init__(self, dispatch: Any, worker: int, batch: int, offset_ns: int) -> None:
         super().__init__(())
@@ -128,13 +140,14 @@ class RemoteOrder(Schedule):
         self.buf: deque[tuple[int, int]] = deque()
         self.fetching: asyncio.Future[None] | None = None
         self.done = False
+        self.low = 0
 
     async def __anext__(self) -> tuple[int, int]:
         while not self.buf:
             if self.done:
                 raise StopAsyncIteration
             await asyncio.shield(self._fetching())
-        if len(self.buf) <= self.batch // 4 and not self.done:
+        if len(self.buf) <= self.low and not self.done:
             self._fetching()
         return self.buf.popleft()
 
@@ -145,15 +158,21 @@ class RemoteOrder(Schedule):
 
     async def _fetch(self) -> None:
         try:
-            got = await self.dispatch.take.remote(self.worker, self.batch)
+            # Submitting a Ray call can wait milliseconds for Ray's own threads on a busy core:
+            # done off the event loop, which goes on reading streams meanwhile.
+            ref = await asyncio.to_thread(self.dispatch.take.remote, self.worker, self.batch)
+            got = await ref
         finally:
             self.fetching = None
         self.done = not got
         self.buf.extend(got)
+        self.low = len(got) // 4  # the next is asked for when a quarter of this one is left
 
     async def measured_start(self, ready_ns: int) -> int:
-        line: int = await self.dispatch.start.remote(self.worker, ready_ns - self.offset_ns)
-        return line + self.offset_ns
+        await self.dispatch.arrive.remote(self.worker, ready_ns - self.offset_ns)
+        while (line := await self.dispatch.start_line.remote()) is None:
+            await asyncio.sleep(START_POLL_S)
+        return int(line) + self.offset_ns
 
 
 class RayWorker:
@@ -317,13 +336,16 @@ def _start_members(ray: Any, address: str, workers: int | None, base_url: str) -
     if _loopback(base_url) and away:
         raise InputError(
             f"--ray: the endpoint {base_url} is on this host's loopback, which workers on {', '.join(away)} cannot "
-            "reach: give an endpoint every client host can reach (the emulator: `kvbench emulator serve --host "
-            "0.0.0.0` and --endpoint)"
+            "reach: give an endpoint every client host can reach (the emulator: `kvbench emulator --host 0.0.0.0` "
+            "and --endpoint)"
         )
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     beside = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    dispatch = ray.remote(num_cpus=0)(Dispatch).options(scheduling_strategy=beside).remote([], [], [])
+    dispatch = (
+        ray.remote(num_cpus=0, max_concurrency=1)(Dispatch).options(scheduling_strategy=beside).remote([], [], [])
+    )
+    ray.get(dispatch.start_line.remote(), timeout=READY_TIMEOUT_S)  # up before any arm's clock starts
     return Cluster(address, members, here, ray.__version__, dispatch)
 
 
@@ -373,10 +395,11 @@ class RayPool:
         import ray
 
         self.ray, self.cluster, self.sender, self.kind, self.plan, self.sink = ray, cluster, sender, kind, plan, sink
-        self.members = {m.index: m for m in cluster.live}
+        spec = sender.spec
+        # no more workers than connections: one without any would send an open loop unbounded
+        self.members = {m.index: m for m in cluster.live[: spec.connections]}
         if not self.members:
             raise EndpointError("--ray: every Ray worker of this run was lost")
-        spec = sender.spec
         n = len(self.members)
         dealt = deal(spec.connections, n)
         self.shares = {
@@ -387,10 +410,7 @@ class RayPool:
         }
         self.times = [spec.clock.wall_s(t) for t in plan.times]
         self.dispatch = cluster.dispatch
-        if kind == "sessions":
-            self.batch = 1
-        else:
-            self.batch = OPEN_BATCH if self.times else max(1, min(BATCH_MAX, spec.connections // (4 * n)))
+        self.batch = 1 if kind == "sessions" else OPEN_BATCH if self.times else CLOSED_BATCH * max(1, max(dealt))
         self.offsets: dict[int, Offset] = {}
         self.runs: dict[int, Any] = {}  # worker -> its run's ObjectRef, while it runs
         self.healths: dict[int, dict[str, Any]] = {}
@@ -428,8 +448,7 @@ class RayPool:
                 await asyncio.sleep(POLL_S)
                 if sender.stop.is_set() and not self.stopping:
                     await self._stop_all()
-                for k in list(self.runs):
-                    await self._drain(k)
+                await self._drain_all()
                 await self._reap()
         finally:
             await self._end()
@@ -439,8 +458,7 @@ class RayPool:
 
     async def _stop_all(self) -> None:
         self.stopping = True
-        for k in list(self.runs):
-            await self._call(k, "stop")
+        await asyncio.gather(*(self._call(k, "stop") for k in list(self.runs)))
 
     async def _call(self, k: int, method: str, *args: Any) -> Any:
         """A call on worker k; a worker found gone is dealt with (None)."""
@@ -450,9 +468,13 @@ class RayPool:
             await self._lost(k, e)
             return None
 
+    async def _drain_all(self) -> None:
+        await asyncio.gather(*(self._drain(k) for k in list(self.runs)))
+
     async def _drain(self, k: int) -> None:
-        for line, ok, ttft, index, session in await self._call(k, "drain") or ():
-            self.sink.add_line(line)
+        got = await self._call(k, "drain") or ()
+        self.sink.add_lines([line for line, *_ in got])
+        for _, ok, ttft, index, session in got:
             self.sender.progress.advance(ok, ttft)
             if session is not None:
                 self.seen.turns[session] = self.seen.turns.get(session, 0) + 1
@@ -561,8 +583,7 @@ class RayPool:
                 async with asyncio.timeout(aio.GRACE_S + 5):
                     while self.runs:
                         await asyncio.sleep(POLL_S)
-                        for k in list(self.runs):
-                            await self._drain(k)
+                        await self._drain_all()
                         await self._reap()
         for k in list(self.runs):  # did not stop in time: what it holds is lost with it
             with contextlib.suppress(self.ray.exceptions.RayError):

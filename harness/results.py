@@ -237,14 +237,14 @@ class RunWriter:
             raise files_error(e, str(self.folder / REQUESTS)) from None
         self.count += 1
 
-    def add_line(self, line: bytes) -> None:
-        """A record another process serialized (RequestRecord.to_json)."""
+    def add_lines(self, lines: list[bytes]) -> None:
+        """Records other processes serialized (RequestRecord.to_json), in one write."""
         try:
-            self._requests.write(line + b"\n")
+            self._requests.write(b"".join(line + b"\n" for line in lines))
             self._requests.flush()
         except OSError as e:
             raise files_error(e, str(self.folder / REQUESTS)) from None
-        self.count += 1
+        self.count += len(lines)
 
     def reorder(self) -> None:
         """The records written so far, put in start order and numbered from 1: requests.jsonl

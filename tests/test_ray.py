@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 
 from harness.clock import Offset
-from harness.raypool import OPEN_LOOKAHEAD_S, Dispatch
+from harness.raypool import OPEN_LOOKAHEAD_S, START_MARGIN_NS, Dispatch
 from harness.results import read_requests, read_run
 from tests.conftest import ROOT, kvbench, user_env, write_scenario
 
@@ -81,25 +80,29 @@ def cluster() -> Iterator[str]:
 
 
 def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None:
-    async def go() -> None:
-        order = [(i, i % 3) for i in range(10)]
-        times = [i * OPEN_LOOKAHEAD_S / 2 for i in range(10)]  # two due within a look-ahead
-        d = Dispatch(order, times, [0, 1])
-        assert await d.take(0, 5) == order[0:3]  # the third is due exactly one look-ahead on
-        assert await d.take(1, 1) == order[3:4]
-        closed = Dispatch(order, [], [0, 1])
-        assert await closed.take(0, 4) == order[:4] and await closed.take(1, 100) == order[4:]
-        assert await closed.take(0, 4) == [] and await closed.taken(1) == order[4:]
-        line = asyncio.ensure_future(d.start(0, 100))
-        await asyncio.sleep(0.01)
-        assert not line.done()  # worker 1 is neither ready nor gone
-        await d.gone(1)
-        assert await line == 100
-        both = Dispatch(order, times, [0, 1])
-        lines = [asyncio.ensure_future(both.start(0, 100)), asyncio.ensure_future(both.start(1, 250))]
-        assert await asyncio.gather(*lines) == [250, 250]  # the latest one ready
-
-    asyncio.run(go())
+    order = [(i, i % 3) for i in range(40)]
+    closed = Dispatch(order, [], [0, 1])
+    # guided: at most a quarter of each worker's share of what is left, fewer towards the end
+    sizes = [len(closed.take(k % 2, 100)) for k in range(12)]
+    assert sizes[:3] == [5, 5, 4] and sizes == sorted(sizes, reverse=True) and 1 in sizes
+    taken = closed.taken(0) + closed.taken(1)
+    assert sorted(taken) == order[: len(taken)] and len(set(taken)) == len(taken)
+    while closed.take(0, 100):
+        pass
+    assert sorted(closed.taken(0) + closed.taken(1)) == order  # each once
+    times = [i * OPEN_LOOKAHEAD_S / 2 for i in range(40)]  # two due within a look-ahead
+    timed = Dispatch(order, times, [0, 1])
+    assert timed.take(0, 64) == order[0:3]  # the third is due exactly one look-ahead on
+    assert timed.take(1, 1) == order[3:4]
+    timed.arrive(0, 100)
+    assert timed.start_line() is None  # worker 1 is neither ready nor gone
+    timed.gone(1)
+    # a little later than the last one ready: every worker learns it before its first send
+    assert timed.start_line() == 100 + START_MARGIN_NS
+    timed.reset(order, times, [0, 1])
+    timed.arrive(0, 100)
+    timed.arrive(1, 250)
+    assert timed.start_line() == 250 + START_MARGIN_NS  # after the latest one ready
 
 
 def test_clock_offset_comes_from_the_shortest_round_trip() -> None:
@@ -165,6 +168,14 @@ def test_open_loop_over_ray_sends_each_request_once_on_one_clock(tmp_path: Path,
     assert all(t is not None for t in intended) and intended == sorted(intended)  # type: ignore[type-var]
     meta = read_run(folder).meta
     assert meta["summary"]["schedule_lag"]["requests"] == 90
+    # the same plan as worker processes send
+    local = kvbench("run", str(sc), "--workers", "2", "--out", str(tmp_path / "local"), timeout=300)
+    assert local.returncode == 0, local.stderr
+    (other,) = [p for p in (tmp_path / "local" / "ro").iterdir() if p.is_dir()]
+    theirs = read_requests(other)
+    assert sorted((x.schedule_index, x.prompt_id, x.phase) for x in recs) == sorted(
+        (x.schedule_index, x.prompt_id, x.phase) for x in theirs
+    )
 
 
 def test_a_session_stays_on_one_ray_worker(tmp_path: Path, cluster: str) -> None:
@@ -243,6 +254,11 @@ def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: P
     (fault,) = meta["distributed"]["faults"]
     assert fault["worker"] == 1 and fault["lost_requests"] == len(lost)
     assert [w["worker"] for w in meta["distributed"]["workers"] if w["lost"]] == [1]
+    # the report has a row per worker and says which one was lost
+    r = kvbench("report", str(folder), "-o", str(tmp_path / "r.html"))
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "r.html").read_text()
+    assert "Client processes and hosts" in html and "worker 1 on" in html and "was lost" in html
 
 
 def test_ctrl_c_stops_every_ray_worker_and_keeps_merged_partial_results(tmp_path: Path, cluster: str) -> None:
@@ -293,6 +309,22 @@ def test_more_workers_than_the_cluster_has_cpus_is_refused(tmp_path: Path, clust
     sc = write_scenario(tmp_path / "m.toml", LOOP.format(requests=12, scale=10.0))
     r = kvbench("run", str(sc), "--ray", cluster, "--workers", str(NODES + 1), "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and f"has {NODES} CPU(s)" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ('engine = "dask"', "distributed.engine"),
+        ('address = "auto"', "distributed.engine"),  # the engine is required
+        ('engine = "ray"\nworkers = 0', "distributed.workers"),
+        ('engine = "ray"\naddress = " "', "distributed.address"),
+        ('engine = "ray"\nadress = "auto"', "distributed.adress"),
+    ],
+)
+def test_bad_distributed_section_names_the_key(tmp_path: Path, section: str, key: str) -> None:
+    sc = write_scenario(tmp_path / "b.toml", LOOP.format(requests=12, scale=10.0) + f"\n[distributed]\n{section}\n")
+    r = kvbench("validate", str(sc))
+    assert r.returncode == 2 and key in r.stderr and str(sc) in r.stderr, r.stderr
 
 
 def test_ray_missing_says_how_to_install_it(tmp_path: Path) -> None:

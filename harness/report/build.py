@@ -41,6 +41,7 @@ def build_context(runs: list[RunResult]) -> dict[str, Any]:
         **sections.reuse(runs),
         **sections.sessions(runs),
         **sections.server(runs),
+        **sections.clients(runs),
     }
 
 

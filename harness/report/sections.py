@@ -479,3 +479,39 @@ def sessions(runs: list[RunResult]) -> dict[str, Any]:
             )
         ),
     }
+
+
+def clients(runs: list[RunResult]) -> dict[str, Any]:
+    """Runs sent from several client processes (--workers) or Ray workers: each one's health,
+    what it sent, and its clock against the coordinator's; which of them held the load back."""
+    rows, bottlenecks = [], []
+    for run in runs:
+        health = run.meta.get("client_health") or {}
+        per = health.get("per_process") or []
+        placed = {w["worker"]: w for w in (run.meta.get("distributed") or {}).get("workers", [])}
+        for i, h in enumerate(per):
+            k = h.get("worker", i)
+            mine = [r for r in run.records if r.process == k]
+            lag = stats.schedule_lag(stats.measured(mine)) if any(r.intended_s is not None for r in mine) else {}
+            where = placed.get(k, {})
+            clock = where.get("clock_start") or {}
+            rows.append(
+                {
+                    "label": run.label,
+                    "worker": k,
+                    "host": h.get("hostname") or (run.meta.get("client") or {}).get("hostname"),
+                    "node": h.get("node_ip"),
+                    "requests": len(mine),
+                    "failed": sum(not r.ok for r in mine),
+                    "lag_p99_ms": (h.get("loop_lag_ms") or {}).get("p99"),
+                    "cpu_mean": (h.get("cpu_share_of_one_core") or {}).get("mean"),
+                    "schedule_lag_p99_ms": lag["p99_s"] * 1e3 if lag.get("p99_s") is not None else None,
+                    "clock_uncertainty_ms": clock["uncertainty_ns"] / 1e6 if clock else None,
+                }
+            )
+            if h.get("warning"):
+                bottlenecks.append(f"{run.label}: worker {k} on {rows[-1]['host']} was the bottleneck: {h['warning']}")
+        for row in placed.values():
+            if row.get("lost"):
+                bottlenecks.append(f"{run.label}: worker {row['worker']} on {row['hostname']} was lost: {row['lost']}")
+    return {"client_rows": rows, "client_notes": bottlenecks}

@@ -1,0 +1,151 @@
+"""What sending through Ray costs: the client's ceiling (streamed requests per second, 256
+output tokens each, against bench/firehose.py pinned to core 1) with one process, one Ray
+worker, `--workers 2` and two Ray workers, alternated in each of 3 rounds, with the ratios; then
+an open loop (Poisson arrivals at 80 % of the one process's ceiling) over two processes and over
+two Ray workers, with its schedule lag p99 over all workers and per worker.
+
+One process and one Ray worker run on core 0 (the coordinator and the Ray cluster's own
+processes too: what they cost is part of the price here, where on client hosts the coordinator
+has a host of its own); two of either on both cores, sharing core 1 with the server. The cluster
+is local (ray.cluster_utils: a head node without CPUs, and a node per worker), started afresh
+for each run and let settle. "Sender CPU per request" is the sending processes' (or workers')
+own CPU time per request, without the coordinator's: what every further worker costs.
+
+    python bench/ray_scaling.py [requests]      # default 4000
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from common import POISSON, STREAMING, Firehose, client_cores, kvbench_run, pin
+
+ROUNDS = 3
+CONNECTIONS = 28  # per worker, as bench/ceiling.py
+OPEN_SHARE = 0.8  # of the one process's ceiling
+
+
+@contextlib.contextmanager
+def ray_cluster(workers: int, cores: set[int]) -> Iterator[str]:
+    """A local Ray cluster whose processes (and the actors they start) run on `cores`, settled:
+    a cluster just started spends seconds of CPU on its agents and on idle workers it starts ahead
+    (not started here), which a long-running cluster of client hosts has done long before."""
+    from ray.cluster_utils import Cluster
+
+    mine = os.sched_getaffinity(0)
+    pin(cores)
+    os.environ.update(RAY_enable_worker_prestart="0", RAY_prestart_worker_first_driver="0")
+    try:
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+        for _ in range(workers):
+            c.add_node(num_cpus=1)
+        c.wait_for_nodes()
+    finally:
+        pin(mine)
+    try:
+        settle()
+        yield c.address
+    finally:
+        c.shutdown()
+
+
+def settle(quiet: float = 0.05, longest_s: float = 30.0) -> None:
+    """Wait until the machine's CPUs are idle but for `quiet` of their time over half a second."""
+    deadline = time.monotonic() + longest_s
+
+    def busy() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields) - fields[3] - fields[4], sum(fields)
+
+    while time.monotonic() < deadline:
+        (b0, t0), _ = busy(), time.sleep(0.5)
+        b1, t1 = busy()
+        if (b1 - b0) / max(1, t1 - t0) < quiet:
+            return
+
+
+def once(scenario: str, how: str, workers: int) -> dict[str, Any]:
+    """One run: `how` is "process" (--workers) or "ray"."""
+    cores = client_cores(workers)
+    with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=0, tokens=256) as fh:
+        with contextlib.ExitStack() as stack:
+            if how == "ray":
+                address = stack.enter_context(ray_cluster(workers, cores))
+                extra = ["--ray", address, "--workers", str(workers)]
+            else:
+                extra = ["--workers", str(workers)] if workers > 1 else []
+            (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, cores=cores)
+        meta = json.loads((folder / "run.json").read_text())
+        health = meta["client_health"]
+        per = [
+            (h.get("worker", i), h["cpu_share_of_one_core"]["mean"] or 0.0)
+            for i, h in enumerate(health.get("per_process") or [health])
+        ]
+        lag = meta["summary"].get("schedule_lag") or {}
+        by_worker = _lag_by_worker(folder) if lag else {}
+    s = meta["summary"]
+    return {
+        "rps": s["req_per_s"],
+        # CPU seconds of the sending processes (or workers) per request, ms
+        "cpu_ms": sum(c for _, c in per) * s["duration_s"] / s["requests"] * 1e3 if "duration_s" in s else None,
+        "lag_p99_ms": lag["p99_s"] * 1e3 if lag.get("p99_s") is not None else None,
+        "lag_by_worker": by_worker,
+        "sent": lag.get("sent_req_per_s"),
+    }
+
+
+def _lag_by_worker(folder: Path) -> dict[int, float]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from harness import stats
+    from harness.results import read_requests
+
+    recs = stats.measured(read_requests(folder, itl=False))
+    out = {}
+    for k in sorted({r.process for r in recs if r.process is not None}):
+        p99 = stats.schedule_lag([r for r in recs if r.process == k])["p99_s"]
+        out[k] = p99 * 1e3 if p99 is not None else float("nan")
+    return out
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
+    configs = [("one process", "process", 1), ("1 Ray worker", "ray", 1), ("--workers 2", "process", 2)]
+    configs.append(("2 Ray workers", "ray", 2))
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in configs}
+    for _ in range(ROUNDS):
+        for label, how, w in configs:
+            runs[label].append(once(STREAMING.format(name="ray", requests=n, concurrency=CONNECTIONS * w), how, w))
+    med = statistics.median
+    print("client            connections  req/s (median, min-max of 3)  sender CPU per request (ms)")
+    for label, _, w in configs:
+        rps = [r["rps"] for r in runs[label]]
+        cpu = med(r["cpu_ms"] for r in runs[label])
+        print(f"{label:16s}  {CONNECTIONS * w:11d}  {med(rps):7.0f} ({min(rps):.0f}-{max(rps):.0f}){cpu:33.3f}")
+    for ray_label, base in (("1 Ray worker", "one process"), ("2 Ray workers", "--workers 2")):
+        ratios = sorted(r["rps"] / b["rps"] for r, b in zip(runs[ray_label], runs[base], strict=True))
+        cpu = sorted(r["cpu_ms"] / b["cpu_ms"] for r, b in zip(runs[ray_label], runs[base], strict=True))
+        print(
+            f"  {ray_label} / {base}: req/s {ratios[1]:.3f}x (rounds {ratios[0]:.3f}-{ratios[-1]:.3f}); "
+            f"sender CPU per request {cpu[1]:.3f}x"
+        )
+    rate = round(OPEN_SHARE * med(r["rps"] for r in runs["one process"]))
+    print(f"\nopen loop, Poisson at {rate} req/s ({OPEN_SHARE:.0%} of one process's ceiling), {n} requests")
+    print("client           sent req/s  schedule lag p99 ms (all)  per worker")
+    for label, how in (("--workers 2", "process"), ("2 Ray workers", "ray")):
+        for _ in range(ROUNDS):
+            r = once(POISSON.format(name="ray-open", rate=rate, requests=n), how, 2)
+            workers = ", ".join(f"{k}: {v:.2f}" for k, v in r["lag_by_worker"].items())
+            print(f"{label:16s}  {r['sent']:10.0f}  {r['lag_p99_ms']:25.2f}  {workers}")
+
+
+if __name__ == "__main__":
+    main()
