@@ -6,7 +6,9 @@ two Ray workers, with its schedule lag p99 over all workers and per worker.
 
 One process and one Ray worker run on core 0 (the coordinator and the Ray cluster's own
 processes too: what they cost is part of the price here, where on client hosts the coordinator
-has a host of its own); two of either on both cores, sharing core 1 with the server. The cluster
+has a host of its own); "1, apart" is one Ray worker on core 0 with the coordinator and the head
+node on core 1 beside the server, as on a host of their own; two of either run on both cores,
+sharing core 1 with the server. The cluster
 is local (ray.cluster_utils: a head node without CPUs, and a node per worker), started afresh
 for each run and let settle. "Sender CPU per request" is the sending processes' (or workers')
 own CPU time per request, without the coordinator's: what every further worker costs.
@@ -27,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from common import POISSON, STREAMING, Firehose, client_cores, kvbench_run, pin
+from common import POISSON, SERVER_CORE, STREAMING, Firehose, client_cores, kvbench_run, pin
 
 ROUNDS = 3
 CONNECTIONS = 28  # per worker, as bench/ceiling.py
@@ -35,17 +37,19 @@ OPEN_SHARE = 0.8  # of the one process's ceiling
 
 
 @contextlib.contextmanager
-def ray_cluster(workers: int, cores: set[int]) -> Iterator[str]:
-    """A local Ray cluster whose processes (and the actors they start) run on `cores`, settled:
-    a cluster just started spends seconds of CPU on its agents and on idle workers it starts ahead
-    (not started here), which a long-running cluster of client hosts has done long before."""
+def ray_cluster(workers: int, cores: set[int], head_cores: set[int] | None = None) -> Iterator[str]:
+    """A local Ray cluster whose processes (and the actors they start) run on `cores` (its head
+    node's, with the Dispatch actor, on `head_cores` if given), settled: a cluster just started
+    spends seconds of CPU on its agents and on idle workers it starts ahead (not started here),
+    which a long-running cluster of client hosts has done long before."""
     from ray.cluster_utils import Cluster
 
     mine = os.sched_getaffinity(0)
-    pin(cores)
     os.environ.update(RAY_enable_worker_prestart="0", RAY_prestart_worker_first_driver="0")
     try:
+        pin(head_cores or cores)
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+        pin(cores)
         for _ in range(workers):
             c.add_node(num_cpus=1)
         c.wait_for_nodes()
@@ -74,16 +78,20 @@ def settle(quiet: float = 0.05, longest_s: float = 30.0) -> None:
 
 
 def once(scenario: str, how: str, workers: int) -> dict[str, Any]:
-    """One run: `how` is "process" (--workers) or "ray"."""
+    """One run: `how` is "process" (--workers), "ray", or "ray apart" (the coordinator and the
+    head node on the server's core, as on a host of their own)."""
     cores = client_cores(workers)
     with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=0, tokens=256) as fh:
         with contextlib.ExitStack() as stack:
-            if how == "ray":
-                address = stack.enter_context(ray_cluster(workers, cores))
+            driver = cores
+            if how.startswith("ray"):
+                apart = {SERVER_CORE} if how == "ray apart" else None
+                address = stack.enter_context(ray_cluster(workers, cores, apart))
                 extra = ["--ray", address, "--workers", str(workers)]
+                driver = apart or cores
             else:
                 extra = ["--workers", str(workers)] if workers > 1 else []
-            (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, cores=cores)
+            (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, cores=driver)
         meta = json.loads((folder / "run.json").read_text())
         health = meta["client_health"]
         per = [
@@ -118,8 +126,8 @@ def _lag_by_worker(folder: Path) -> dict[int, float]:
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
-    configs = [("one process", "process", 1), ("1 Ray worker", "ray", 1), ("--workers 2", "process", 2)]
-    configs.append(("2 Ray workers", "ray", 2))
+    configs = [("one process", "process", 1), ("1 Ray worker", "ray", 1), ("1, apart", "ray apart", 1)]
+    configs += [("--workers 2", "process", 2), ("2 Ray workers", "ray", 2)]
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in configs}
     for _ in range(ROUNDS):
         for label, how, w in configs:
@@ -130,7 +138,11 @@ def main() -> None:
         rps = [r["rps"] for r in runs[label]]
         cpu = med(r["cpu_ms"] for r in runs[label])
         print(f"{label:16s}  {CONNECTIONS * w:11d}  {med(rps):7.0f} ({min(rps):.0f}-{max(rps):.0f}){cpu:33.3f}")
-    for ray_label, base in (("1 Ray worker", "one process"), ("2 Ray workers", "--workers 2")):
+    for ray_label, base in (
+        ("1 Ray worker", "one process"),
+        ("1, apart", "one process"),
+        ("2 Ray workers", "--workers 2"),
+    ):
         ratios = sorted(r["rps"] / b["rps"] for r, b in zip(runs[ray_label], runs[base], strict=True))
         cpu = sorted(r["cpu_ms"] / b["cpu_ms"] for r, b in zip(runs[ray_label], runs[base], strict=True))
         print(

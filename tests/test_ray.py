@@ -20,29 +20,17 @@ from harness.clock import Offset
 from harness.raypool import OPEN_LOOKAHEAD_S, START_MARGIN_NS, Dispatch
 from harness.results import read_requests, read_run
 from tests.conftest import ROOT, kvbench, user_env, write_scenario
+from tests.test_workers import LOOP
 
 ray = pytest.importorskip("ray")
 
 NODES = 3  # each with one CPU: a worker per node; the head node holds none (only the Dispatch)
 
-LOOP = """
-name = "rl"
-[endpoint]
-max_tokens = 8
-[workload]
-kind = "closed_loop"
-requests = {requests}
-concurrency = 6
-pool = 10
-prompt_tokens = 2000
-[[arms]]
-name = "bust"
-cache = "bust"
-[[arms]]
-name = "reuse"
-[emulator]
-time_scale = {scale}
-"""
+
+def loop(name: str, requests: int, scale: float) -> str:
+    """test_workers' closed loop (7 connections, 2,000-token prompts, arms bust and reuse)."""
+    return LOOP.format(requests=requests, tokens=2000, scale=scale).replace('name = "w"', f'name = "{name}"', 1)
+
 
 OPEN = """
 name = "ro"
@@ -117,7 +105,7 @@ def _run_json(folder: Path) -> dict[str, Any]:
 
 
 def test_closed_loop_over_ray_matches_worker_processes(tmp_path: Path, cluster: str) -> None:
-    sc = write_scenario(tmp_path / "rl.toml", LOOP.format(requests=60, scale=10.0))
+    sc = write_scenario(tmp_path / "rl.toml", loop("rl", 60, 10.0))
     r = kvbench("run", str(sc), "--ray", cluster, "--out", str(tmp_path / "ray"), timeout=300)
     assert r.returncode == 0, r.stderr
     assert f"{NODES} Ray workers" in r.stderr
@@ -133,7 +121,7 @@ def test_closed_loop_over_ray_matches_worker_processes(tmp_path: Path, cluster: 
         assert sorted((x.schedule_index, x.prompt_id) for x in recs) == sorted(
             (x.schedule_index, x.prompt_id) for x in theirs
         )
-        assert {x.process for x in recs} == set(range(NODES)) and len({x.worker for x in recs}) == 6
+        assert {x.process for x in recs} == set(range(NODES)) and len({x.worker for x in recs}) == 7
         assert sum(x.completion_tokens or 0 for x in recs) == sum(x.completion_tokens or 0 for x in theirs)
         if arm == "bust":
             assert all(x.cached_tokens == 0 for x in recs)
@@ -232,7 +220,7 @@ def _wait(check: Any, timeout: float = 120) -> None:
 
 
 def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: Path, cluster: str) -> None:
-    sc = write_scenario(tmp_path / "k.toml", LOOP.format(requests=150, scale=1.0).replace('"rl"', '"rk"'))
+    sc = write_scenario(tmp_path / "k.toml", loop("rk", 150, 1.0))
     out = tmp_path / "out"
     proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", cluster, "--out", str(out)])
     _wait(lambda: _lines(out) >= 6)
@@ -262,7 +250,7 @@ def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: P
 
 
 def test_ctrl_c_stops_every_ray_worker_and_keeps_merged_partial_results(tmp_path: Path, cluster: str) -> None:
-    sc = write_scenario(tmp_path / "c.toml", LOOP.format(requests=400, scale=1.0).replace('"rl"', '"rc"'))
+    sc = write_scenario(tmp_path / "c.toml", loop("rc", 400, 1.0))
     out = tmp_path / "out"
     proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", cluster, "--out", str(out)])
     _wait(lambda: _lines(out) >= 6)
@@ -280,7 +268,7 @@ def test_ctrl_c_stops_every_ray_worker_and_keeps_merged_partial_results(tmp_path
 
 def test_ray_from_the_scenario_and_the_bare_flag(tmp_path: Path, cluster: str) -> None:
     """`[distributed]` asks for Ray in the file; a bare --ray joins the cluster RAY_ADDRESS names."""
-    body = LOOP.format(requests=12, scale=10.0).replace('"rl"', '"rd"')
+    body = loop("rd", 12, 10.0)
     sc = write_scenario(
         tmp_path / "d.toml", body + f'\n[distributed]\nengine = "ray"\naddress = "{cluster}"\nworkers = 2\n'
     )
@@ -306,7 +294,7 @@ def test_ray_from_the_scenario_and_the_bare_flag(tmp_path: Path, cluster: str) -
 
 
 def test_more_workers_than_the_cluster_has_cpus_is_refused(tmp_path: Path, cluster: str) -> None:
-    sc = write_scenario(tmp_path / "m.toml", LOOP.format(requests=12, scale=10.0))
+    sc = write_scenario(tmp_path / "m.toml", loop("rl", 12, 10.0))
     r = kvbench("run", str(sc), "--ray", cluster, "--workers", str(NODES + 1), "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and f"has {NODES} CPU(s)" in r.stderr, r.stderr
 
@@ -322,14 +310,14 @@ def test_more_workers_than_the_cluster_has_cpus_is_refused(tmp_path: Path, clust
     ],
 )
 def test_bad_distributed_section_names_the_key(tmp_path: Path, section: str, key: str) -> None:
-    sc = write_scenario(tmp_path / "b.toml", LOOP.format(requests=12, scale=10.0) + f"\n[distributed]\n{section}\n")
+    sc = write_scenario(tmp_path / "b.toml", loop("rl", 12, 10.0) + f"\n[distributed]\n{section}\n")
     r = kvbench("validate", str(sc))
     assert r.returncode == 2 and key in r.stderr and str(sc) in r.stderr, r.stderr
 
 
 def test_ray_missing_says_how_to_install_it(tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None  # as if not installed\n")
-    sc = write_scenario(tmp_path / "n.toml", LOOP.format(requests=12, scale=10.0))
+    sc = write_scenario(tmp_path / "n.toml", loop("rl", 12, 10.0))
     env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     r = kvbench("run", str(sc), "--ray", "--out", str(tmp_path / "o"), env=env)
     assert r.returncode == 2 and "pip install 'kvbench[ray]'" in r.stderr and "Traceback" not in r.stderr, r.stderr
