@@ -194,6 +194,7 @@ class RayWorker:
         return {
             "hostname": platform.node(),
             "node_ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
             "cores": os.cpu_count(),
             "kvbench": versions()["kvbench"],
@@ -413,6 +414,7 @@ class RayPool:
         self.batch = 1 if kind == "sessions" else OPEN_BATCH if self.times else CLOSED_BATCH * max(1, max(dealt))
         self.offsets: dict[int, Offset] = {}
         self.runs: dict[int, Any] = {}  # worker -> its run's ObjectRef, while it runs
+        self.draining: dict[int, asyncio.Future[None]] = {}  # worker -> its drain under way
         self.healths: dict[int, dict[str, Any]] = {}
         self.seen = _Seen()
         self.faults: list[dict[str, Any]] = []
@@ -469,7 +471,17 @@ class RayPool:
             return None
 
     async def _drain_all(self) -> None:
-        await asyncio.gather(*(self._drain(k) for k in list(self.runs)))
+        """Drain every running worker, waiting at most POLL_S: a worker whose node died without a
+        word answers only once Ray declares it dead (seconds later), and holds up no other."""
+        for k in self.runs:
+            if k not in self.draining:
+                self.draining[k] = asyncio.ensure_future(self._drain(k))
+        if self.draining:
+            await asyncio.wait(self.draining.values(), timeout=POLL_S)
+        for k, task in list(self.draining.items()):
+            if task.done():
+                del self.draining[k]
+                task.result()
 
     async def _drain(self, k: int) -> None:
         got = await self._call(k, "drain") or ()
@@ -494,7 +506,9 @@ class RayPool:
             except self.ray.exceptions.RayError as e:
                 await self._lost(k, e)
                 continue
-            await self._drain(k)
+            if (pending := self.draining.pop(k, None)) is not None:
+                await pending
+            await self._drain(k)  # what it kept since
             del self.runs[k]
             self.healths[k] = {**end["client_health"], "worker": k, **self._where(k)}
             for w in end["warnings"]:
@@ -589,6 +603,10 @@ class RayPool:
             with contextlib.suppress(self.ray.exceptions.RayError):
                 self.ray.kill(self.members[k].actor)
             await self._lost(k, TimeoutError(f"did not stop within {aio.GRACE_S + 5:g} s"))
+        if self.draining:  # of workers lost: Ray fails them once it declares them dead
+            await asyncio.wait(self.draining.values(), timeout=aio.GRACE_S)
+            for task in self.draining.values():
+                task.cancel()
         self.sink.reorder()
         self.sink.meta["distributed"] = await self._meta()
 
@@ -596,7 +614,8 @@ class RayPool:
         """run.json's `distributed`: the workers, their clocks, and what happened to them."""
         workers = []
         for k, m in self.members.items():
-            row: dict[str, Any] = {"worker": k, **self._where(k), "pid": m.info["pid"], "cores": m.info["cores"]}
+            row: dict[str, Any] = {"worker": k, **self._where(k), "node_id": m.info["node_id"], "pid": m.info["pid"]}
+            row["cores"] = m.info["cores"]
             row["connections"] = self.shares[k].connections
             if k in self.offsets:
                 row["clock_start"] = self.offsets[k].meta()
@@ -614,7 +633,7 @@ class RayPool:
             "address": self.cluster.address,
             "ray_version": self.cluster.ray_version,
             "coordinator_node_ip": self.cluster.node_ip,
-            "nodes": sorted({m.info["node_ip"] for m in self.members.values()}),
+            "nodes": sorted({m.info["node_id"] for m in self.members.values()}),
             "workers": workers,
             "faults": self.faults,
         }

@@ -51,8 +51,9 @@ time_scale = 2.0
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    """A Ray cluster of NODES nodes on this machine, and this test process connected to it."""
+def nodes() -> Iterator[Any]:
+    """A Ray cluster (ray.cluster_utils.Cluster) of NODES nodes on this machine, and this test
+    process connected to it."""
     from ray.cluster_utils import Cluster
 
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
@@ -61,10 +62,16 @@ def cluster() -> Iterator[str]:
             c.add_node(num_cpus=1)
         c.wait_for_nodes()
         ray.init(address=c.address, log_to_driver=False)
-        yield c.address
+        yield c
     finally:
         ray.shutdown()
         c.shutdown()
+
+
+@pytest.fixture
+def cluster(nodes: Any) -> str:
+    """The address of the module's cluster."""
+    return str(nodes.address)
 
 
 def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None:
@@ -247,6 +254,29 @@ def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: P
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "r.html").read_text()
     assert "Client processes and hosts" in html and "worker 1 on" in html and "was lost" in html
+
+
+def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: Any) -> None:
+    sc = write_scenario(tmp_path / "n.toml", loop("rn", 150, 1.0))
+    out = tmp_path / "out"
+    proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", nodes.address, "--out", str(out)])
+    try:
+        _wait(lambda: _lines(out) >= 6)
+        (victim,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == "worker-2"]
+        where = ray.get(ray.get_actor("worker-2", namespace=victim["namespace"]).info.remote())["node_id"]
+        nodes.remove_node(next(n for n in nodes.worker_nodes if n.node_id == where))
+        _, err = proc.communicate(timeout=300)
+    finally:
+        nodes.add_node(num_cpus=1)  # the cluster as the other tests expect it
+        nodes.wait_for_nodes()
+    assert proc.returncode == 4, err
+    (folder,) = (out / "rn").iterdir()
+    recs = read_requests(folder)
+    assert sorted(x.schedule_index for x in recs) == list(range(150))
+    lost = [x for x in recs if not x.ok]
+    assert lost and all(x.error_kind == "lost" and x.process == 2 for x in lost)
+    (fault,) = _run_json(folder)["distributed"]["faults"]
+    assert fault["worker"] == 2 and fault["lost_requests"] == len(lost)
 
 
 def test_ctrl_c_stops_every_ray_worker_and_keeps_merged_partial_results(tmp_path: Path, cluster: str) -> None:
