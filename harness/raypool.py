@@ -342,7 +342,9 @@ def _start_members(ray: Any, address: str, workers: int | None, base_url: str) -
         )
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    beside = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    # on the coordinator's node, whose loss ends the run anyway; not "soft": Ray would then
+    # prefer a node with CPUs, and a worker's node that dies would take the schedule with it
+    beside = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     dispatch = (
         ray.remote(num_cpus=0, max_concurrency=1)(Dispatch).options(scheduling_strategy=beside).remote([], [], [])
     )

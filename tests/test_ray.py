@@ -272,7 +272,7 @@ def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: A
     assert proc.returncode == 4, err
     (folder,) = (out / "rn").iterdir()
     recs = read_requests(folder)
-    assert sorted(x.schedule_index for x in recs) == list(range(150))
+    assert sorted(x.schedule_index for x in recs) == list(range(150)), err
     lost = [x for x in recs if not x.ok]
     assert lost and all(x.error_kind == "lost" and x.process == 2 for x in lost)
     (fault,) = _run_json(folder)["distributed"]["faults"]
