@@ -121,7 +121,9 @@ def test_bytes_are_stamped_when_read_not_when_parsed() -> None:
     gap = abs(small.state.first_token_ns - big.state.first_token_ns)
     parse_big = big.end_ns - big.state.first_token_ns
     print(f"stamp gap {gap / 1e6:.3f} ms, burst parsed in {parse_big / 1e6:.3f} ms")
-    assert gap < parse_big / 30, (gap, parse_big)
+    # a fifth when parsed as read; since the fast path parses a burst in about 2 ms, the sliver
+    # is a 25th-50th of it (one full-suite run: 0.078 of 2.04 ms), so a 15th keeps both margins
+    assert gap < parse_big / 15, (gap, parse_big)
 
 
 def test_parsing_turns_let_the_loop_poll_and_every_stream_finishes() -> None:
