@@ -539,12 +539,12 @@ class RayPool:
             self.sink.add(r)
             self.sender.progress.advance(False, None)
         self.faults.append({"worker": k, **self._where(k), "at_s": at_s, "reason": m.lost, "lost_requests": len(lost)})
+        others = any(w.lost is None for w in self.members.values())  # of this arm's workers
         self.sender.warn(
             f"Ray worker {k} on {m.info['hostname']} ({m.info['node_ip']}) was lost: {m.lost}; the {len(lost)} "
-            "request(s) it had taken and not reported are recorded as failed"
-            + (", the others go on" if self.cluster.live else "")
+            "request(s) it had taken and not reported are recorded as failed" + (", the others go on" if others else "")
         )
-        if not self.cluster.live and not self.sender.aborted:
+        if not others and not self.sender.aborted:
             self.sender.aborted = "every Ray worker was lost"
             self.sender.stop.set()
 
