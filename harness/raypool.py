@@ -1,8 +1,9 @@
 """`kvbench run --ray [ADDRESS]`: an arm sent by Ray actors on any number of client hosts.
 
 The coordinator (this process, Ray's driver) settles the plan as for one process. A `Dispatch`
-actor beside it holds the schedule: each worker takes its next requests from it in small batches
-(`take`), so whichever worker is free takes the next closed-loop request, an open loop's requests
+actor beside it holds the schedule: each worker takes its next requests from it in batches that
+shrink as the schedule runs out (`take`), so whichever worker is free takes the next closed-loop
+request (give or take a batch), an open loop's requests
 are sent by whoever took them at their time on the coordinator's clock, and a session (one
 schedule item) stays with one worker. Each `RayWorker` actor is a client exactly like one
 `--workers` process (workers.send_share, on uvloop, in a thread of its own) and keeps its finished
