@@ -445,6 +445,8 @@ class ArmLifecycle:
         summary = stats.summary(records, self.kind.name, slo.limits() if slo else None)
         if "schedule_lag" in summary:
             health["schedule_lag"] = summary["schedule_lag"]
+            for i, h in enumerate(health.get("per_process") or []):  # each process's or worker's own
+                h["schedule_lag"] = stats.schedule_lag_of(records, h.get("worker", i))
             if (warning := selfcheck.schedule_warning(summary["schedule_lag"])) is not None:
                 sender.warn(warning)
         if isinstance(trace := writer.meta.get("trace"), dict) and trace.get("possible_cached_share"):

@@ -243,6 +243,13 @@ def schedule_lag(records: Records) -> dict[str, Any]:
     return out
 
 
+def schedule_lag_of(records: Records, process: int) -> dict[str, Any] | None:
+    """schedule_lag of what one client process or Ray worker sent of an open loop's measured part
+    (None when it sent none at a time)."""
+    mine = [r for r in measured(records) if r.process == process and r.intended_s is not None]
+    return schedule_lag(mine) if mine else None
+
+
 def meets(r: RequestRecord, slo: dict[str, float]) -> bool:
     if not r.ok:
         return False

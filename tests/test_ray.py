@@ -163,6 +163,9 @@ def test_open_loop_over_ray_sends_each_request_once_on_one_clock(tmp_path: Path,
     assert all(t is not None for t in intended) and intended == sorted(intended)  # type: ignore[type-var]
     meta = read_run(folder).meta
     assert meta["summary"]["schedule_lag"]["requests"] == 90
+    # each worker's own schedule lag, of what it sent
+    per = meta["client_health"]["per_process"]
+    assert sum(h["schedule_lag"]["requests"] for h in per if h["schedule_lag"]) == 90
     # the same plan as worker processes send
     local = kvbench("run", str(sc), "--workers", "2", "--out", str(tmp_path / "local"), timeout=300)
     assert local.returncode == 0, local.stderr

@@ -492,7 +492,7 @@ def clients(runs: list[RunResult]) -> dict[str, Any]:
         for i, h in enumerate(per):
             k = h.get("worker", i)
             mine = [r for r in run.records if r.process == k]
-            lag = stats.schedule_lag(stats.measured(mine)) if any(r.intended_s is not None for r in mine) else {}
+            lag = stats.schedule_lag_of(run.records, k) or {}
             where = placed.get(k, {})
             clock = where.get("clock_start") or {}
             rows.append(
