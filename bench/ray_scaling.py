@@ -99,7 +99,11 @@ def once(scenario: str, how: str, workers: int) -> dict[str, Any]:
             for i, h in enumerate(health.get("per_process") or [health])
         ]
         lag = meta["summary"].get("schedule_lag") or {}
-        by_worker = _lag_by_worker(folder) if lag else {}
+        by_worker = {  # each worker's own, as run.json keeps it
+            h.get("worker", i): h["schedule_lag"]["p99_s"] * 1e3
+            for i, h in enumerate(health.get("per_process") or [])
+            if (h.get("schedule_lag") or {}).get("p99_s") is not None
+        }
     s = meta["summary"]
     return {
         "rps": s["req_per_s"],
@@ -109,19 +113,6 @@ def once(scenario: str, how: str, workers: int) -> dict[str, Any]:
         "lag_by_worker": by_worker,
         "sent": lag.get("sent_req_per_s"),
     }
-
-
-def _lag_by_worker(folder: Path) -> dict[int, float]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from harness import stats
-    from harness.results import read_requests
-
-    recs = stats.measured(read_requests(folder, itl=False))
-    out = {}
-    for k in sorted({r.process for r in recs if r.process is not None}):
-        p99 = stats.schedule_lag([r for r in recs if r.process == k])["p99_s"]
-        out[k] = p99 * 1e3 if p99 is not None else float("nan")
-    return out
 
 
 def main() -> None:

@@ -65,14 +65,13 @@ def _api_key(env: str | None) -> str | None:
     return os.environ.get("OPENAI_API_KEY") or None
 
 
-def _check(opts: RunOptions, sc: scenario.Scenario, emulated: bool) -> None:
+def _check(opts: RunOptions, sc: scenario.Scenario, emulated: bool, ray: scenario.DistributedCfg | None) -> None:
     from harness import workloads
 
     if not emulated and opts.time_scale is not None:
         raise InputError("--time-scale: applies only to the embedded emulator (no --endpoint given, no [engine])")
     if opts.time_scale is not None:
         check_scale(opts.time_scale, "--time-scale")
-    ray = distributed(opts, sc)
     workers = opts.workers or (ray.workers if ray else None) or 1
     flag = "--ray" if ray else "--workers"
     if opts.workers is not None and opts.workers < 1:
@@ -120,7 +119,8 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
     if sc.engine is not None and url is not None:
         console.print("[yellow]note:[/] the scenario's [engine] is not started: the endpoint given is used instead")
     emulated = url is None and engine is None
-    _check(opts, sc, emulated)
+    ray = distributed(opts, sc)
+    _check(opts, sc, emulated, ray)
     if url is not None:
         url = endpoint.check_url(url, "--endpoint" if opts.endpoint else "endpoint URL")
         if urlsplit(url).username is not None and any(k.lower() == "authorization" for k in headers):
@@ -164,7 +164,7 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
             model=opts.model,
             metrics_urls=opts.metrics_urls,
             workers=opts.workers or 1,
-            distributed=distributed(opts, sc),
+            distributed=ray,
         )
         return aio.run(run_arms(target, console))
 
