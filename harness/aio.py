@@ -40,39 +40,56 @@ def freeze_heap() -> None:
     """Call before the clock starts. Python's full collections walk every object the process
     holds (some 300,000 after importing aiohttp, numpy and rich): a 20-40 ms pause in the middle
     of a run, during which no arriving byte is stamped. Objects alive now (modules, prompts)
-    live for the whole run, so they are collected once here and left out of later collections."""
+    live for the whole run, so they are collected once here and left out of later collections.
+    What an earlier arm left frozen (`Collections`) is collected here too."""
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
 
 
-# While an open loop sends, automatic young collections wait for this many allocations (memory
-# stays bounded) and the ones the usual thresholds ask for run where the schedule leaves a gap of
-# GAP_COLLECT_NS: a middle-generation collection with ~200 requests in flight takes 1-5 ms, and a
-# send that falls due during it is late by as much (docs/performance.md, issue 18).
+# While an open loop sends, the collector does not scan what the run allocates: a young collection
+# with ~200 requests in flight takes 1-5 ms, and a send that falls due during it is late by as much
+# (docs/performance.md, issue 13). Young objects are frozen instead (`gc.freeze`, which moves them
+# out of the collector's reach without looking at them). Reference counting still frees every
+# object that is not in a reference cycle; cycles are rare on the request path, and those made
+# while sending wait for the next `freeze_heap`, or for a collection of everything once the run's
+# frozen objects pass FROZEN_LIMIT (at the next gap of GAP_COLLECT_NS in the schedule), so memory
+# stays bounded. Automatic young collections wait for YOUNG_LIMIT allocations meanwhile.
 YOUNG_LIMIT = 50_000
+FROZEN_LIMIT = 1_000_000
 GAP_COLLECT_NS = 2_000_000
 
 
+class Collections:
+    """The collector's thresholds while an open loop sends (`collections_in_gaps`)."""
+
+    def __init__(self) -> None:
+        self.usual = gc.get_threshold()
+        self.frozen = 0  # net tracked allocations frozen since the last full collection
+
+    def in_gap(self, left_ns: int) -> None:
+        """With `left_ns` to the next send: freeze what a young collection would have scanned by
+        now; collect everything when too much has been frozen and the gap allows."""
+        young = gc.get_count()[0]
+        if young < self.usual[0]:
+            return
+        if self.frozen + young <= FROZEN_LIMIT:
+            self.frozen += young
+            gc.freeze()
+        elif left_ns >= GAP_COLLECT_NS:
+            freeze_heap()
+            self.frozen = 0
+
+
 @contextlib.contextmanager
-def collections_in_gaps() -> Iterator[tuple[int, int, int]]:
-    """Put off automatic collections; yields the thresholds `collect_in_gap` keeps to."""
-    usual = gc.get_threshold()
-    gc.set_threshold(YOUNG_LIMIT, usual[1], usual[2])
+def collections_in_gaps() -> Iterator[Collections]:
+    """Put off automatic collections for the `Collections` it yields to handle."""
+    held = Collections()
+    gc.set_threshold(YOUNG_LIMIT, held.usual[1], held.usual[2])
     try:
-        yield usual
+        yield held
     finally:
-        gc.set_threshold(*usual)
-
-
-def collect_in_gap(left_ns: int, usual: tuple[int, int, int]) -> None:
-    """With `left_ns` to the next send: the collection the usual thresholds would have run by now."""
-    if left_ns < GAP_COLLECT_NS:
-        return
-    young, middle, _ = gc.get_count()
-    if middle >= usual[1]:
-        gc.collect(1)
-    elif young >= usual[0]:
-        gc.collect(0)
+        gc.set_threshold(*held.usual)
 
 
 async def until_done_or_stopped(job: Coroutine[Any, Any, T], stop: asyncio.Event) -> asyncio.Task[T]:

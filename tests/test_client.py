@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import resource
 import socket
 import threading
 import time
+from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp.base_protocol import BaseProtocol
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,8 +20,8 @@ from harness import aio
 from harness.scenario import Timeouts
 from harness.wire import seam
 from harness.wire.arrivals import merge_chunks, take
-from harness.wire.client import Exchange, StreamingClient
-from harness.wire.turns import SLICE_NS, TURNS
+from harness.wire.client import OTHER_FILES, Exchange, StreamingClient, reserve_descriptors
+from harness.wire.turns import DUE, SEND_HOLD_NS, SEND_MARGIN_NS, SLICE_NS, TURNS, Turns
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -250,3 +254,110 @@ def test_merged_chunks_read_as_aiohttp_reads_them(reads: list[list[bytes]], data
     finally:
         loop.close()
     assert got == b"".join(c for read in reads for c in read)
+
+
+def test_a_timed_send_holds_parsing_back_until_it_is_written() -> None:
+    """From SEND_MARGIN_NS before a timed send's time, parsing gives the loop back; once the send
+    is written it goes on; a send that never is holds it back for SEND_HOLD_NS at most."""
+    turns = Turns()
+
+    def sender(due: int, written: bool) -> None:
+        turns.expect(due)
+        if written:
+            turns.written()
+            turns.written()  # once is enough; again (a retry, the task's own end) changes nothing
+
+    contextvars.copy_context().run(sender, 10_000_000, False)
+    assert not turns.send_near(10_000_000 - SEND_MARGIN_NS - 1)
+    assert turns.send_near(10_000_000 - SEND_MARGIN_NS)
+    assert turns.send_near(10_000_000 + SEND_HOLD_NS)  # overdue, not yet written
+    assert not turns.send_near(10_000_000 + SEND_HOLD_NS + 1)  # stuck: parsing goes on
+    contextvars.copy_context().run(sender, 20_000_000, True)
+    assert not turns.send_near(20_000_000)
+    assert DUE.get() is None  # the senders' own contexts held their times
+
+
+class CountingServer:
+    """Counts the connections it accepts; answers each request on them with a short stream."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            raw = b""
+            while True:
+                while b"\r\n\r\n" not in raw:
+                    got = conn.recv(65536)
+                    if not got:
+                        return
+                    raw += got
+                head, _, raw = raw.partition(b"\r\n\r\n")
+                length = int(
+                    next(
+                        v
+                        for k, _, v in (h.partition(b": ") for h in head.split(b"\r\n"))
+                        if k.lower() == b"content-length"
+                    )
+                )
+                while len(raw) < length:
+                    raw += conn.recv(65536)
+                raw = raw[length:]
+                conn.sendall(HEAD + ROLE + TOKEN + DONE)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_an_open_loop_can_open_its_connections_ahead() -> None:
+    """`open_idle` opens connections without sending on them; the requests that follow take them
+    (no new connection, each a first request on its connection); none for a server that closes
+    each connection after its response."""
+    server = CountingServer()
+
+    async def main() -> tuple[int, list[Exchange], int]:
+        async with StreamingClient(8, Timeouts(), {}) as client:
+            opened = await client.open_idle(server.url, 5)
+            accepted = server.accepted
+            exs = await asyncio.gather(*(client.stream(server.url, b"{}", f"r{k}") for k in range(5)))
+            client.habit.closes_after_response = True
+            assert await client.open_idle(server.url, 5) == 0
+            return opened, exs, accepted
+
+    try:
+        opened, exs, accepted = aio.run(main())
+    finally:
+        server.close()
+    assert opened == 5 and accepted == 5
+    assert all(ex.ok and ex.written and not ex.reused for ex in exs), [ex.error for ex in exs]
+    assert server.accepted == 5
+
+
+def test_descriptors_are_reserved_for_the_connections() -> None:
+    """The descriptor table is grown before the clock for as many connections as asked (and the
+    soft limit of open files raised for them when the hard one allows)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 3000 + OTHER_FILES
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"the hard limit of open files ({hard}) is below {want}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
+    try:
+        reserve_descriptors(3000)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= want
+        status = Path("/proc/self/status").read_text().splitlines()
+        fd_size = int(next(line.split()[1] for line in status if line.startswith("FDSize:")))
+        assert fd_size >= want
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

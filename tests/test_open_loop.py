@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 import json
+import math
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,8 @@ from harness import aio, capacity, scenario, stats
 from harness.capacity import Point
 from harness.errors import InputError
 from harness.results import read_requests, read_run
-from harness.workloads import schedule
+from harness.workloads import open_loop, schedule
+from harness.workloads.base import Plan
 from tests.conftest import kvbench, write_scenario
 
 BASE = """
@@ -243,17 +246,55 @@ time_scale = 1.0
     assert meta["client_health"]["schedule_lag"]["requests"] > 0
 
 
-def test_collections_wait_for_gaps_in_the_schedule() -> None:
-    """While an open loop sends, the young collections the usual thresholds ask for run only where
-    the schedule leaves a gap; afterwards the thresholds are the usual ones again."""
-    with aio.collections_in_gaps() as usual:
-        assert gc.get_threshold()[0] == aio.YOUNG_LIMIT
-        junk = [[] for _ in range(2 * usual[0])]  # tracked objects: past the usual young threshold
-        young = gc.get_count()[0]
-        assert young >= usual[0]
-        aio.collect_in_gap(aio.GAP_COLLECT_NS - 1, usual)
-        assert gc.get_count()[0] >= young  # no gap: nothing collected
-        aio.collect_in_gap(aio.GAP_COLLECT_NS, usual)
-        assert gc.get_count()[0] < usual[0]
-        del junk
-    assert gc.get_threshold() == usual
+class Cycle:
+    """A reference cycle: only the collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_young_objects_are_frozen_while_an_open_loop_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While an open loop sends, what a young collection would scan is frozen instead (nothing
+    collected, the young count starts over); cycles made meanwhile are collected by the next
+    freeze_heap, or in a gap once too much is frozen; afterwards the thresholds are the usual ones."""
+    usual = gc.get_threshold()
+    try:
+        with aio.collections_in_gaps() as held:
+            assert gc.get_threshold()[0] == aio.YOUNG_LIMIT
+            frozen = gc.get_freeze_count()
+            gone: list[str] = []
+            cycle = Cycle()
+            weakref.finalize(cycle, gone.append, "collected")
+            del cycle
+            junk = [[] for _ in range(2 * usual[0])]  # tracked objects: past the usual young threshold
+            held.in_gap(0)
+            assert gc.get_count()[0] < usual[0] and gc.get_freeze_count() >= frozen + 2 * usual[0]
+            assert held.frozen >= 2 * usual[0] and not gone  # frozen, not collected
+            del junk
+            aio.freeze_heap()  # the next arm's: what the last one froze is collected
+            assert gone == ["collected"]
+            held.frozen = 0
+            # past FROZEN_LIMIT, everything is collected, but only where the schedule leaves a gap
+            monkeypatch.setattr(aio, "FROZEN_LIMIT", usual[0])
+            cycle = Cycle()
+            weakref.finalize(cycle, gone.append, "in a gap")
+            del cycle
+            junk = [[] for _ in range(2 * usual[0])]
+            held.in_gap(aio.GAP_COLLECT_NS - 1)
+            assert gone == ["collected"] and held.frozen == 0
+            held.in_gap(aio.GAP_COLLECT_NS)
+            assert gone == ["collected", "in a gap"] and held.frozen == 0
+            del junk
+        assert gc.get_threshold() == usual
+    finally:
+        gc.unfreeze()
+
+
+def test_the_connections_an_open_loop_opens_ahead() -> None:
+    """Its share of the arrivals within one warm-up latency, plus three Poisson deviations; none
+    without a measured span or a latency."""
+    plan = Plan(total=12, times=(0.0, 0.005, *(0.01 * k for k in range(1, 11))), warmup=2)  # 100 req/s
+    assert open_loop.in_flight(plan, 1.0, 1.0) == math.ceil(100 + 3 * 10)
+    assert open_loop.in_flight(plan, 1.0, 0.5) == math.ceil(50 + 3 * math.sqrt(50))
+    assert open_loop.in_flight(plan, 0.0, 1.0) == 0
+    assert open_loop.in_flight(Plan(total=3, times=(0.0, 0.1, 0.1), warmup=1), 1.0, 1.0) == 0

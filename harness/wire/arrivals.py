@@ -71,14 +71,15 @@ class Backlog:
             self.loop.call_soon(self._drain)
 
     def _drain(self) -> None:
-        start = time.perf_counter_ns()
+        start = now = time.perf_counter_ns()
         try:
-            while self.handlers and time.perf_counter_ns() - start < SLICE_NS:
+            while self.handlers and now - start < SLICE_NS and not TURNS.send_near(now):
                 handler = self.handlers[0]
                 if handler.held:
                     handler.release_one()
                 if not handler.held:  # also when eof or a lost connection released it meanwhile
                     self.handlers.popleft()
+                now = time.perf_counter_ns()
         finally:  # a read that broke aiohttp's parser must not stop the others
             self.scheduled = bool(self.handlers)
             if self.scheduled:

@@ -9,11 +9,13 @@ that arrived together, and SSE decoding takes turns with the other streams (turn
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import yarl
 from aiohttp.http_exceptions import HttpProcessingError
 
 from harness.scenario import Timeouts
@@ -28,9 +30,10 @@ from harness.wire.turns import TURNS
 class Exchange:
     """One request as the client saw it; times are monotonic ns.
 
-    `start_ns` is when the request line and headers had been written to the socket: kvbench's
-    own preparation before that (building the request object, taking a pooled connection) is
-    not the server's latency. A request that never got that far keeps the time of the call."""
+    `start_ns` is when the request went to the socket (its headers with the body's first bytes,
+    which aiohttp writes together): kvbench's own preparation before that (building the request
+    object, taking a pooled connection) is not the server's latency. A request that never got
+    that far keeps the time of the call, or of its headers' trace."""
 
     start_ns: int
     end_ns: int = 0
@@ -44,6 +47,7 @@ class Exchange:
     closed_after_response: bool = False  # ... or was closing after its previous response
     attempts: int = 1
     retried: bool = False
+    written: bool = False  # the body's first chunk has gone to the socket (start_ns is its time)
 
     @property
     def ok(self) -> bool:
@@ -56,11 +60,55 @@ KEPT_ALIVE, ONE_PER_REQUEST = "kept alive", "one per request"
 FEED_BYTES = 8192  # bytes decoded into SSE events at once, between two looks at the turn's budget
 
 
+# Open files a client process keeps for other things than its connections (logs, results, pipes).
+OTHER_FILES = 64
+
+
+def reserve_descriptors(connections: int) -> None:
+    """Make room for this many connections before the clock starts. The kernel grows a process's
+    table of file descriptors as sockets open, and in a process with threads (uvloop's resolver
+    pool, Ray's) each growth waits for an RCU grace period: a connection opened past 256 or 512
+    open files stalled the loop for 5-7 ms mid-run (docs/performance.md). Growing the table once
+    here (a descriptor duplicated at the top, then closed) avoids that; the soft limit of open
+    files is raised toward the hard one when it is too low for that."""
+    try:
+        import fcntl
+        import resource
+    except ImportError:  # not a Unix: nothing to reserve
+        return
+    want = connections + OTHER_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    top = want if soft == resource.RLIM_INFINITY else min(want, soft)
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.close(fcntl.fcntl(fd, fcntl.F_DUPFD, top - 1))
+    except OSError:  # no free descriptor that high: the table grows as sockets open, as before
+        pass
+    finally:
+        os.close(fd)
+
+
 async def _on_headers_sent(
     _session: aiohttp.ClientSession, ctx: Any, _params: aiohttp.TraceRequestHeadersSentParams
 ) -> None:
     if isinstance(ctx.trace_request_ctx, Exchange):  # other calls on the session carry none
         ctx.trace_request_ctx.start_ns = time.perf_counter_ns()
+
+
+async def _on_chunk_sent(
+    _session: aiohttp.ClientSession, ctx: Any, _params: aiohttp.TraceRequestChunkSentParams
+) -> None:
+    # aiohttp holds the headers back and writes them with the body's first chunk, which (before
+    # Python 3.12) it writes from a task of its own, a loop turn after the headers' trace: the
+    # request leaves now.
+    ex = ctx.trace_request_ctx
+    if isinstance(ex, Exchange) and not ex.written:
+        ex.written = True
+        ex.start_ns = time.perf_counter_ns()
+        TURNS.written()
 
 
 class StreamingClient:
@@ -79,7 +127,9 @@ class StreamingClient:
         # The default connector caps at 100 connections; size it for the run instead.
         trace = aiohttp.TraceConfig()
         trace.on_request_headers_sent.append(_on_headers_sent)
+        trace.on_request_chunk_sent.append(_on_chunk_sent)
         self.habit = Habit()
+        reserve_descriptors(concurrency + 4)
         conn, gone = connector(concurrency + 4, self.habit)
         # Where response bytes are stamped (seam.py): at socket reads, unless aiohttp changed.
         self.stamping = seam.PARSE_TIME if gone else seam.SOCKET_READ
@@ -94,6 +144,31 @@ class StreamingClient:
 
     async def close(self) -> None:
         await self.session.close()
+
+    async def open_idle(self, url: str, n: int) -> int:
+        """Have at least `n` connections to `url`'s server idle in the pool (at most the pool's
+        size), without sending anything on them. An open loop does this before its measured part,
+        so that a request sent on time does not wait for a new connection as well: in uvloop a
+        connect takes a hop through its thread pool (which can wait milliseconds for a busy core),
+        and more open sockets can grow the descriptor table. Returns how many connections were
+        taken; none for a server that closes each connection after its response, or where
+        aiohttp's (public, but low-level) connector API has changed."""
+        if n <= 0 or self.habit.closes_after_response:
+            return 0
+        conn = self.session.connector
+        assert conn is not None
+        try:
+            req = aiohttp.ClientRequest("GET", yarl.URL(url), loop=asyncio.get_running_loop(), session=self.session)
+            got = await asyncio.gather(
+                *(conn.connect(req, [], self.session.timeout) for _ in range(min(n, conn.limit or n))),
+                return_exceptions=True,
+            )
+        except (TypeError, AttributeError):  # a changed API: connections open as requests need them
+            return 0
+        held = [c for c in got if isinstance(c, aiohttp.connector.Connection)]
+        for c in held:
+            c.release()  # back to the pool, idle and unused
+        return len(held)
 
     async def __aenter__(self) -> StreamingClient:
         return self

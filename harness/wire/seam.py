@@ -10,6 +10,10 @@ bytes when it parses them instead, says so, and records `client_health.stamping`
 Merging a read's HTTP chunks into one piece of the response body (arrivals.merge_chunks) uses
 the body reader's `_buffer` and `_http_chunk_splits`; without them each chunk is read apart, as
 aiohttp does (slower, the same records).
+
+Opening an open loop's connections ahead (client.StreamingClient.open_idle) uses aiohttp's
+low-level public API, `ClientRequest` and `BaseConnector.connect`; should it change, connections
+open as requests need them, as before.
 """
 
 from __future__ import annotations

@@ -8,22 +8,35 @@ enough, since every ready stream takes its slice before the next poll (28 stream
 loop turn wakes only the stream at the head of the queue (first come, first served; a woken
 stream that still has work queues again at the back). What follows a response's record (a closed
 loop's next request) takes a turn too (workloads/base.py).
+
+A timed send (an open loop's) holds parsing back from SEND_MARGIN_NS before its time until it
+is written (`expect`, `written`), so that the loop turns it falls due and is written in are
+short: it waits behind no slice of parsing. A send that cannot be written (a connection that
+will not open) holds parsing back for at most SEND_HOLD_NS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections import deque
+from contextvars import ContextVar
 
 SLICE_NS = 200_000  # parsing allowed between two polls of the sockets
+SEND_MARGIN_NS = 100_000  # parsing stops this long before a timed send falls due ...
+SEND_HOLD_NS = 2_000_000  # ... and until it is written, or at most this long after its time
+
+# The time a timed send is due at, in the task that sends it (and the one aiohttp writes it from).
+DUE: ContextVar[int | None] = ContextVar("kvbench_due", default=None)
 
 
 class Turns:
-    __slots__ = ("_loop", "_scheduled", "_waiting", "start_ns")
+    __slots__ = ("_loop", "_scheduled", "_sends", "_waiting", "start_ns")
 
     def __init__(self) -> None:
         self.start_ns = 0  # when the current turn began
+        self._sends: list[int] = []  # due times of the timed sends not yet on their way, ascending
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -33,7 +46,29 @@ class Turns:
         self.start_ns = now_ns
 
     def spent(self) -> bool:
-        return time.perf_counter_ns() - self.start_ns > SLICE_NS
+        now = time.perf_counter_ns()
+        return now - self.start_ns > SLICE_NS or self.send_near(now)
+
+    def send_near(self, now_ns: int) -> bool:
+        """Is a timed send due within SEND_MARGIN_NS, or overdue and not yet written?"""
+        sends = self._sends
+        while sends and now_ns - sends[0] > SEND_HOLD_NS:
+            del sends[0]
+        return bool(sends) and now_ns >= sends[0] - SEND_MARGIN_NS
+
+    def expect(self, due_ns: int) -> None:
+        """This task will send at `due_ns` (DUE): parsing yields to it from SEND_MARGIN_NS before."""
+        DUE.set(due_ns)
+        bisect.insort(self._sends, due_ns)
+
+    def written(self) -> None:
+        """The request of this task's timed send (if any) is being written: parsing goes on.
+        Also called when it is dropped or fails first; once is enough."""
+        due = DUE.get()
+        if due is not None:
+            DUE.set(None)
+            if due in self._sends:
+                self._sends.remove(due)
 
     async def wait(self) -> None:
         """Give the loop back until this stream's turn comes; the turn's budget starts then."""

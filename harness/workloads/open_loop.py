@@ -16,12 +16,14 @@ its warm-up answered."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import statistics
 import time
 from collections import deque
 
 from harness import aio
+from harness.wire.turns import TURNS
 from harness.workloads import closed_loop, schedule
 from harness.workloads.base import Load, Plan, Schedule, Sender, build_pool
 
@@ -30,6 +32,9 @@ SHARES_SCHEDULE = True
 # Loop timers fire to the millisecond; the last SPIN_S before a send time is waited by yielding
 # to the loop (which still serves every socket), so requests leave within tens of microseconds.
 SPIN_S = 0.001
+# Each request's task is started this long before its send time and waits for it itself, so that
+# it sends in the loop turn its time comes in (a task started then would send a turn later).
+LEAD_NS = 2_000_000
 # What it takes kvbench to put a request on the wire (its body, aiohttp's request, a connection)
 # is learnt from the last PACE_WINDOW requests, and each is dispatched that much early, so that
 # its headers leave at the intended time; never more than PACE_MAX_NS early.
@@ -81,23 +86,39 @@ async def drive(
     spec = sender.spec
     # max_concurrency over all processes: each of several holds its share (`connections`)
     cap = spec.scenario.workload.max_concurrency and (spec.connections if connections is None else connections)
-    await send_timed(sender, plan, take, cap)
+    await send_timed(sender, plan, take, cap, connections)
 
 
-async def send_timed(sender: Sender, plan: Plan, take: Schedule | None, cap: int | None) -> None:
+async def send_timed(
+    sender: Sender, plan: Plan, take: Schedule | None, cap: int | None, connections: int | None = None
+) -> None:
     """Each request of the plan at its time (plan.times, after the warm-up is answered), with at
-    most `cap` in flight."""
+    most `cap` in flight. With `connections`, this is one of several processes sharing the
+    schedule, with that share of the arm's connections (and so of its arrivals). The connections
+    it is expected to need are opened once the warm-up is answered."""
     spec = sender.spec
+    share = 1.0 if connections is None else connections / spec.connections
     clock = spec.clock
     slots = asyncio.Semaphore(cap) if cap else None
     tasks: set[asyncio.Task[None]] = set()
     setup: deque[int] = deque(maxlen=PACE_WINDOW)  # dispatch to headers sent, ns
+    warmup_e2e: list[float] = []
 
-    async def one(i: int, p: int, shift: int) -> None:
+    async def one(i: int, p: int, shift: int, due: int) -> None:
+        TURNS.expect(due)  # parsing yields to this send as it falls due, until it is written
+        try:
+            await until(due)
+            if not sender.stop.is_set():
+                await send(i, p, shift)
+        finally:
+            TURNS.written()
+
+    async def send(i: int, p: int, shift: int) -> None:
         dispatched = time.perf_counter_ns()
         held = None
         if slots is not None:
             if slots.locked():
+                TURNS.written()  # held back: parsing need not wait for it
                 t = time.perf_counter_ns()
                 await slots.acquire()
                 held = clock.between(t, time.perf_counter_ns())
@@ -110,6 +131,8 @@ async def send_timed(sender: Sender, plan: Plan, take: Schedule | None, cap: int
             own = phase == "warmup" and not spec.bust and not spec.scenario.workload.warmup_shares_prefixes
             lead = spec.reuse_lead(prompt, "warmup/") if own else sender.lead_for(prompt)
             r = await sender.send(prompt, phase, lead, schedule_index=i, intended_s=intended, held_s=held)
+            if phase == "warmup" and r.e2e_s is not None:
+                warmup_e2e.append(r.e2e_s)
             if held is None:
                 setup.append(round(clock.wall_s(r.start_s - clock.since_start(dispatched)) * 1e9))
             sender.check_bust(r)
@@ -123,18 +146,22 @@ async def send_timed(sender: Sender, plan: Plan, take: Schedule | None, cap: int
     async def dispatch(i: int, p: int) -> None:
         early = min(PACE_MAX_NS, max(0, round(statistics.median(setup)))) if setup else 0
         due = clock.t0_ns + shift_ns + round(clock.wall_s(plan.times[i]) * 1e9) - early
-        aio.collect_in_gap(due - time.perf_counter_ns(), usual)
-        await until(due)
+        collector.in_gap(due - time.perf_counter_ns())
+        if (wait := due - LEAD_NS - time.perf_counter_ns()) > 0:
+            await asyncio.sleep(wait / 1e9)
         if not sender.stop.is_set():
-            task = asyncio.create_task(one(i, p, shift_ns))
+            task = asyncio.create_task(one(i, p, shift_ns, due))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-    with aio.collections_in_gaps() as usual:
+    with aio.collections_in_gaps() as collector:
         async for i, p in queue:
             if i >= plan.warmup and plan.warmup and not shift_ns:
                 if tasks:  # every warm-up request answered (a cold first prefix, queues drained)
                     await asyncio.gather(*tasks)
+                need = in_flight(plan, max(warmup_e2e, default=0.0), share)
+                await sender.client.open_idle(spec.url, min(need, cap or need))
+                setup.clear()  # the warm-up's were slowed by new connections
                 start = await queue.measured_start(time.perf_counter_ns())
                 # the same for every process: the first measured request is sent at `start`
                 shift_ns = max(1, start - clock.t0_ns - round(clock.wall_s(plan.times[plan.warmup]) * 1e9))
@@ -143,6 +170,17 @@ async def send_timed(sender: Sender, plan: Plan, take: Schedule | None, cap: int
                 break
         if tasks:
             await asyncio.gather(*tasks)
+
+
+def in_flight(plan: Plan, latency_s: float, share: float) -> int:
+    """Requests a process is expected to have in flight at most during the measured part: its
+    `share` of the arrivals within one `latency_s` (the warm-up's longest), plus a margin of
+    three standard deviations of a Poisson count."""
+    times = plan.times[plan.warmup :]
+    if len(times) < 2 or times[-1] <= times[0] or latency_s <= 0:
+        return 0
+    mean = share * (len(times) - 1) / (times[-1] - times[0]) * latency_s
+    return math.ceil(mean + 3 * math.sqrt(mean))
 
 
 async def until(due_ns: int) -> None:

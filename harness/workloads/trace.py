@@ -82,4 +82,4 @@ async def drive(
     if sender.spec.scenario.workload.closed:
         await closed_loop.drive(sender, plan, take, connections, first)
     else:
-        await open_loop.send_timed(sender, plan, take, None)
+        await open_loop.send_timed(sender, plan, take, None, connections)
