@@ -115,15 +115,8 @@ async def send_timed(
 
     async def send(i: int, p: int, shift: int) -> None:
         dispatched = time.perf_counter_ns()
-        held = None
-        if slots is not None:
-            if slots.locked():
-                TURNS.written()  # held back: parsing need not wait for it
-                t = time.perf_counter_ns()
-                await slots.acquire()
-                held = clock.between(t, time.perf_counter_ns())
-            else:
-                await slots.acquire()
+        held_ns = None if slots is None else await hold(slots)
+        held = None if held_ns is None else clock.between(0, held_ns)
         try:
             prompt = plan.prompts[p]
             phase = "warmup" if i < plan.warmup else "run"
@@ -170,6 +163,17 @@ async def send_timed(
                 break
         if tasks:
             await asyncio.gather(*tasks)
+
+
+async def hold(slots: asyncio.Semaphore) -> int | None:
+    """Take a slot of max_concurrency; how long (ns) the request was held back for one, if it was."""
+    if not slots.locked():
+        await slots.acquire()
+        return None
+    TURNS.written()  # held back: parsing need not wait for it
+    t = time.perf_counter_ns()
+    await slots.acquire()
+    return time.perf_counter_ns() - t
 
 
 def in_flight(plan: Plan, latency_s: float, share: float) -> int:
