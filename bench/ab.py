@@ -2,8 +2,9 @@
 ceiling (one process, 28 connections, 256 tokens, TTFT 0) and its first-token error against the
 server's send time (256 tokens sent at once, TTFT 200 ms): in a closed loop of 28 connections,
 and with Poisson arrivals at 140 req/s (about 28 in flight; start times that do not depend on
-the client's speed). Each pair runs the old tree, then this one, against a fresh firehose; the
-host's load moves both alike.
+the client's speed). Each pair runs both trees against a fresh firehose, the old one first in
+odd pairs and last in even ones: whichever runs second came out with a closed-loop first-token
+mean 0.01-0.07 ms higher, even with the same tree on both sides. The host's load moves both alike.
 
     python bench/ab.py REV [pairs] [requests]     # e.g. python bench/ab.py 20845cc 3 3000
 """
@@ -38,7 +39,7 @@ def main() -> None:
         err: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
         err_open: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
         for i in range(pairs):
-            for name, tree in trees.items():
+            for name, tree in list(trees.items())[:: 1 if i % 2 == 0 else -1]:
                 CODE["root"] = tree
                 rps[name].append(once(n, 28, 1)["rps"])
                 _, errs = accuracy(min(n, 1500), 28, 0.0)
