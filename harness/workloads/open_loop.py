@@ -37,7 +37,7 @@ SPIN_S = 0.001
 LEAD_NS = 2_000_000
 # What it takes kvbench to put a request on the wire (its body, aiohttp's request, a connection)
 # is learnt from the last PACE_WINDOW requests, and each is dispatched that much early, so that
-# its headers leave at the intended time; never more than PACE_MAX_NS early.
+# it is written to the socket at the intended time; never more than PACE_MAX_NS early.
 PACE_WINDOW = 32
 PACE_MAX_NS = 5_000_000
 # Requests of the "serial" probe (one at a time: its latency sets the lowest rate of the sweep).
@@ -101,7 +101,7 @@ async def send_timed(
     clock = spec.clock
     slots = asyncio.Semaphore(cap) if cap else None
     tasks: set[asyncio.Task[None]] = set()
-    setup: deque[int] = deque(maxlen=PACE_WINDOW)  # dispatch to headers sent, ns
+    setup: deque[int] = deque(maxlen=PACE_WINDOW)  # from its time to the request written, ns
     warmup_e2e: list[float] = []
 
     async def one(i: int, p: int, shift: int, due: int) -> None:
