@@ -124,7 +124,7 @@ async def send_timed(
             own = phase == "warmup" and not spec.bust and not spec.scenario.workload.warmup_shares_prefixes
             lead = spec.reuse_lead(prompt, "warmup/") if own else sender.lead_for(prompt)
             r = await sender.send(prompt, phase, lead, schedule_index=i, intended_s=intended, held_s=held)
-            if phase == "warmup" and r.e2e_s is not None:
+            if phase == "warmup" and r.ok and r.e2e_s is not None:  # a failed one says nothing of latency
                 warmup_e2e.append(r.e2e_s)
             if held is None:
                 setup.append(round(clock.wall_s(r.start_s - clock.since_start(dispatched)) * 1e9))
