@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import random
+import re
 import resource
 import socket
 import threading
@@ -365,3 +368,107 @@ def test_descriptors_are_reserved_for_the_connections() -> None:
         assert fd_size >= want
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+class OneAnswerServer:
+    """Answers every request with the same bytes, then closes the connection (`close`) or reads
+    the next request on it."""
+
+    def __init__(self, answer: bytes, close: bool) -> None:
+        self.answer, self.close_after = answer, close
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=self._one, args=(self.sock.accept()[0],), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            raw = b""
+            while True:
+                while b"\r\n\r\n" not in raw:
+                    got = conn.recv(65536)
+                    if not got:
+                        return
+                    raw += got
+                head, _, raw = raw.partition(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+                while len(raw) < length:
+                    raw += conn.recv(65536)
+                raw = raw[length:]
+                conn.sendall(self.answer)
+                if self.close_after:
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def framed(sse: bytes, how: str, rng: random.Random) -> tuple[bytes, bool]:
+    """An SSE body as a response: (bytes, whether the connection closes after it)."""
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    if how == "length":
+        return ok + b"Content-Length: %d\r\n\r\n%s" % (len(sse), sse), False
+    if how == "close":
+        return ok + b"Connection: close\r\n\r\n" + sse, True
+    if how == "event":  # one chunk per event, as engines send them
+        pieces = [e + b"\n\n" for e in sse.split(b"\n\n") if e] if sse.endswith(b"\n\n") else [sse]
+    else:  # chunks cut anywhere, some with an extension
+        cuts = sorted(rng.sample(range(1, len(sse)), min(8, len(sse) - 1)))
+        pieces = [sse[a:b] for a, b in zip([0, *cuts], [*cuts, len(sse)], strict=True)]
+    body = b"".join(b"%x%s\r\n%s\r\n" % (len(p), b";x=1" if rng.random() < 0.3 else b"", p) for p in pieces)
+    return ok + b"Transfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n", False
+
+
+ANSWERS = {
+    "http-500": (b'HTTP/1.1 500 Oops\r\nContent-Length: 17\r\n\r\n{"error":"boom"}\n', False),
+    "cut-mid-body": (HEAD + TOKEN + b"40\r\ndata: ", True),
+    "bad-chunk-size": (HEAD + TOKEN + b"zz\r\n", False),
+    "no-token": (HEAD + ROLE + DONE, False),
+    "no-done": (HEAD + ROLE + TOKEN + b"0\r\n\r\n", False),
+}
+
+
+def seen(ex: Exchange) -> tuple[object, ...]:
+    """What an exchange says, apart from its times and the wording of transport errors."""
+    s = ex.state
+    return (
+        ex.ok,
+        ex.error_kind,
+        ex.http_status,
+        ex.error if ex.error_kind in (None, "http", "empty") or (ex.error or "").startswith("error in stream") else "",
+        len(s.token_chunk_ns),
+        (s.prompt_tokens, s.completion_tokens, s.cached_tokens, s.finish_reason, s.done),
+        "".join(s.answer or ()),
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [f"{p.name}:{how}" for p in sorted(GOLDEN.glob("*.sse")) for how in ("event", "anywhere", "length", "close")]
+    + list(ANSWERS),
+)
+def test_the_direct_exchange_says_what_aiohttp_says(case: str) -> None:
+    """kvbench's own HTTP exchange (direct.py) and aiohttp's give the same exchanges: golden
+    transcripts framed four ways, and failures."""
+    name, _, how = case.partition(":")
+    answer, close = framed((GOLDEN / name).read_bytes(), how, random.Random(name)) if how else ANSWERS[name]
+    server = OneAnswerServer(answer, close)
+
+    async def go(direct: bool) -> list[tuple[object, ...]]:
+        timeouts = Timeouts(first_token_s=10, idle_s=10, total_s=10)
+        async with StreamingClient(2, timeouts, {}, direct_http=direct) as client:
+            return [seen(await client.stream(server.url, b"{}", f"r{i}", answer=[])) for i in range(3)]
+
+    try:
+        direct, via_aiohttp = aio.run(go(True)), aio.run(go(False))
+    finally:
+        server.close()
+    assert direct == via_aiohttp
+    assert len(set(direct)) == 1  # the connection's reuse (or not) changes nothing

@@ -104,6 +104,8 @@ class StampedHandler(ResponseHandler):
         self.answered = False  # ... and whether any byte has come back since
         self.done_ns: int | None = None  # arrival of the end of its response, None until then
         self.previous_done_ns: int | None = None  # the end of the response before it
+        self.last_read_ns = 0  # when the last read arrived
+        self.reader: Any = None  # direct.Reader: reads the response itself, aiohttp's parser idle
 
     def data_received(self, data: bytes) -> None:
         if not data:
@@ -113,6 +115,7 @@ class StampedHandler(ResponseHandler):
             return
         now = time.perf_counter_ns()
         TURNS.polled(now)
+        self.last_read_ns = now
         self.answered = True
         self.held.append((now, data))
         self.held_bytes += len(data)
@@ -143,7 +146,10 @@ class StampedHandler(ResponseHandler):
         """aiohttp calls this on the connection it chose, just before it writes the request: the
         moment to prove (or not) that a kept-alive connection was closed by the server already."""
         super().set_response_params(**params)
-        ex = SENDING.get()
+        self.begin(SENDING.get())
+
+    def begin(self, ex: Any) -> None:
+        """A request (its exchange `ex`, None for other calls) is about to be written here."""
         if ex is not None:
             ex.reused = self.served > 0
             ex.closed_before_send = ex.reused and self._closed_by_peer()
@@ -160,17 +166,22 @@ class StampedHandler(ResponseHandler):
         sock = self.transport.get_extra_info("socket")
         if sock is None:
             return False
+        # a socket object on the same descriptor (not a duplicate: no system calls but the peek)
+        peek = socket.socket(sock.family, sock.type, fileno=sock.fileno())
         try:
-            with socket.fromfd(sock.fileno(), sock.family, sock.type) as peek:
-                return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
         except BlockingIOError:
             return False  # open, nothing pending
         except OSError:
             return True  # reset by the server
+        finally:
+            peek.detach()
 
     def eof_received(self) -> None:
         self.release_all()
         self._closed_by_server()
+        if self.reader is not None:
+            self.reader.eof()
         super().eof_received()
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -178,6 +189,8 @@ class StampedHandler(ResponseHandler):
         if exc is not None:  # a reset; without one, the client closed it (or the server did, seen above)
             self._closed_by_server()
         self.peer_closed = True
+        if self.reader is not None:
+            self.reader.lost(exc)
         super().connection_lost(exc)
 
     def _closed_by_server(self) -> None:
@@ -218,7 +231,11 @@ class StampedHandler(ResponseHandler):
         self._feed(t, data)
 
     def _feed(self, t: int, data: bytes) -> None:
-        """Hand bytes to aiohttp's parser; note how many reached the response body, and when."""
+        """Hand bytes to aiohttp's parser (or the direct reader); note how many reached the
+        response body, and when."""
+        if self.reader is not None:
+            self.reader.feed(t, data)
+            return
         before = self._payload
         had = before.total_bytes if before is not None else 0
         pieces = len(before._buffer) if self.merge and type(before) is aiohttp.StreamReader else 0

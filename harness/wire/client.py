@@ -9,8 +9,10 @@ that arrived together, and SSE decoding takes turns with the other streams (turn
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +21,7 @@ import yarl
 from aiohttp.http_exceptions import HttpProcessingError
 
 from harness.scenario import Timeouts
-from harness.wire import seam
+from harness.wire import direct, seam
 from harness.wire.arrivals import SENDING, FramingError, Habit, StampedHandler, connector, take
 from harness.wire.sse import MAX_LINE_BYTES, SSEDecoder, SSELimitError
 from harness.wire.stream import StreamState
@@ -119,10 +121,14 @@ class StreamingClient:
         headers: dict[str, str],
         send_clock: bool = False,
         max_line_bytes: int = MAX_LINE_BYTES,
+        direct_http: bool = True,
     ) -> None:
         self.timeouts = timeouts
         self.max_line_bytes = max_line_bytes
         self.send_clock = send_clock  # tell the embedded emulator when each request left (see its _arrival)
+        self.direct_http = (
+            direct_http  # http:// streams through direct.py (False: all through aiohttp, as https always)
+        )
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
         # The default connector caps at 100 connections; size it for the run instead.
         trace = aiohttp.TraceConfig()
@@ -131,6 +137,8 @@ class StreamingClient:
         self.habit = Habit()
         reserve_descriptors(concurrency + 4)
         conn, gone = connector(concurrency + 4, self.habit)
+        self.connector = conn
+        self._targets: dict[str, direct.Target | None] = {}
         # Where response bytes are stamped (seam.py): at socket reads, unless aiohttp changed.
         self.stamping = seam.PARSE_TIME if gone else seam.SOCKET_READ
         self.stamping_warning = seam.warning(gone) if gone else None
@@ -205,25 +213,15 @@ class StreamingClient:
         if answer is not None:  # the answer's text is kept (sessions with real history)
             answer.clear()
             ex.state.answer = answer
-        headers = {**self.headers, "X-Request-Id": request_id}
-        if self.habit.closes_after_response:  # its connections end with each response anyway
-            headers["Connection"] = "close"
-        if self.send_clock:
-            headers[seam.SENT_HEADER] = str(ex.start_ns)
         sending = SENDING.set(ex)
         try:
             async with asyncio.timeout(min(t.first_token_s, t.total_s)) as deadline:
-                async with self.session.post(url, data=body, headers=headers, trace_request_ctx=ex) as resp:
-                    ex.headers_ns = time.perf_counter_ns()
-                    ex.http_status = resp.status
-                    if resp.status != 200:
-                        text = (await resp.content.read(65536)).decode("utf-8", "replace")
-                        ex.error, ex.error_kind = f"HTTP {resp.status}: {text.strip()[:1000]}", "http"
-                        return ex
-                    try:
-                        await self._read(resp, ex, deadline, total_deadline)
-                    except SSELimitError as e:  # leaving the block closes the connection
-                        ex.error, ex.error_kind = f"protocol: {e}", "protocol"
+                target = self._target(url)
+                if target is not None:
+                    first_token = functools.partial(deadline.reschedule, total_deadline)
+                    await self._direct(target, body, request_id, ex, first_token)
+                else:
+                    await self._via_aiohttp(url, body, request_id, ex, deadline, total_deadline)
         # aiohttp's own timeouts are TimeoutErrors too: they must be told apart first.
         except aiohttp.ConnectionTimeoutError:
             ex.error, ex.error_kind = f"timeout: no connection within {t.connect_s:g} s (connect_s)", "connect"
@@ -235,8 +233,8 @@ class StreamingClient:
             else:
                 ex.error = f"timeout: stream not finished within {t.total_s:g} s (total_s)"
             ex.error_kind = "timeout"
-        # the server's HTTP broke its own rules (aiohttp's pure-Python parser raises its own errors)
-        except (FramingError, aiohttp.ClientResponseError, HttpProcessingError) as e:
+        # the server's HTTP (or SSE) broke its own rules (aiohttp's pure-Python parser raises its own errors)
+        except (FramingError, SSELimitError, aiohttp.ClientResponseError, HttpProcessingError) as e:
             ex.error, ex.error_kind = f"protocol: {e}", "protocol"
         except aiohttp.ClientConnectorError as e:
             ex.error, ex.error_kind = f"connection failed: {e}", "connect"
@@ -246,6 +244,76 @@ class StreamingClient:
             ex.end_ns = time.perf_counter_ns()
             SENDING.reset(sending)
         return ex
+
+    def _target(self, url: str) -> direct.Target | None:
+        """The URL made ready for the direct exchange; None where aiohttp sends (https, or an
+        aiohttp without the internals for stamping)."""
+        try:
+            return self._targets[url]
+        except KeyError:
+            pass
+        found = None
+        if self.direct_http and self.stamping == seam.SOCKET_READ and yarl.URL(url).scheme == "http":
+            found = direct.target(url, self.headers, self.session)
+        self._targets[url] = found
+        return found
+
+    async def _direct(
+        self, target: direct.Target, body: bytes, request_id: str, ex: Exchange, first_token: Callable[[], None]
+    ) -> None:
+        """One exchange written and read by kvbench itself (direct.py), on a pooled connection."""
+        try:
+            conn = await self.connector.connect(target.request, [], self.session.timeout)
+        except TimeoutError as e:  # the connector's own (connect_s); the request's deadline cancels instead
+            raise aiohttp.ConnectionTimeoutError(f"connection timeout to {target.request.url}") from e
+        handler = conn.protocol
+        assert isinstance(handler, StampedHandler)  # the connector's factory (else no target)
+        reader = direct.Reader(ex, handler, self.max_line_bytes, self.timeouts.idle_s, first_token)
+        handler.begin(ex)
+        reuse = False
+        try:
+            transport = handler.transport
+            if transport is None or transport.is_closing():
+                raise aiohttp.ServerDisconnectedError("the connection closed before the request was written")
+            handler.reader = reader
+            closing = self.habit.closes_after_response
+            data = target.encode(body, request_id, closing, ex.start_ns if self.send_clock else None)
+            ex.start_ns, ex.written = time.perf_counter_ns(), True
+            TURNS.written()
+            transport.write(data)
+            reader.start()
+            await reader.finished
+            if reader.failure is not None:
+                raise reader.failure
+            reuse = reader.reusable() and not self.habit.closes_after_response
+        finally:
+            handler.reader = None
+            reader.stop()
+            if reuse:
+                conn.release()
+            else:
+                conn.close()
+        if reader.error_body is not None:
+            ex.error, ex.error_kind = f"HTTP {ex.http_status}: {reader.error_text()}", "http"
+        else:
+            _verdict(ex)
+
+    async def _via_aiohttp(
+        self, url: str, body: bytes, request_id: str, ex: Exchange, deadline: asyncio.Timeout, total_deadline: float
+    ) -> None:
+        headers = {**self.headers, "X-Request-Id": request_id}
+        if self.habit.closes_after_response:  # its connections end with each response anyway
+            headers["Connection"] = "close"
+        if self.send_clock:
+            headers[seam.SENT_HEADER] = str(ex.start_ns)
+        async with self.session.post(url, data=body, headers=headers, trace_request_ctx=ex) as resp:
+            ex.headers_ns = time.perf_counter_ns()
+            ex.http_status = resp.status
+            if resp.status != 200:
+                text = (await resp.content.read(65536)).decode("utf-8", "replace")
+                ex.error, ex.error_kind = f"HTTP {resp.status}: {text.strip()[:1000]}", "http"
+                return
+            await self._read(resp, ex, deadline, total_deadline)  # leaving the block on an error closes the connection
 
     async def _read(
         self, resp: aiohttp.ClientResponse, ex: Exchange, deadline: asyncio.Timeout, total_deadline: float
@@ -283,9 +351,16 @@ class StreamingClient:
                 break
         else:
             state.on_events(decoder.close(), time.perf_counter_ns())
-        if state.error:
-            ex.error, ex.error_kind = f"error in stream: {state.error}", "stream"
-        elif not state.done and state.finish_reason is None:
-            ex.error, ex.error_kind = "stream ended before [DONE]", "stream"
-        elif state.first_token_ns is None:
-            ex.error, ex.error_kind = "the response carried no token", "empty"
+        _verdict(ex)
+
+
+def _verdict(ex: Exchange) -> None:
+    """A stream that was read to its end (or [DONE]): failed, if what it said was not a
+    complete answer."""
+    state = ex.state
+    if state.error:
+        ex.error, ex.error_kind = f"error in stream: {state.error}", "stream"
+    elif not state.done and state.finish_reason is None:
+        ex.error, ex.error_kind = "stream ended before [DONE]", "stream"
+    elif state.first_token_ns is None:
+        ex.error, ex.error_kind = "the response carried no token", "empty"

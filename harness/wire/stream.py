@@ -303,7 +303,7 @@ class StreamState:
     def _on_run(self, run: Run, t_ns: int) -> None:
         template = self._matched
         assert template is not None  # run_end matched it
-        n = run.buf.count(b"\n\n", run.start, run.end)
+        n = run.buf.count(b"\n", run.start, run.end) // 2  # one line and a blank one each: counts faster
         self._token(template.content, t_ns)
         self._hits += n
         self.token_chunk_ns += [t_ns] * (n - 1)

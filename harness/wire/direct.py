@@ -1,0 +1,219 @@
+"""kvbench's own HTTP/1.1 exchange for streamed requests to `http://` endpoints.
+
+The request goes out as one write of bytes built from a per-URL head. Its response is read in the
+loop's drain of stamped reads (arrivals.Backlog): each read, as it is released, goes through the
+HTTP parser (h1.py), the SSE decoder (sse.py) and the stream's state (stream.py) there and then,
+and the request's task wakes once, at the end. aiohttp's connector still opens, pools and expires
+the connections, and StampedHandler still stamps their reads; aiohttp's request and response
+machinery, which cost the client about 40 % of its CPU at its ceiling (docs/performance.md), is
+not used. https endpoints, and an aiohttp without the internals seam.py names, go through
+aiohttp as before (client.py), with the same records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import yarl
+
+from harness import __version__
+from harness.wire import h1
+from harness.wire.arrivals import FramingError
+from harness.wire.seam import SENT_HEADER
+from harness.wire.sse import SSEDecoder, SSELimitError
+
+if TYPE_CHECKING:
+    from harness.wire.arrivals import StampedHandler
+    from harness.wire.client import Exchange
+
+ERROR_BODY_BYTES = 65536  # of a response that is not 200: what its error message is taken from
+# Headers kvbench writes itself (from the body and the connection's use), whatever a user gives
+_OWN = frozenset(("content-length", "transfer-encoding", "connection", "x-request-id"))
+
+
+@dataclass(frozen=True)
+class Target:
+    """An endpoint URL made ready once: the connector's request, and the constant part of the
+    request's head."""
+
+    request: aiohttp.ClientRequest  # what aiohttp's connector keys its pool by (never sent)
+    head: bytes
+
+    def encode(self, body: bytes, request_id: str, close: bool, sent_ns: int | None) -> bytes:
+        extra = b"X-Request-Id: %s\r\n" % request_id.encode()
+        if close:
+            extra += b"Connection: close\r\n"
+        if sent_ns is not None:
+            extra += b"%s: %d\r\n" % (SENT_HEADER.encode(), sent_ns)
+        return b"%s%sContent-Length: %d\r\n\r\n%s" % (self.head, extra, len(body), body)
+
+
+def target(url: str, headers: dict[str, str], session: aiohttp.ClientSession) -> Target:
+    u = yarl.URL(url)
+    lines = [f"POST {u.raw_path_qs} HTTP/1.1"]
+    given = {k.lower() for k in headers}
+    if "host" not in given:
+        lines.append(f"Host: {u.host_port_subcomponent}")
+    if "user-agent" not in given:
+        lines.append(f"User-Agent: kvbench/{__version__}")
+    for k, v in headers.items():
+        if k.lower() in _OWN:
+            continue
+        if any(c in k + v for c in "\r\n\0"):  # cli.py refuses these; never split a request
+            raise ValueError(f"header {k!r} has a line break")
+        lines.append(f"{k}: {v}")
+    request = aiohttp.ClientRequest("POST", u, loop=asyncio.get_running_loop(), session=session)
+    return Target(request, ("\r\n".join(lines) + "\r\n").encode())
+
+
+class Reader:
+    """Reads one response on its connection's handler (`handler.reader`): fed each stamped read
+    as the backlog releases it, and at the connection's end. `finished` resolves when the
+    exchange is over (the stream's end, [DONE], an error, a timeout); `failure` then says why it
+    failed, if it did."""
+
+    __slots__ = (
+        "decoder",
+        "error_body",
+        "ex",
+        "failure",
+        "finished",
+        "handler",
+        "idle_ns",
+        "loop",
+        "on_first_token",
+        "parser",
+        "timer",
+    )
+
+    def __init__(
+        self, ex: Exchange, handler: StampedHandler, max_line_bytes: int, idle_s: float, on_first_token: Any
+    ) -> None:
+        self.ex, self.handler = ex, handler
+        self.loop = asyncio.get_running_loop()
+        self.parser = h1.ResponseParser()
+        self.decoder = SSEDecoder(max_line_bytes, skip=ex.state.run_end)
+        self.finished: asyncio.Future[None] = self.loop.create_future()
+        self.failure: BaseException | None = None
+        self.error_body: list[bytes] | None = None  # a response that is not 200: its first bytes
+        self.idle_ns = int(idle_s * 1e9)
+        self.on_first_token = on_first_token  # called once (the total deadline replaces the first token's)
+        self.timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """The request is written: the idle timer runs from now."""
+        self.timer = self.loop.call_later(self.idle_ns / 1e9, self._idle)
+
+    def feed(self, t: int, data: bytes) -> None:
+        parser = self.parser
+        try:
+            body = parser.feed(data)
+        except h1.ProtocolError as e:
+            parser.extra = b"broken"  # not reusable
+            self._end(FramingError(f"broken HTTP framing: {e}"))
+            return
+        if parser.done and self.handler.done_ns is None:
+            self.handler.done_ns = t  # (arrivals.py: does the server close connections after responses?)
+        if self.finished.done():  # after [DONE]: only the framing mattered (may the connection be reused?)
+            return
+        ex = self.ex
+        if ex.http_status is None:
+            if parser.head is None:
+                return
+            ex.http_status, ex.headers_ns = parser.head.status, t
+            if ex.http_status != 200:
+                self.error_body = []
+        if body:
+            if self.error_body is not None:
+                self.error_body.append(body)
+                if sum(map(len, self.error_body)) >= ERROR_BODY_BYTES:
+                    self._end(None)
+                    return
+            elif not self._stream(t, body):
+                return
+        if parser.done:
+            if self.error_body is None and not ex.state.done:
+                self._events(t, None)
+            self._end(None)
+
+    def _stream(self, t: int, body: bytes) -> bool:
+        """SSE from the body's bytes; False when the exchange ends here."""
+        state = self.ex.state
+        if state.done:  # past [DONE]: nothing counts, the rest of the body is waited for
+            return True
+        if state.first_byte_ns is None:
+            state.first_byte_ns = t
+        if not self._events(t, body):
+            return False
+        # [DONE]: the exchange is over. The body's end is read on (from reads already in) so that
+        # the connection can be reused; if it is not there yet, the connection is closed.
+        if (state.done or state.error) and (self.parser.done or not self.handler.held):
+            self._end(None)
+            return False
+        return True
+
+    def _events(self, t: int, body: bytes | None) -> bool:
+        state = self.ex.state
+        try:
+            events = self.decoder.feed(body) if body is not None else self.decoder.close()
+        except SSELimitError as e:
+            self._end(e)
+            return False
+        had_token = state.first_token_ns is not None
+        if events:
+            state.on_events(events, t)
+        if not had_token and state.first_token_ns is not None:
+            self.on_first_token()
+        return True
+
+    def eof(self) -> None:
+        """The server ended the connection (its held reads were fed first)."""
+        if self.finished.done():
+            return
+        try:
+            self.parser.eof()
+        except h1.ProtocolError as e:
+            self._lost(str(e))
+            return
+        self.feed(self.handler.last_read_ns, b"")  # a body that ran to the connection's end is complete
+
+    def lost(self, exc: BaseException | None) -> None:
+        if not self.finished.done():
+            self._lost(f"connection lost: {exc}" if exc else "the server closed the connection")
+
+    def _lost(self, why: str) -> None:
+        if self.ex.http_status is None:  # no answer at all: as aiohttp says it (a "connect" failure)
+            self._end(aiohttp.ServerDisconnectedError(why))
+        else:
+            self._end(aiohttp.ClientPayloadError(f"response cut short: {why}"))
+
+    def _idle(self) -> None:
+        quiet = time.perf_counter_ns() - max(self.handler.last_read_ns, self.ex.start_ns)
+        if quiet >= self.idle_ns:
+            self._end(aiohttp.ServerTimeoutError("no data"))
+        else:
+            self.timer = self.loop.call_later((self.idle_ns - quiet) / 1e9, self._idle)
+
+    def _end(self, failure: BaseException | None) -> None:
+        if not self.finished.done():
+            self.failure = failure
+            self.finished.set_result(None)
+        self.stop()
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def reusable(self) -> bool:
+        """May the connection carry another request?"""
+        p = self.parser
+        return self.failure is None and p.done and not p.extra and p.head is not None and p.head.keep_alive
+
+    def error_text(self) -> str:
+        body = b"".join(self.error_body or ())[:ERROR_BODY_BYTES]
+        return body.decode("utf-8", "replace").strip()[:1000]

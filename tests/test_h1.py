@@ -1,0 +1,120 @@
+"""The HTTP/1.1 response parser of the direct transport: bodies as their framing says, however the
+bytes are framed and split into reads; broken framing refused, and bounded."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.wire.h1 import MAX_HEAD_BYTES, ProtocolError, ResponseParser
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def parse(reads: list[bytes], eof: bool = False) -> tuple[bytes, ResponseParser]:
+    p = ResponseParser()
+    body = b"".join(p.feed(r) for r in reads)
+    if eof:
+        p.eof()
+    return body, p
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+
+
+# Chunk data: SSE events (one chunk each, as engines send them), and anything else, CRLFs included
+payloads = st.lists(
+    st.one_of(
+        st.binary(min_size=1, max_size=40),
+        st.sampled_from([b"data: {}\n\n", b"data: x\r\n\r\n", b"\r\n", b"0\r\n\r\n", b"5\r\nhello"]),
+    ),
+    max_size=30,
+)
+
+
+@st.composite
+def framings(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """A chunked response: (its bytes, its body). Sizes in either case, with leading zeros or
+    extensions now and then; trailers sometimes."""
+    parts = draw(payloads)
+    out = [HEAD]
+    for p in parts:
+        size = b"%x" % len(p)
+        size = draw(st.sampled_from([size, size.upper(), b"0" + size, size + b";ext=1", size + b" ;x"]))
+        out.append(b"%s\r\n%s\r\n" % (size, p))
+    out.append(b"0\r\n" + draw(st.sampled_from([b"", b"X-Trailer: 1\r\n"])) + b"\r\n")
+    return b"".join(out), b"".join(parts)
+
+
+@settings(max_examples=400, deadline=None)
+@given(framings(), st.lists(st.integers(min_value=0), max_size=12), st.binary(max_size=8))
+def test_a_chunked_body_is_its_chunks_however_it_is_framed_and_split(
+    response: tuple[bytes, bytes], cuts: list[int], after: bytes
+) -> None:
+    raw, want = response
+    body, p = parse(split(raw + after, cuts))
+    assert body == want and p.done and p.extra == after
+    assert p.head is not None and p.head.status == 200 and p.head.keep_alive
+
+
+def test_one_chunk_per_event_in_one_read() -> None:
+    events = [b"data: %d\n\n" % i for i in range(100)]
+    raw = HEAD + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    body, p = parse([raw])
+    assert body == b"".join(events) and p.done and not p.extra
+
+
+def test_length_close_and_interim_responses() -> None:
+    body, p = parse([b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 400 Bad\r\nContent-Length: 5\r\n\r\nhel", b"loXX"])
+    assert body == b"hello" and p.done and p.extra == b"XX" and p.head is not None and p.head.status == 400
+    body, p = parse([b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nsome", b" text"], eof=True)
+    assert body == b"some text" and p.done and p.head is not None and not p.head.keep_alive
+    body, p = parse([b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"])
+    assert body == b"" and p.done and p.head is not None and not p.head.keep_alive
+    body, p = parse([b"HTTP/1.1 204 No Content\r\n\r\n"])
+    assert body == b"" and p.done and p.head is not None and p.head.keep_alive
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        HEAD + b"zz\r\n",  # not hex
+        HEAD + b"0x5\r\nhello\r\n",  # what int(.., 16) would take
+        HEAD + b"+5\r\nhello\r\n",
+        HEAD + b"\r\nhello\r\n",  # no size
+        HEAD + b"5\r\nhello!!\r\n",  # more data than its size: no CRLF after it
+        HEAD + b"5\r\nhelloXY",
+        HEAD + b"1" * 20 + b"\r\n",  # a size beyond any chunk
+        b"HTTP/2 200\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+    ],
+)
+def test_broken_framing_is_refused(raw: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        parse([raw])
+    with pytest.raises(ProtocolError):
+        parse([raw[i : i + 1] for i in range(len(raw))])
+
+
+@pytest.mark.parametrize(
+    "raw", [HEAD + b"5\r\nhel", HEAD, b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc", b"HTTP/1.1"]
+)
+def test_a_connection_that_ends_early_cuts_the_response(raw: bytes) -> None:
+    with pytest.raises(ProtocolError, match="closed the connection"):
+        parse([raw], eof=True)
+
+
+def test_what_a_server_streams_without_end_is_bounded() -> None:
+    p = ResponseParser()
+    with pytest.raises(ProtocolError, match="headers beyond"):
+        for _ in range(MAX_HEAD_BYTES // 1000 + 2):
+            p.feed(b"X-Long: " + b"a" * 1000)
+    p = ResponseParser()
+    p.feed(HEAD)
+    with pytest.raises(ProtocolError, match="without end"):
+        for _ in range(10):
+            p.feed(b"0" * 200 + b";" + b"e" * 200)
