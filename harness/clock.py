@@ -9,10 +9,9 @@ worker processes are all handed a ModelClock.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from dataclasses import dataclass, replace
-
-import numpy as np
 
 from harness.errors import InputError
 
@@ -46,11 +45,11 @@ class ModelClock:
         return round((b_ns - a_ns) / 1e9 * self.scale, 7)
 
     def gaps(self, stamps_ns: list[int]) -> list[float]:
-        """Model seconds between successive stamps."""
-        if len(stamps_ns) < 2:
-            return []
-        gaps: list[float] = np.round(np.diff(np.asarray(stamps_ns, dtype=np.float64)) * (self.scale / 1e9), 7).tolist()
-        return gaps
+        """Model seconds between successive stamps. Most are 0 (tokens that came in one read):
+        in plain Python, with those taken as they are, this is twice as fast as numpy's
+        conversions for a response's few hundred stamps."""
+        k = self.scale / 1e9
+        return [round(g * k, 7) if g else 0.0 for g in map(operator.sub, stamps_ns[1:], stamps_ns[:-1])]
 
     def at_mono(self, t_mono: float) -> float:
         """Model seconds from the arm's start to a time.monotonic() reading."""

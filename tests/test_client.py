@@ -472,3 +472,67 @@ def test_the_direct_exchange_says_what_aiohttp_says(case: str) -> None:
         server.close()
     assert direct == via_aiohttp
     assert len(set(direct)) == 1  # the connection's reuse (or not) changes nothing
+
+
+class ScriptServer:
+    """Answers each request with steps of (pause in seconds, bytes), each connection in a thread."""
+
+    def __init__(self, steps: list[tuple[float, bytes]]) -> None:
+        self.steps = steps
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=self._one, args=(self.sock.accept()[0],), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            raw = b""
+            while b"\r\n\r\n" not in raw:
+                raw += conn.recv(65536)
+            for pause, data in self.steps:
+                time.sleep(pause)
+                conn.sendall(data)
+            conn.recv(1)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+COMMENT = chunk(b": keep-alive\n\n")
+SCRIPTS = {  # first_token_s 0.3, idle_s 0.2, total_s 0.8
+    "quiet": ([(0, HEAD + ROLE), (1.0, TOKEN)], "timeout: no data for 0.2 s (idle_s)"),
+    "late-first-token": (
+        [(0, HEAD + ROLE), *[(0.1, COMMENT)] * 6, (0, TOKEN)],
+        "timeout: no first token within 0.3 s (first_token_s)",
+    ),
+    "too-long": (
+        [(0, HEAD + ROLE + TOKEN), *[(0.1, TOKEN)] * 12],
+        "timeout: stream not finished within 0.8 s (total_s)",
+    ),
+    "in-time": ([(0, HEAD + ROLE), (0.15, TOKEN), *[(0.15, TOKEN)] * 2, (0, DONE)], None),
+}
+
+
+@pytest.mark.parametrize("name", list(SCRIPTS))
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "aiohttp"])
+def test_each_timeout_names_its_limit(name: str, direct: bool) -> None:
+    """idle_s, first_token_s and total_s, each reached alone, on either path; a stream whose first
+    token is in time may go on past first_token_s."""
+    steps, error = SCRIPTS[name]
+    server = ScriptServer(steps)
+
+    async def go() -> Exchange:
+        timeouts = Timeouts(first_token_s=0.3, idle_s=0.2, total_s=0.8)
+        async with StreamingClient(1, timeouts, {}, direct_http=direct) as client:
+            return await client.stream(server.url, b"{}", "r")
+
+    try:
+        ex = aio.run(go())
+    finally:
+        server.close()
+    assert ex.error == error
+    assert ex.ok or ex.error_kind == "timeout"

@@ -9,10 +9,8 @@ that arrived together, and SSE decoding takes turns with the other streams (turn
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,12 +213,13 @@ class StreamingClient:
             ex.state.answer = answer
         sending = SENDING.set(ex)
         try:
-            async with asyncio.timeout(min(t.first_token_s, t.total_s)) as deadline:
-                target = self._target(url)
-                if target is not None:
-                    first_token = functools.partial(deadline.reschedule, total_deadline)
-                    await self._direct(target, body, request_id, ex, first_token)
-                else:
+            target = self._target(url)
+            if target is not None:  # the first token's deadline is the reader's (direct.py)
+                first_token_by = ex.start_ns + int(t.first_token_s * 1e9) if t.first_token_s < t.total_s else None
+                async with asyncio.timeout(t.total_s):
+                    await self._direct(target, body, request_id, ex, first_token_by)
+            else:
+                async with asyncio.timeout(min(t.first_token_s, t.total_s)) as deadline:
                     await self._via_aiohttp(url, body, request_id, ex, deadline, total_deadline)
         # aiohttp's own timeouts are TimeoutErrors too: they must be told apart first.
         except aiohttp.ConnectionTimeoutError:
@@ -259,7 +258,7 @@ class StreamingClient:
         return found
 
     async def _direct(
-        self, target: direct.Target, body: bytes, request_id: str, ex: Exchange, first_token: Callable[[], None]
+        self, target: direct.Target, body: bytes, request_id: str, ex: Exchange, first_token_by: int | None
     ) -> None:
         """One exchange written and read by kvbench itself (direct.py), on a pooled connection."""
         try:
@@ -268,10 +267,12 @@ class StreamingClient:
             raise aiohttp.ConnectionTimeoutError(f"connection timeout to {target.request.url}") from e
         handler = conn.protocol
         assert isinstance(handler, StampedHandler)  # the connector's factory (else no target)
-        reader = direct.Reader(ex, handler, self.max_line_bytes, self.timeouts.idle_s, first_token)
+        reader = direct.Reader(ex, handler, self.max_line_bytes, self.timeouts.idle_s, first_token_by)
         handler.begin(ex)
         reuse = False
         try:
+            if first_token_by is not None and time.perf_counter_ns() >= first_token_by:
+                raise TimeoutError  # waited for a connection past the first token's time: not sent
             transport = handler.transport
             if transport is None or transport.is_closing():
                 raise aiohttp.ServerDisconnectedError("the connection closed before the request was written")

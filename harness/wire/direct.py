@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 import yarl
@@ -82,16 +82,16 @@ class Reader:
         "ex",
         "failure",
         "finished",
+        "first_token_by",
         "handler",
         "idle_ns",
         "loop",
-        "on_first_token",
         "parser",
         "timer",
     )
 
     def __init__(
-        self, ex: Exchange, handler: StampedHandler, max_line_bytes: int, idle_s: float, on_first_token: Any
+        self, ex: Exchange, handler: StampedHandler, max_line_bytes: int, idle_s: float, first_token_by: int | None
     ) -> None:
         self.ex, self.handler = ex, handler
         self.loop = asyncio.get_running_loop()
@@ -101,12 +101,14 @@ class Reader:
         self.failure: BaseException | None = None
         self.error_body: list[bytes] | None = None  # a response that is not 200: its first bytes
         self.idle_ns = int(idle_s * 1e9)
-        self.on_first_token = on_first_token  # called once (the total deadline replaces the first token's)
+        # (perf_counter_ns) the first token is due by then (first_token_s), None: only the total
+        # timeout applies, which the request's task keeps
+        self.first_token_by = first_token_by
         self.timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
-        """The request is written: the idle timer runs from now."""
-        self.timer = self.loop.call_later(self.idle_ns / 1e9, self._idle)
+        """The request is written: the timer (no data for idle_s, no first token in time) runs."""
+        self._check()
 
     def feed(self, t: int, data: bytes) -> None:
         parser = self.parser
@@ -163,11 +165,8 @@ class Reader:
         except SSELimitError as e:
             self._end(e)
             return False
-        had_token = state.first_token_ns is not None
         if events:
             state.on_events(events, t)
-        if not had_token and state.first_token_ns is not None:
-            self.on_first_token()
         return True
 
     def eof(self) -> None:
@@ -191,12 +190,21 @@ class Reader:
         else:
             self._end(aiohttp.ClientPayloadError(f"response cut short: {why}"))
 
-    def _idle(self) -> None:
-        quiet = time.perf_counter_ns() - max(self.handler.last_read_ns, self.ex.start_ns)
-        if quiet >= self.idle_ns:
+    def _check(self) -> None:
+        """Fail the exchange once its server has been quiet for idle_s, or its first token is
+        late; else look again when either could next be true. One timer, moved only when it
+        fires: nothing is done for it per read."""
+        now = time.perf_counter_ns()
+        left = self.idle_ns - (now - max(self.handler.last_read_ns, self.ex.start_ns))
+        if left <= 0:
             self._end(aiohttp.ServerTimeoutError("no data"))
-        else:
-            self.timer = self.loop.call_later((self.idle_ns - quiet) / 1e9, self._idle)
+            return
+        if self.first_token_by is not None and self.ex.state.first_token_ns is None:
+            if now >= self.first_token_by:
+                self._end(TimeoutError())
+                return
+            left = min(left, self.first_token_by - now)
+        self.timer = self.loop.call_later(left / 1e9, self._check)
 
     def _end(self, failure: BaseException | None) -> None:
         if not self.finished.done():

@@ -10,7 +10,7 @@ import hashlib
 import random
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Literal
 
 import orjson
@@ -33,6 +33,12 @@ LENGTH_WARNINGS = 5  # prompts named for being off their target length; beyond, 
 # Connections of an open loop without max_concurrency: beyond as many in flight, a request waits
 # for a connection, and the wait shows as schedule lag.
 OPEN_LOOP_CONNECTIONS = 1024
+
+
+@lru_cache(maxsize=4096)  # a closed loop asks again for each request of a prompt
+def _arm_lead(arm: str, use: str, lead: str) -> str:
+    digest = hashlib.blake2b(f"{arm}/{use}{lead}".encode(), digest_size=8).digest()
+    return prompts.lead(int.from_bytes(digest, "big"))
 
 
 @dataclass(frozen=True)
@@ -102,8 +108,7 @@ class ArmSpec:
         """The prompt's lead, made this arm's own: arms are separate experiments, so one arm never
         finds the KV another left behind (even where a cache reset leaves offloaded tiers full).
         A `use` ("warmup") makes it that use's own too: nothing of it is shared with the rest."""
-        digest = hashlib.blake2b(f"{self.arm.name}/{use}{prompt.lead}".encode(), digest_size=8).digest()
-        return prompts.lead(int.from_bytes(digest, "big"))
+        return _arm_lead(self.arm.name, use, prompt.lead)
 
     def body(
         self, text: str, salt: str | None, max_tokens: int | None = None, engine: dict[str, Any] | None = None
