@@ -87,6 +87,7 @@ class Reader:
         "idle_ns",
         "loop",
         "parser",
+        "t",
         "timer",
     )
 
@@ -95,7 +96,8 @@ class Reader:
     ) -> None:
         self.ex, self.handler = ex, handler
         self.loop = asyncio.get_running_loop()
-        self.parser = h1.ResponseParser()
+        self.parser = h1.ResponseParser(self._body, self._skip)
+        self.t = 0  # the stamp of the read being fed
         self.decoder = SSEDecoder(max_line_bytes, skip=ex.state.run_end)
         self.finished: asyncio.Future[None] = self.loop.create_future()
         self.failure: BaseException | None = None
@@ -112,62 +114,73 @@ class Reader:
 
     def feed(self, t: int, data: bytes) -> None:
         parser = self.parser
+        self.t = t
         try:
-            body = parser.feed(data)
+            parser.feed(data)  # calls _body and _skip
         except h1.ProtocolError as e:
             parser.extra = b"broken"  # not reusable
             self._end(FramingError(f"broken HTTP framing: {e}"))
+            return
+        except SSELimitError as e:
+            self._end(e)
             return
         if parser.done and self.handler.done_ns is None:
             self.handler.done_ns = t  # (arrivals.py: does the server close connections after responses?)
         if self.finished.done():  # after [DONE]: only the framing mattered (may the connection be reused?)
             return
-        ex = self.ex
-        if ex.http_status is None:
-            if parser.head is None:
-                return
-            ex.http_status, ex.headers_ns = parser.head.status, t
-            if ex.http_status != 200:
-                self.error_body = []
-        if body:
-            if self.error_body is not None:
-                self.error_body.append(body)
-                if sum(map(len, self.error_body)) >= ERROR_BODY_BYTES:
-                    self._end(None)
-                    return
-            elif not self._stream(t, body):
-                return
+        self._headers()
+        state = self.ex.state
         if parser.done:
-            if self.error_body is None and not ex.state.done:
-                self._events(t, None)
+            if self.error_body is None and not state.done:
+                state.on_events(self.decoder.close(), t)
+            self._end(None)
+        elif self.error_body is not None:
+            if sum(map(len, self.error_body)) >= ERROR_BODY_BYTES:
+                self._end(None)
+        elif (state.done or state.error) and not self.handler.held:
+            # [DONE]: the exchange is over. The body's end is read on from the reads already in,
+            # so that the connection can be reused; if it is not there yet, it is closed.
             self._end(None)
 
-    def _stream(self, t: int, body: bytes) -> bool:
-        """SSE from the body's bytes; False when the exchange ends here."""
+    def _headers(self) -> None:
+        ex, head = self.ex, self.parser.head
+        if ex.http_status is None and head is not None:
+            ex.http_status, ex.headers_ns = head.status, self.t
+            if head.status != 200:
+                self.error_body = []
+
+    def _body(self, data: bytes) -> None:
+        """Body bytes, in order (h1's callback)."""
+        if self.finished.done() or not data:
+            return
+        self._headers()
+        if self.error_body is not None:
+            self.error_body.append(data)
+            return
         state = self.ex.state
-        if state.done:  # past [DONE]: nothing counts, the rest of the body is waited for
-            return True
+        if state.done or state.error:  # nothing after [DONE] counts
+            return
         if state.first_byte_ns is None:
-            state.first_byte_ns = t
-        if not self._events(t, body):
-            return False
-        # [DONE]: the exchange is over. The body's end is read on (from reads already in) so that
-        # the connection can be reused; if it is not there yet, the connection is closed.
-        if (state.done or state.error) and (self.parser.done or not self.handler.held):
-            self._end(None)
-            return False
-        return True
-
-    def _events(self, t: int, body: bytes | None) -> bool:
-        state = self.ex.state
-        try:
-            events = self.decoder.feed(body) if body is not None else self.decoder.close()
-        except SSELimitError as e:
-            self._end(e)
-            return False
+            state.first_byte_ns = self.t
+        events = self.decoder.feed(data)
         if events:
-            state.on_events(events, t)
-        return True
+            state.on_events(events, self.t)
+
+    def _skip(self, buf: bytes, start: int) -> int:
+        """h1's skip: at a chunk's start, a run of whole chunks that are each one token event of
+        the stream's template is taken from the raw bytes, framing and all (stream.chunked_run),
+        unless the SSE decoder is inside an event there."""
+        state = self.ex.state
+        if state.template is None or self.finished.done() or state.done or state.error:
+            return start
+        self._headers()
+        if self.error_body is not None or not self.decoder.between_events():
+            return start
+        end = state.chunked_run_end(buf, start)
+        if end > start:
+            # four LFs a chunk: after its size, its event's line and blank line, after its data
+            state.take_run(state.template, buf, start, end, buf.count(b"\n", start, end) // 4, self.t)
+        return end
 
     def eof(self) -> None:
         """The server ended the connection (its held reads were fed first)."""

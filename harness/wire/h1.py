@@ -12,6 +12,7 @@ framings split at random).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -75,14 +76,21 @@ def _size(line: bytes) -> int:
     return int(digits, 16)
 
 
+# skip(buf, pos) -> end: called at the start of a chunk (`pos`, once per read): the caller takes
+# the whole chunks buf[pos:end] as they are, framing and all, already checked (pos: none)
+Skip = Callable[[bytes, int], int]
+
+
 class ResponseParser:
-    """One response. `feed` returns the body bytes each read completes; `head` is set once the
-    headers are in (1xx interim responses are skipped), `done` once the whole message is, and
-    `extra` then holds any bytes the server sent beyond it."""
+    """One response. `feed` hands the body bytes each read completes to `body`, in order (and,
+    with `skip`, runs of whole chunks to it); `head` is set once the headers are in (1xx
+    interim responses are skipped), `done` once the whole message is, and `extra` then holds
+    any bytes the server sent beyond it."""
 
-    __slots__ = ("_buf", "_left", "_mode", "_state", "done", "extra", "head")
+    __slots__ = ("_buf", "_left", "_mode", "_state", "body", "done", "extra", "head", "skip")
 
-    def __init__(self) -> None:
+    def __init__(self, body: Callable[[bytes], None], skip: Skip | None = None) -> None:
+        self.body, self.skip = body, skip
         self.head: Head | None = None
         self.done = False
         self.extra = b""
@@ -91,25 +99,26 @@ class ResponseParser:
         self._state = _SIZE
         self._left = 0  # body bytes still to come: the chunk's, or Content-Length's
 
-    def feed(self, data: bytes) -> bytes:
+    def feed(self, data: bytes) -> None:
         if self.done:
             self.extra += data
-            return b""
+            return
         if self._buf:
             data, self._buf = self._buf + data, b""
         if self.head is None:
             data = self._take_head(data)
             if self.head is None or not data:
-                return b""
+                return
         if self._mode == "chunked":
-            return self._chunked(data)
-        if self._mode == "length":
+            self._chunked(data)
+        elif self._mode == "length":
             body, rest = data[: self._left], data[self._left :]
             self._left -= len(body)
             if not self._left:
                 self.done, self.extra = True, rest
-            return body
-        return data
+            self.body(body)
+        else:
+            self.body(data)
 
     def eof(self) -> None:
         """The connection ended: a body that runs to it is complete; anything else was cut."""
@@ -152,10 +161,11 @@ class ResponseParser:
             self.head = Head(head.status, head.reason, head.headers, False)
         return data
 
-    def _chunked(self, buf: bytes) -> bytes:
+    def _chunked(self, buf: bytes) -> None:
         out: list[bytes] = []
         pos, n = 0, len(buf)
-        tried = False  # whole chunks at once: once per read (see _whole)
+        skip = self.skip  # the caller's runs, then whole chunks at once: once per read each (see _whole)
+        tried = False
         while pos < n:
             state = self._state
             if state == _DATA:
@@ -175,6 +185,11 @@ class ResponseParser:
                     raise ProtocolError("no CRLF after a chunk's data (bad chunk size?)")
                 pos += 2
                 self._state = _SIZE
+            elif state == _SIZE and skip is not None:
+                if out:  # what came before the run goes first
+                    self.body(out[0] if len(out) == 1 else b"".join(out))
+                    out.clear()
+                pos, skip = skip(buf, pos), None
             elif state == _SIZE and not tried:
                 tried = True
                 pos = self._whole(buf, pos, out)
@@ -194,7 +209,8 @@ class ResponseParser:
                 else:
                     self._left = _size(line)
                     self._state = _DATA if self._left else _TRAILER
-        return out[0] if len(out) == 1 else b"".join(out)
+        if out:
+            self.body(out[0] if len(out) == 1 else b"".join(out))
 
     def _whole(self, buf: bytes, pos: int, out: list[bytes]) -> int:
         """Take the whole chunks from `pos` (a size line's start) at once, up to the last chunk

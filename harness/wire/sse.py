@@ -88,6 +88,11 @@ class SSEDecoder:
         self._lines(buf, out)
         return out
 
+    def between_events(self) -> bool:
+        """Has every byte fed so far ended in a whole event (or comment)? The next byte starts
+        a new one."""
+        return not (self._buf or self._pending or self._has_data or self._data) and self._event is None
+
     def _skip_run(self, buf: bytes, out: list[SSEEvent | Run], skip: Skip) -> bytes:
         """Decode up to the first event boundary in `buf`, let `skip` take a run from there on;
         return the bytes after it."""

@@ -101,6 +101,7 @@ def _finish_reason(obj: dict[str, Any]) -> str | None:
 # A JSON string's body without escapes, quotes or control characters: its bytes are its text.
 _TEXT = rb'[^"\\\x00-\x1f]+'
 _PROBE = "kvbench"
+_UPPER_HEX = frozenset(bytes([c]) for c in b"ABCDEF")
 # Chunks longer than this get no template (token chunks are a few hundred bytes): the templates
 # kept stay small whatever a server sends.
 TEMPLATE_MAX_BYTES = 4096
@@ -113,11 +114,36 @@ class Template:
     content: bool  # the text is visible content (else reasoning)
     one: re.Pattern[bytes]  # one event's data
     run: re.Pattern[bytes]  # whole events in a row, as the SSE decoder sees them
-    texts: re.Pattern[bytes]  # the texts of such events
-    cut: tuple[int, int]  # the prefix's and the suffix's lengths
+    texts: re.Pattern[bytes]  # the texts of such events (also found among their HTTP chunks' framing)
+    prefix: bytes
+    suffix: bytes
 
     def text(self, data: bytes) -> str:
-        return data[self.cut[0] : len(data) - self.cut[1]].decode()
+        return data[len(self.prefix) : len(data) - len(self.suffix)].decode()
+
+
+# Texts up to this many bytes are taken in chunked runs (chunked_run); a longer one is decoded
+# from the HTTP body as usual. Tokens are a few bytes.
+CHUNKED_TEXT_MAX = 48
+
+
+@functools.lru_cache(maxsize=256)
+def chunked_run(template: Template, upper: bool) -> re.Pattern[bytes]:
+    """Whole HTTP chunks in a row, each one SSE event that fits the template, framing and all:
+    "size CRLF data: prefix text suffix LF LF CRLF", where the size (hex digits in upper or lower
+    case, no extension) is exactly that event's length. The size cannot be checked against the
+    text by a regular expression, so there is one branch per text length, up to
+    CHUNKED_TEXT_MAX; the branches are grouped by the size's first digit, which the matcher
+    tells apart at a glance."""
+    event = len(b"data: ") + len(template.prefix) + len(template.suffix) + 2
+    groups: dict[bytes, list[bytes]] = {}
+    for n in range(1, CHUNKED_TEXT_MAX + 1):
+        size = (b"%X" if upper else b"%x") % (event + n)
+        body = b"data: " + re.escape(template.prefix) + _TEXT[:-1] + b"{%d}" % n + re.escape(template.suffix)
+        groups.setdefault(size[:1], []).append(size[1:] + b"\r\n" + body + b"\n\n\r\n")
+    return re.compile(
+        b"(?:" + b"|".join(first + b"(?:" + b"|".join(rest) + b")" for first, rest in groups.items()) + b")+"
+    )
 
 
 def learn(data: bytes, obj: dict[str, Any], tokens: ChunkTokens) -> Template | None:
@@ -158,7 +184,8 @@ def _template(prefix: bytes, suffix: bytes, tokens: ChunkTokens) -> Template | N
         one=re.compile(p + _TEXT + s),
         run=re.compile(b"(?:data: " + p + _TEXT + s + b"\n\n)+"),
         texts=re.compile(b"data: " + p + b"(" + _TEXT + b")" + s + b"\n\n"),
-        cut=(len(prefix), len(suffix)),
+        prefix=prefix,
+        suffix=suffix,
     )
 
 
@@ -303,12 +330,34 @@ class StreamState:
     def _on_run(self, run: Run, t_ns: int) -> None:
         template = self._matched
         assert template is not None  # run_end matched it
-        n = run.buf.count(b"\n", run.start, run.end) // 2  # one line and a blank one each: counts faster
+        # one line and a blank one each (counting one byte is the faster count)
+        self.take_run(template, run.buf, run.start, run.end, run.buf.count(b"\n", run.start, run.end) // 2, t_ns)
+
+    def chunked_run_end(self, buf: bytes, start: int) -> int:
+        """The end of the run of whole HTTP chunks from `start` that are each one token event
+        fitting the template (`chunked_run`); `start` for none. The caller makes sure the SSE
+        decoder is between events there, and takes the run (`take_run`)."""
+        template = self.template
+        if template is None or self.done:
+            return start
+        m = chunked_run(template, False).match(buf, start)
+        if m is None and buf[start : start + 1] in _UPPER_HEX:
+            m = chunked_run(template, True).match(buf, start)
+        if m is None:
+            return start
+        end = m.end()
+        if not buf.isascii() and not _utf8(buf[start:end]):
+            return start  # decoded one by one, to be refused as malformed
+        return end
+
+    def take_run(self, template: Template, buf: bytes, start: int, end: int, n: int, t_ns: int) -> None:
+        """`n` token events of `template`, found in buf[start:end] (with or without their HTTP
+        chunks' framing), arrived at t_ns."""
         self._token(template.content, t_ns)
         self._hits += n
         self.token_chunk_ns += [t_ns] * (n - 1)
         if template.content and self.answer is not None:
-            self._keep(b"".join(template.texts.findall(run.buf, run.start, run.end)).decode())
+            self._keep(b"".join(template.texts.findall(buf, start, end)).decode())
 
     def _token(self, content: bool, t_ns: int) -> None:
         """A token chunk (content: with visible text) arrived at t_ns."""
