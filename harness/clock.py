@@ -8,6 +8,7 @@ worker processes are all handed a ModelClock.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import time
@@ -46,10 +47,14 @@ class ModelClock:
 
     def gaps(self, stamps_ns: list[int]) -> list[float]:
         """Model seconds between successive stamps. Most are 0 (tokens that came in one read):
-        in plain Python, with those taken as they are, this is twice as fast as numpy's
-        conversions for a response's few hundred stamps."""
+        only the others are converted, in plain Python (numpy's conversions cost more for a
+        response's few hundred stamps)."""
+        diffs = list(map(operator.sub, stamps_ns[1:], stamps_ns[:-1]))
+        out = [0.0] * len(diffs)
         k = self.scale / 1e9
-        return [round(g * k, 7) if g else 0.0 for g in map(operator.sub, stamps_ns[1:], stamps_ns[:-1])]
+        for i in itertools.compress(range(len(diffs)), diffs):
+            out[i] = round(diffs[i] * k, 7)
+        return out
 
     def at_mono(self, t_mono: float) -> float:
         """Model seconds from the arm's start to a time.monotonic() reading."""

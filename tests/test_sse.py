@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.wire.sse import Run, SSEDecoder, SSEEvent, SSELimitError
-from harness.wire.stream import StreamState, chunk_tokens
+from harness.wire.client import Exchange
+from harness.wire.direct import Response
+from harness.wire.h1 import ResponseParser
+from harness.wire.sse import MAX_LINE_BYTES, Run, SSEDecoder, SSEEvent, SSELimitError
+from harness.wire.stream import CHUNKED_TEXT_MAX, StreamState, chunk_tokens
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -349,3 +353,101 @@ def test_a_template_is_never_learnt_from_an_event_of_several_lines() -> None:
     reads = [two_lines, no_field + no_field, b"data: [DONE]\n\n"]
     assert seen(reads, True) == seen(reads, False)
     assert str(seen(reads, True)["error"]).startswith("malformed SSE data")
+
+
+def direct_and_full(chunks: list[bytes], reads_at: list[int], upper: bool = False) -> tuple[dict[str, object], ...]:
+    """The state direct.Response gives for a body sent as these HTTP chunks and read in pieces
+    cut at `reads_at`, and the state the body's bytes each read completes give, parsed event by
+    event."""
+    size = b"%X" if upper else b"%x"
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    raw += b"".join(size % len(c) + b"\r\n" + c + b"\r\n" for c in chunks) + b"0\r\n\r\n"
+    cuts = sorted(min(c, len(raw)) for c in reads_at)
+    reads = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+
+    ex = Exchange(start_ns=0)
+    ex.state.answer = []
+    response = Response(ex, MAX_LINE_BYTES)
+    for t, r in enumerate(reads):
+        response.feed(t, r)
+        if response.ended():  # as direct.Reader stops
+            break
+
+    ref = StreamState(fast=False, answer=[])
+    decoder = SSEDecoder()
+    got: list[bytes] = []
+    parser = ResponseParser(got.append)
+    for t, r in enumerate(reads):
+        got.clear()
+        parser.feed(r)
+        piece = b"".join(got)
+        over = ref.done or ref.error  # the client reads no further (client.py)
+        if piece and not over:
+            ref.on_bytes(t)
+            ref.on_events(decoder.feed(piece), t)
+        if parser.done:
+            if not (ref.done or ref.error):
+                ref.on_events(decoder.close(), t)
+            break
+    return tuple({**{f: getattr(s, f) for f in FIELDS}, "answer": "".join(s.answer or ())} for s in (ex.state, ref))
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams(), st.data())
+def test_the_direct_reader_gives_what_parsing_every_chunk_gives(events: list[bytes], data: st.DataObject) -> None:
+    """A stream as HTTP chunks (one event each, as engines send them, or cut anywhere; sizes in
+    either case), read by direct.Response, which takes runs of whole token chunks from the raw
+    bytes: the same state, read for read, as the body each read completes parsed event by event."""
+    body = b"".join(events)
+    if data.draw(st.booleans()):
+        chunks = events
+    else:
+        cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=12))))
+        chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True) if b > a]
+    reads_at = data.draw(st.lists(st.integers(0, len(body) * 2), max_size=16))
+    direct, full = direct_and_full(chunks, reads_at, data.draw(st.booleans()))
+    assert direct == full
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_the_direct_reader_on_a_firehose(upper: bool) -> None:
+    """An engine's stream, an event per chunk, written 32 chunks at a time and read as written
+    or cut anywhere: the same state as parsing every chunk."""
+    role = sse_event(vllm_chunk({"role": "assistant", "content": ""}))
+    tokens = [sse_event(vllm_chunk({"content": f" w{i}"})) for i in range(256)]
+    end = [sse_event(vllm_chunk({}, "length")), sse_event({"choices": [], "usage": {"prompt_tokens": 9}})]
+    chunks = [role, *tokens, *end, b"data: [DONE]\n\n"]
+    head = len(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    lengths = [len(b"%x\r\n%s\r\n" % (len(c), c)) for c in chunks]
+    as_written = [head + sum(lengths[: 2 + 32 * k]) for k in range(9)]
+    rng = random.Random(7)
+    for reads_at in (as_written, [rng.randrange(50_000) for _ in range(40)]):
+        direct, full = direct_and_full(chunks, reads_at, upper)
+        assert direct == full and len(full["token_chunk_ns"]) == 256  # type: ignore[arg-type]
+
+
+def test_a_chunked_run_checks_every_chunk_size() -> None:
+    """StreamState.chunked_run_end: whole chunks of token events are taken from their raw bytes only where
+    each chunk's size (in either case) is its event's length, and each text is short and plain."""
+    events = [sse_event(vllm_chunk({"content": t})) for t in (" a", " bb", " ccc")]
+    state = StreamState()
+    state.on_events(SSEDecoder(skip=state.run_end).feed(events[0]), 0)  # learns the template
+    assert state.template is not None
+
+    def framed(evs: list[bytes], size: bytes = b"%x") -> bytes:
+        return b"".join(size % len(e) + b"\r\n" + e + b"\r\n" for e in evs)
+
+    run = framed(events * 10)
+    assert state.chunked_run_end(run + b"0\r\n\r\n", 0) == len(run)
+    assert state.chunked_run_end(framed(events * 10, b"%X"), 0) == len(run)
+    one = len(framed(events[:1]))
+    for lie in (-1, 1, 16):  # sizes that are not the event's length: not taken
+        lying = framed(events[:1]) + b"%x\r\n%s\r\n" % (len(events[1]) + lie, events[1])
+        assert state.chunked_run_end(lying, 0) == one
+    long_text = sse_event(vllm_chunk({"content": "x" * (CHUNKED_TEXT_MAX + 1)}))
+    escaped = sse_event(vllm_chunk({"content": 'a"b'}))
+    assert state.chunked_run_end(framed([events[0], long_text, events[0]]), 0) == one
+    assert state.chunked_run_end(framed([events[0], escaped]), 0) == one
+    # the same lengths, other bytes (another request's id; another field's value): not taken
+    for other in (events[1].replace(b"chatcmpl-7", b"chatcmpl-8"), events[1].replace(b"null}]}", b"nul1}]}")):
+        assert state.chunked_run_end(framed([events[0], other, events[0]]), 0) == 0

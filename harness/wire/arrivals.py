@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import select
 import socket
 import time
 from collections import deque
@@ -43,6 +44,8 @@ HOLD_BYTES = 1 << 20
 # streamed response, without sending `Connection: close`): a request written in between was
 # never read.
 CLOSE_AFTER_RESPONSE_NS = 50_000_000
+# What poll says of a connection the server has closed or reset (Linux); elsewhere a peek tells
+_HANGUP = (select.POLLRDHUP | select.POLLHUP | select.POLLERR) if hasattr(select, "POLLRDHUP") else 0
 
 
 class Habit:
@@ -106,6 +109,7 @@ class StampedHandler(ResponseHandler):
         self.previous_done_ns: int | None = None  # the end of the response before it
         self.last_read_ns = 0  # when the last read arrived
         self.reader: Any = None  # direct.Reader: reads the response itself, aiohttp's parser idle
+        self._hangup: Any = None  # select.poll for the server's close (_closed_by_peer)
 
     def data_received(self, data: bytes) -> None:
         if not data:
@@ -160,12 +164,19 @@ class StampedHandler(ResponseHandler):
         self.previous_done_ns, self.done_ns = self.done_ns, None
 
     def _closed_by_peer(self) -> bool:
-        """Has the server closed this connection? Its EOF may wait in the socket unread: peek."""
+        """Has the server closed this connection? Its EOF may wait in the socket unread: ask
+        the kernel (poll for a hang-up, where there is POLLRDHUP), else peek."""
         if self.peer_closed or self.transport is None or self.transport.is_closing():
             return True
+        if self._hangup is not None:
+            return bool(self._hangup.poll(0))
         sock = self.transport.get_extra_info("socket")
         if sock is None:
             return False
+        if _HANGUP:  # one poll object for the connection's life (it owns no descriptor)
+            self._hangup = select.poll()
+            self._hangup.register(sock.fileno(), _HANGUP)
+            return bool(self._hangup.poll(0))
         # a socket object on the same descriptor (not a duplicate: no system calls but the peek)
         peek = socket.socket(sock.family, sock.type, fileno=sock.fileno())
         try:

@@ -1,9 +1,13 @@
 """The streaming HTTP client: thin I/O around `sse.SSEDecoder` and `stream.StreamState`.
 
-One shared aiohttp session whose connector is sized for the run's concurrency. Each socket read
-is stamped with `time.perf_counter_ns()` as the loop takes it, before any parsing (arrivals.py);
-the response is read with `iter_any()` (no line or chunk limits) and split back into the pieces
-that arrived together, and SSE decoding takes turns with the other streams (turns.py).
+One shared aiohttp session whose connector is sized for the run's concurrency, and whose
+connections stamp each socket read with `time.perf_counter_ns()` as the loop takes it, before
+any parsing (arrivals.py). A streamed request to an `http://` endpoint is written and read by
+kvbench itself on one of those connections (direct.py: the response parsed where each stamped
+read is released, a slice at a time, turns.py). Through aiohttp (https, or an aiohttp without
+the internals seam.py names) the response is read with `iter_any()` (no line or chunk limits),
+split back into the pieces that arrived together, and SSE decoding takes turns with the other
+streams.
 """
 
 from __future__ import annotations
@@ -286,7 +290,7 @@ class StreamingClient:
             await reader.finished
             if reader.failure is not None:
                 raise reader.failure
-            reuse = reader.reusable() and not self.habit.closes_after_response
+            reuse = reader.response.reusable() and not self.habit.closes_after_response
         finally:
             handler.reader = None
             reader.stop()
@@ -294,8 +298,8 @@ class StreamingClient:
                 conn.release()
             else:
                 conn.close()
-        if reader.error_body is not None:
-            ex.error, ex.error_kind = f"HTTP {ex.http_status}: {reader.error_text()}", "http"
+        if reader.response.error_body is not None:
+            ex.error, ex.error_kind = f"HTTP {ex.http_status}: {reader.response.error_text()}", "http"
         else:
             _verdict(ex)
 

@@ -70,38 +70,106 @@ def target(url: str, headers: dict[str, str], session: aiohttp.ClientSession) ->
     return Target(request, ("\r\n".join(lines) + "\r\n").encode())
 
 
+class Response:
+    """One response's bytes to what they say (pure, no I/O): its HTTP framing (h1), its SSE
+    (sse), what the stream says (stream, into `ex.state`), or, for a status other than 200, its
+    first bytes. Runs of whole HTTP chunks that are each one token event of the stream's template
+    are taken from the raw bytes, framing and all (StreamState.chunked_run_end); everything else is
+    decoded from the body. `feed` raises h1.ProtocolError and SSELimitError."""
+
+    __slots__ = ("decoder", "error_body", "ex", "over", "parser", "t")
+
+    def __init__(self, ex: Exchange, max_line_bytes: int) -> None:
+        self.ex = ex
+        self.parser = h1.ResponseParser(self._body, self._skip)
+        self.decoder = SSEDecoder(max_line_bytes, skip=ex.state.run_end)
+        self.error_body: list[bytes] | None = None  # a response that is not 200: its first bytes
+        self.t = 0  # the stamp of the read being fed
+        self.over = False  # the exchange has ended: only the framing is read on
+
+    def feed(self, t: int, data: bytes) -> None:
+        self.t = t
+        self.parser.feed(data)  # calls _body and _skip
+        self._headers()
+        state = self.ex.state
+        if self.parser.done and self.error_body is None and not (self.over or state.done or state.error):
+            state.on_events(self.decoder.close(), t)
+
+    def _headers(self) -> None:
+        ex, head = self.ex, self.parser.head
+        if ex.http_status is None and head is not None:
+            ex.http_status, ex.headers_ns = head.status, self.t
+            if head.status != 200:
+                self.error_body = []
+
+    def _body(self, data: bytes) -> None:
+        """Body bytes, in order (h1's callback)."""
+        if self.over or not data:
+            return
+        self._headers()
+        if self.error_body is not None:
+            if sum(map(len, self.error_body)) < ERROR_BODY_BYTES:
+                self.error_body.append(data)
+            return
+        state = self.ex.state
+        if state.done:  # nothing after [DONE] counts (after an error, the read is decoded to its end, as via aiohttp)
+            return
+        if state.first_byte_ns is None:
+            state.first_byte_ns = self.t
+        events = self.decoder.feed(data)
+        if events:
+            state.on_events(events, self.t)
+
+    def _skip(self, buf: bytes, start: int) -> int:
+        """h1's skip: a run of whole token chunks from `start`, unless the SSE decoder is inside
+        an event there (or there is no template yet)."""
+        state = self.ex.state
+        if state.template is None or self.over or state.done:
+            return start
+        self._headers()
+        if self.error_body is not None or not self.decoder.between_events():
+            return start
+        end = state.chunked_run_end(buf, start)
+        if end > start:
+            # four LFs a chunk: after its size, its event's line and blank line, after its data
+            state.take_run(state.template, buf, start, end, buf.count(b"\n", start, end) // 4, self.t)
+        return end
+
+    def ended(self) -> bool:
+        """Is there nothing more to wait for: the body's end, enough of an error's body, or
+        [DONE] (or an error event) in the stream?"""
+        if self.parser.done:
+            return True
+        if self.error_body is not None:
+            return sum(map(len, self.error_body)) >= ERROR_BODY_BYTES
+        return self.ex.state.done or self.ex.state.error is not None
+
+    def reusable(self) -> bool:
+        """May the connection carry another request?"""
+        p = self.parser
+        return p.done and not p.extra and p.head is not None and p.head.keep_alive
+
+    def error_text(self) -> str:
+        body = b"".join(self.error_body or ())[:ERROR_BODY_BYTES]
+        return body.decode("utf-8", "replace").strip()[:1000]
+
+
 class Reader:
     """Reads one response on its connection's handler (`handler.reader`): fed each stamped read
     as the backlog releases it, and at the connection's end. `finished` resolves when the
     exchange is over (the stream's end, [DONE], an error, a timeout); `failure` then says why it
     failed, if it did."""
 
-    __slots__ = (
-        "decoder",
-        "error_body",
-        "ex",
-        "failure",
-        "finished",
-        "first_token_by",
-        "handler",
-        "idle_ns",
-        "loop",
-        "parser",
-        "t",
-        "timer",
-    )
+    __slots__ = ("ex", "failure", "finished", "first_token_by", "handler", "idle_ns", "loop", "response", "timer")
 
     def __init__(
         self, ex: Exchange, handler: StampedHandler, max_line_bytes: int, idle_s: float, first_token_by: int | None
     ) -> None:
         self.ex, self.handler = ex, handler
         self.loop = asyncio.get_running_loop()
-        self.parser = h1.ResponseParser(self._body, self._skip)
-        self.t = 0  # the stamp of the read being fed
-        self.decoder = SSEDecoder(max_line_bytes, skip=ex.state.run_end)
+        self.response = Response(ex, max_line_bytes)
         self.finished: asyncio.Future[None] = self.loop.create_future()
         self.failure: BaseException | None = None
-        self.error_body: list[bytes] | None = None  # a response that is not 200: its first bytes
         self.idle_ns = int(idle_s * 1e9)
         # (perf_counter_ns) the first token is due by then (first_token_s), None: only the total
         # timeout applies, which the request's task keeps
@@ -113,81 +181,29 @@ class Reader:
         self._check()
 
     def feed(self, t: int, data: bytes) -> None:
-        parser = self.parser
-        self.t = t
+        response = self.response
         try:
-            parser.feed(data)  # calls _body and _skip
+            response.feed(t, data)
         except h1.ProtocolError as e:
-            parser.extra = b"broken"  # not reusable
+            response.parser.extra = b"broken"  # not reusable
             self._end(FramingError(f"broken HTTP framing: {e}"))
             return
         except SSELimitError as e:
             self._end(e)
             return
-        if parser.done and self.handler.done_ns is None:
+        if response.parser.done and self.handler.done_ns is None:
             self.handler.done_ns = t  # (arrivals.py: does the server close connections after responses?)
-        if self.finished.done():  # after [DONE]: only the framing mattered (may the connection be reused?)
-            return
-        self._headers()
-        state = self.ex.state
-        if parser.done:
-            if self.error_body is None and not state.done:
-                state.on_events(self.decoder.close(), t)
+        # After [DONE], the body's end is read on from the reads already in, so that the
+        # connection can be reused; if it is not there yet, the connection is closed.
+        if not self.finished.done() and response.ended() and (response.parser.done or not self.handler.held):
             self._end(None)
-        elif self.error_body is not None:
-            if sum(map(len, self.error_body)) >= ERROR_BODY_BYTES:
-                self._end(None)
-        elif (state.done or state.error) and not self.handler.held:
-            # [DONE]: the exchange is over. The body's end is read on from the reads already in,
-            # so that the connection can be reused; if it is not there yet, it is closed.
-            self._end(None)
-
-    def _headers(self) -> None:
-        ex, head = self.ex, self.parser.head
-        if ex.http_status is None and head is not None:
-            ex.http_status, ex.headers_ns = head.status, self.t
-            if head.status != 200:
-                self.error_body = []
-
-    def _body(self, data: bytes) -> None:
-        """Body bytes, in order (h1's callback)."""
-        if self.finished.done() or not data:
-            return
-        self._headers()
-        if self.error_body is not None:
-            self.error_body.append(data)
-            return
-        state = self.ex.state
-        if state.done or state.error:  # nothing after [DONE] counts
-            return
-        if state.first_byte_ns is None:
-            state.first_byte_ns = self.t
-        events = self.decoder.feed(data)
-        if events:
-            state.on_events(events, self.t)
-
-    def _skip(self, buf: bytes, start: int) -> int:
-        """h1's skip: at a chunk's start, a run of whole chunks that are each one token event of
-        the stream's template is taken from the raw bytes, framing and all (stream.chunked_run),
-        unless the SSE decoder is inside an event there."""
-        state = self.ex.state
-        if state.template is None or self.finished.done() or state.done or state.error:
-            return start
-        self._headers()
-        if self.error_body is not None or not self.decoder.between_events():
-            return start
-        end = state.chunked_run_end(buf, start)
-        if end > start:
-            # four LFs a chunk: after its size, its event's line and blank line, after its data
-            state.take_run(state.template, buf, start, end, buf.count(b"\n", start, end) // 4, self.t)
-        return end
 
     def eof(self) -> None:
         """The server ended the connection (its held reads were fed first)."""
         if self.finished.done():
             return
         try:
-            self.parser.eof()
+            self.response.parser.eof()
         except h1.ProtocolError as e:
             self._lost(str(e))
             return
@@ -222,6 +238,7 @@ class Reader:
     def _end(self, failure: BaseException | None) -> None:
         if not self.finished.done():
             self.failure = failure
+            self.response.over = True
             self.finished.set_result(None)
         self.stop()
 
@@ -229,12 +246,3 @@ class Reader:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-
-    def reusable(self) -> bool:
-        """May the connection carry another request?"""
-        p = self.parser
-        return self.failure is None and p.done and not p.extra and p.head is not None and p.head.keep_alive
-
-    def error_text(self) -> str:
-        body = b"".join(self.error_body or ())[:ERROR_BODY_BYTES]
-        return body.decode("utf-8", "replace").strip()[:1000]

@@ -13,7 +13,9 @@ aiohttp does (slower, the same records).
 
 Opening an open loop's connections ahead (client.StreamingClient.open_idle) uses aiohttp's
 low-level public API, `ClientRequest` and `BaseConnector.connect`; should it change, connections
-open as requests need them, as before.
+open as requests need them, as before. kvbench's own exchange (direct.py) takes its connections
+through the same API, on the stamped protocol: without the handler internals, streams go through
+aiohttp.
 """
 
 from __future__ import annotations

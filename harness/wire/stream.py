@@ -109,41 +109,92 @@ TEMPLATE_MAX_BYTES = 4096
 
 @dataclass(frozen=True, slots=True)
 class Template:
-    """A token chunk's bytes with the token's text left open: prefix, text, suffix."""
+    """A token chunk's bytes with the token's text left open: prefix, text, suffix. The prefix
+    ends and the suffix begins with the text's quotes, and neither has a line break."""
 
     content: bool  # the text is visible content (else reasoning)
-    one: re.Pattern[bytes]  # one event's data
-    run: re.Pattern[bytes]  # whole events in a row, as the SSE decoder sees them
-    texts: re.Pattern[bytes]  # the texts of such events (also found among their HTTP chunks' framing)
     prefix: bytes
     suffix: bytes
+
+    def fits(self, data: bytes) -> bool:
+        """Is one event's data this template with a plain text?"""
+        p, s = len(self.prefix), len(self.suffix)
+        return (
+            len(data) > p + s
+            and data.startswith(self.prefix)
+            and data.endswith(self.suffix)
+            and _PLAIN.fullmatch(data, p, len(data) - s) is not None
+        )
 
     def text(self, data: bytes) -> str:
         return data[len(self.prefix) : len(data) - len(self.suffix)].decode()
 
+    def run_end(self, buf: bytes, first: int) -> int:
+        """The end of the run of whole events ("data: ...\n\n" each, as the SSE decoder sees
+        them) from `first` that fit this template; `first` for none. `_shape` checks the events'
+        form and texts; then every event's prefix and suffix are this template's if "data:
+        prefix" starts the run and follows each event's end, and "suffix LF LF" ends each event
+        (LF LF only ends an event: a plain text has none, nor has the template). Another kind of
+        event among them refuses the run (it is decoded one by one)."""
+        m = _shape(len(self.prefix), len(self.suffix)).run.match(buf, first)
+        if m is None:
+            return first
+        end = m.end()
+        n = buf.count(b"\n", first, end) // 2  # a line and a blank line each
+        if (
+            not buf.startswith(b"data: " + self.prefix, first)
+            or buf.count(b"\n\ndata: " + self.prefix, first, end) != n - 1
+            or buf.count(self.suffix + b"\n\n", first, end) != n
+        ):
+            return first
+        return end
 
-# Texts up to this many bytes are taken in chunked runs (chunked_run); a longer one is decoded
+    def texts(self, buf: bytes, start: int, end: int) -> bytes:
+        """The texts of the events of a run (with or without their HTTP chunks' framing)."""
+        return b"".join(_shape(len(self.prefix), len(self.suffix)).texts.findall(buf, start, end))
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    run: re.Pattern[bytes]
+    texts: re.Pattern[bytes]
+
+
+_PLAIN = re.compile(_TEXT)
+
+
+@functools.lru_cache(maxsize=64)
+def _shape(prefix_len: int, suffix_len: int) -> _Shape:
+    """The patterns of every template with a prefix and a suffix of these lengths: compiling
+    takes a millisecond or more, and engines put a request's own id into its chunks, so that
+    each stream learns a template of its own; the template checks its own bytes (run_end)."""
+    event = b"data: .{%d}%%s.{%d}\n\n" % (prefix_len, suffix_len)
+    return _Shape(run=re.compile(b"(?:" + event % _TEXT + b")+"), texts=re.compile(event % (b"(" + _TEXT + b")")))
+
+
+# Texts up to this many bytes are taken in chunked runs (chunk_frames); a longer one is decoded
 # from the HTTP body as usual. Tokens are a few bytes.
 CHUNKED_TEXT_MAX = 48
 
 
-@functools.lru_cache(maxsize=256)
-def chunked_run(template: Template, upper: bool) -> re.Pattern[bytes]:
-    """Whole HTTP chunks in a row, each one SSE event that fits the template, framing and all:
-    "size CRLF data: prefix text suffix LF LF CRLF", where the size (hex digits in upper or lower
-    case, no extension) is exactly that event's length. The size cannot be checked against the
-    text by a regular expression, so there is one branch per text length, up to
-    CHUNKED_TEXT_MAX; the branches are grouped by the size's first digit, which the matcher
-    tells apart at a glance."""
-    event = len(b"data: ") + len(template.prefix) + len(template.suffix) + 2
+@functools.lru_cache(maxsize=64)
+def chunk_frames(prefix_len: int, suffix_len: int, upper: bool) -> re.Pattern[bytes]:
+    """Whole HTTP chunks in a row, each one SSE event of a template's shape: "size CRLF data:
+    (prefix_len bytes) text (suffix_len bytes) LF LF CRLF", where the size (hex digits in upper or
+    lower case, no extension) is exactly that event's length and the text is plain. A regular
+    expression cannot check a size against a length, so there is one branch per text length, up
+    to CHUNKED_TEXT_MAX, grouped by the size's first digit (told apart at a glance). The prefix
+    and suffix are only counted here, so that the pattern (slow to compile: milliseconds) serves
+    every template of those lengths: engines put a request's own id into its chunks, so each
+    stream learns a template of its own. `StreamState.chunked_run_end` checks their bytes."""
+    event = len(b"data: ") + prefix_len + suffix_len + 2
     groups: dict[bytes, list[bytes]] = {}
     for n in range(1, CHUNKED_TEXT_MAX + 1):
         size = (b"%X" if upper else b"%x") % (event + n)
-        body = b"data: " + re.escape(template.prefix) + _TEXT[:-1] + b"{%d}" % n + re.escape(template.suffix)
-        groups.setdefault(size[:1], []).append(size[1:] + b"\r\n" + body + b"\n\n\r\n")
-    return re.compile(
-        b"(?:" + b"|".join(first + b"(?:" + b"|".join(rest) + b")" for first, rest in groups.items()) + b")+"
-    )
+        frame = b"\r\n.{%d}%s{%d}.{%d}\n\n\r\n" % (len(b"data: ") + prefix_len, _TEXT[:-1], n, suffix_len)
+        groups.setdefault(size[:1], []).append(size[1:] + frame)
+    branches = b"|".join(first + b"(?:" + b"|".join(rest) + b")" for first, rest in groups.items())
+    return re.compile(b"(?:" + branches + b")+")
 
 
 def learn(data: bytes, obj: dict[str, Any], tokens: ChunkTokens) -> Template | None:
@@ -178,15 +229,7 @@ def _template(prefix: bytes, suffix: bytes, tokens: ChunkTokens) -> Template | N
         or content_of(probe) != (_PROBE if tokens.content else "")
     ):
         return None
-    p, s = re.escape(prefix), re.escape(suffix)
-    return Template(
-        content=tokens.content,
-        one=re.compile(p + _TEXT + s),
-        run=re.compile(b"(?:data: " + p + _TEXT + s + b"\n\n)+"),
-        texts=re.compile(b"data: " + p + b"(" + _TEXT + b")" + s + b"\n\n"),
-        prefix=prefix,
-        suffix=suffix,
-    )
+    return Template(content=tokens.content, prefix=prefix, suffix=suffix)
 
 
 # A stream whose chunks keep not fitting the template learnt from the one before (a field that
@@ -241,7 +284,7 @@ class StreamState:
     def on_event(self, event: SSEEvent, t_ns: int) -> None:
         data = event.data
         template = self.template
-        if template is not None and template.one.fullmatch(data) and (data.isascii() or _utf8(data)):
+        if template is not None and template.fits(data) and (data.isascii() or _utf8(data)):
             self._hits += 1
             self._token(template.content, t_ns)
             if template.content and self.answer is not None:
@@ -296,10 +339,9 @@ class StreamState:
         template = self.template
         if template is None:
             return start, start
-        m = template.run.match(buf, first)
-        if m is None:
+        end = template.run_end(buf, first)
+        if end == first:
             return start, start
-        end = m.end()
         if not buf.isascii() and not _utf8(buf[first:end]):
             return start, start  # parsed one by one, to be refused as malformed
         self._matched = template
@@ -335,17 +377,28 @@ class StreamState:
 
     def chunked_run_end(self, buf: bytes, start: int) -> int:
         """The end of the run of whole HTTP chunks from `start` that are each one token event
-        fitting the template (`chunked_run`); `start` for none. The caller makes sure the SSE
-        decoder is between events there, and takes the run (`take_run`)."""
+        fitting the template; `start` for none. `chunk_frames` checks the chunks' sizes and
+        texts; then every chunk's prefix and suffix are the template's if each occurs once per
+        chunk: "CRLF data: prefix" can only start at a size line's end, and "suffix LF LF CRLF"
+        only end at a chunk's end (a plain text has no quote, CR or LF, and the prefix ends
+        and the suffix begins with the text's quotes). The caller makes sure the SSE decoder is
+        between events there, and takes the run (`take_run`)."""
         template = self.template
         if template is None or self.done:
             return start
-        m = chunked_run(template, False).match(buf, start)
+        p, s = len(template.prefix), len(template.suffix)
+        m = chunk_frames(p, s, False).match(buf, start)
         if m is None and buf[start : start + 1] in _UPPER_HEX:
-            m = chunked_run(template, True).match(buf, start)
+            m = chunk_frames(p, s, True).match(buf, start)
         if m is None:
             return start
         end = m.end()
+        n = buf.count(b"\n", start, end) // 4  # four a chunk: after its size, its event's two, after its data
+        if (
+            buf.count(b"\r\ndata: " + template.prefix, start, end) != n
+            or buf.count(template.suffix + b"\n\n\r\n", start, end) != n
+        ):
+            return start  # another kind of event among them: decoded from the body
         if not buf.isascii() and not _utf8(buf[start:end]):
             return start  # decoded one by one, to be refused as malformed
         return end
@@ -357,7 +410,7 @@ class StreamState:
         self._hits += n
         self.token_chunk_ns += [t_ns] * (n - 1)
         if template.content and self.answer is not None:
-            self._keep(b"".join(template.texts.findall(buf, start, end)).decode())
+            self._keep(template.texts(buf, start, end).decode())
 
     def _token(self, content: bool, t_ns: int) -> None:
         """A token chunk (content: with visible text) arrived at t_ns."""
