@@ -86,13 +86,15 @@ def run_perf_analyzer(n: int) -> dict[str, float]:
         argv += ["--endpoint", "v1/chat/completions", "--input-data", str(t / "inputs.json")]
         argv += ["--profile-export-file", str(t / "export.json")]
         server_before, start = fh.cpu_s(), time.monotonic()
-        proc = subprocess.Popen(
-            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=lambda: pin(client_cores())
-        )
-        _, status, usage = os.wait4(proc.pid, 0)
+        # its messages go to a file: a pipe read only at its end would fill and stop it
+        with (t / "stderr").open("wb") as err:
+            proc = subprocess.Popen(
+                argv, env=env, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=lambda: pin(client_cores())
+            )
+            _, status, usage = os.wait4(proc.pid, 0)
         wall = time.monotonic() - start
         server = (fh.cpu_s() - server_before) / wall
-        stderr = proc.stderr.read().decode() if proc.stderr else ""
+        stderr = (t / "stderr").read_text(errors="replace")
         if status != 0:
             raise SystemExit(f"perf_analyzer failed ({status}): {stderr[-2000:]}")
         requests = json.loads((t / "export.json").read_text())["experiments"][0]["requests"]

@@ -65,7 +65,7 @@ def main() -> None:
     # Connections for 80 % of the ceiling: a first guess from TTFT alone, corrected once by
     # what that guess achieved (responses take longer than TTFT to stream and parse).
     guess = round(0.8 * ceiling * TTFT_S)
-    at_80 = min(512, round(guess * 0.8 * ceiling / run(n, guess, 0.0)[0]["summary"]["req_per_s"]))
+    at_80 = min(1024, round(guess * 0.8 * ceiling / run(n, guess, 0.0)[0]["summary"]["req_per_s"]))
     print("tokens       connections  req/s  of ceiling  client_cpu  error_mean_ms  p50_ms  p99_ms  max_ms")
     for itl, conc in ((10.0, 28), (0.0, 28), (0.0, at_80), (10.0, 256), (0.0, 256)):
         meta, errs = run(n, conc, itl)

@@ -14,9 +14,9 @@ HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding
 
 def parse(reads: list[bytes], eof: bool = False) -> tuple[bytes, ResponseParser]:
     pieces: list[bytes] = []
-    p = ResponseParser(pieces.append)
+    p = ResponseParser()
     for r in reads:
-        p.feed(r)
+        p.feed(r, pieces.append)
     if eof:
         p.eof()
     return b"".join(pieces), p
@@ -111,12 +111,12 @@ def test_a_connection_that_ends_early_cuts_the_response(raw: bytes) -> None:
 
 
 def test_what_a_server_streams_without_end_is_bounded() -> None:
-    p = ResponseParser(lambda _: None)
+    p = ResponseParser()
     with pytest.raises(ProtocolError, match="headers beyond"):
         for _ in range(MAX_HEAD_BYTES // 1000 + 2):
-            p.feed(b"X-Long: " + b"a" * 1000)
-    p = ResponseParser(lambda _: None)
-    p.feed(HEAD)
+            p.feed(b"X-Long: " + b"a" * 1000, list().append)
+    p = ResponseParser()
+    p.feed(HEAD, list().append)
     with pytest.raises(ProtocolError, match="without end"):
         for _ in range(10):
-            p.feed(b"0" * 200 + b";" + b"e" * 200)
+            p.feed(b"0" * 200 + b";" + b"e" * 200, list().append)

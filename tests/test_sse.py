@@ -376,10 +376,10 @@ def direct_and_full(chunks: list[bytes], reads_at: list[int], upper: bool = Fals
     ref = StreamState(fast=False, answer=[])
     decoder = SSEDecoder()
     got: list[bytes] = []
-    parser = ResponseParser(got.append)
+    parser = ResponseParser()
     for t, r in enumerate(reads):
         got.clear()
-        parser.feed(r)
+        parser.feed(r, got.append)
         piece = b"".join(got)
         over = ref.done or ref.error  # the client reads no further (client.py)
         if piece and not over:

@@ -81,7 +81,7 @@ class Response:
 
     def __init__(self, ex: Exchange, max_line_bytes: int) -> None:
         self.ex = ex
-        self.parser = h1.ResponseParser(self._body, self._skip)
+        self.parser = h1.ResponseParser()
         self.decoder = SSEDecoder(max_line_bytes, skip=ex.state.run_end)
         self.error_body: list[bytes] | None = None  # a response that is not 200: its first bytes
         self.t = 0  # the stamp of the read being fed
@@ -89,7 +89,7 @@ class Response:
 
     def feed(self, t: int, data: bytes) -> None:
         self.t = t
-        self.parser.feed(data)  # calls _body and _skip
+        self.parser.feed(data, self._body, self._skip)
         self._headers()
         state = self.ex.state
         if self.parser.done and self.error_body is None and not (self.over or state.done or state.error):

@@ -31,6 +31,10 @@ _NO_BODY = frozenset((204, 304))
 _SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)
 
 
+def _drop(_data: bytes) -> None:
+    """No one to hand body bytes to (between feeds)."""
+
+
 class ProtocolError(ValueError):
     """The response broke HTTP/1.1's rules."""
 
@@ -85,12 +89,15 @@ class ResponseParser:
     """One response. `feed` hands the body bytes each read completes to `body`, in order (and,
     with `skip`, runs of whole chunks to it); `head` is set once the headers are in (1xx
     interim responses are skipped), `done` once the whole message is, and `extra` then holds
-    any bytes the server sent beyond it."""
+    any bytes the server sent beyond it. The callbacks are given to each `feed`, not kept: a
+    parser kept by the object whose methods they are would make a reference cycle per
+    response, garbage only the cyclic collector frees (its pauses delay the loop)."""
 
     __slots__ = ("_buf", "_left", "_mode", "_state", "body", "done", "extra", "head", "skip")
 
-    def __init__(self, body: Callable[[bytes], None], skip: Skip | None = None) -> None:
-        self.body, self.skip = body, skip
+    def __init__(self) -> None:
+        self.body: Callable[[bytes], None] = _drop
+        self.skip: Skip | None = None
         self.head: Head | None = None
         self.done = False
         self.extra = b""
@@ -99,7 +106,14 @@ class ResponseParser:
         self._state = _SIZE
         self._left = 0  # body bytes still to come: the chunk's, or Content-Length's
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes, body: Callable[[bytes], None], skip: Skip | None = None) -> None:
+        self.body, self.skip = body, skip
+        try:
+            self._feed(data)
+        finally:
+            self.body, self.skip = _drop, None
+
+    def _feed(self, data: bytes) -> None:
         if self.done:
             self.extra += data
             return
