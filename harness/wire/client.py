@@ -128,9 +128,8 @@ class StreamingClient:
         self.timeouts = timeouts
         self.max_line_bytes = max_line_bytes
         self.send_clock = send_clock  # tell the embedded emulator when each request left (see its _arrival)
-        self.direct_http = (
-            direct_http  # http:// streams through direct.py (False: all through aiohttp, as https always)
-        )
+        # http:// streams go through direct.py (False: all through aiohttp, as https always do)
+        self.direct_http = direct_http
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
         # The default connector caps at 100 connections; size it for the run instead.
         trace = aiohttp.TraceConfig()
