@@ -25,6 +25,7 @@ from harness.wire import seam
 from harness.wire.arrivals import merge_chunks, take
 from harness.wire.client import OTHER_FILES, Exchange, StreamingClient, reserve_descriptors
 from harness.wire.turns import DUE, SEND_HOLD_NS, SEND_MARGIN_NS, SLICE_NS, TURNS, Turns
+from tests.servers import ThreadedServer
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -280,55 +281,11 @@ def test_a_timed_send_holds_parsing_back_until_it_is_written() -> None:
     assert DUE.get() is None  # the senders' own contexts held their times
 
 
-class CountingServer:
-    """Counts the connections it accepts; answers each request on them with a short stream."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
-        self.accepted = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            raw = b""
-            while True:
-                while b"\r\n\r\n" not in raw:
-                    got = conn.recv(65536)
-                    if not got:
-                        return
-                    raw += got
-                head, _, raw = raw.partition(b"\r\n\r\n")
-                length = int(
-                    next(
-                        v
-                        for k, _, v in (h.partition(b": ") for h in head.split(b"\r\n"))
-                        if k.lower() == b"content-length"
-                    )
-                )
-                while len(raw) < length:
-                    raw += conn.recv(65536)
-                raw = raw[length:]
-                conn.sendall(HEAD + ROLE + TOKEN + DONE)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_an_open_loop_can_open_its_connections_ahead() -> None:
     """`open_idle` opens connections without sending on them; the requests that follow take them
     (no new connection, each a first request on its connection); none for a server that closes
     each connection after its response."""
-    server = CountingServer()
+    server = OneAnswerServer(HEAD + ROLE + TOKEN + DONE, close=False)
 
     async def main() -> tuple[int, list[Exchange], int]:
         async with StreamingClient(8, Timeouts(), {}) as client:
@@ -373,20 +330,13 @@ def test_descriptors_are_reserved_for_the_connections() -> None:
 GOLDEN = Path(__file__).parent / "golden"
 
 
-class OneAnswerServer:
+class OneAnswerServer(ThreadedServer):
     """Answers every request with the same bytes, then closes the connection (`close`) or reads
     the next request on it."""
 
     def __init__(self, answer: bytes, close: bool) -> None:
         self.answer, self.close_after = answer, close
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                threading.Thread(target=self._one, args=(self.sock.accept()[0],), daemon=True).start()
+        super().__init__()
 
     def _one(self, conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):
@@ -405,9 +355,6 @@ class OneAnswerServer:
                 conn.sendall(self.answer)
                 if self.close_after:
                     return
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def framed(sse: bytes, how: str, rng: random.Random) -> tuple[bytes, bool]:
@@ -474,19 +421,12 @@ def test_the_direct_exchange_says_what_aiohttp_says(case: str) -> None:
     assert len(set(direct)) == 1  # the connection's reuse (or not) changes nothing
 
 
-class ScriptServer:
+class ScriptServer(ThreadedServer):
     """Answers each request with steps of (pause in seconds, bytes), each connection in a thread."""
 
     def __init__(self, steps: list[tuple[float, bytes]]) -> None:
         self.steps = steps
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                threading.Thread(target=self._one, args=(self.sock.accept()[0],), daemon=True).start()
+        super().__init__()
 
     def _one(self, conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):
@@ -497,9 +437,6 @@ class ScriptServer:
                 time.sleep(pause)
                 conn.sendall(data)
             conn.recv(1)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 COMMENT = chunk(b": keep-alive\n\n")

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from harness.results import read_requests
 from tests.conftest import ROOT, kvbench, user_env, write_scenario
+from tests.servers import ThreadedServer
 
 GOLDEN = Path(__file__).parent / "golden" / "runs"
 
@@ -573,27 +574,19 @@ BODY = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\ndata: [DONE]
 ANSWER = HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
 
 
-class CountingServer:
+class CountingServer(ThreadedServer):
     """Counts the requests it reads. "drop": closes each connection once it has read a request,
     before any answer. "close-after-one": answers the first request of each connection (kept
     alive), then closes the connection 0.1 s later, as servers close idle connections.
     "close-after-each": the same 20 ms after its answer, unasked, as the pinned llama.cpp ends each
     streamed response (at once: the 20 ms make the race certain). "keep": answers every request
-    of a connection, and counts connections too."""
+    of a connection (`accepted` counts the connections)."""
 
     def __init__(self, mode: str) -> None:
-        self.mode, self.requests, self.connections, self.asked_close = mode, 0, 0, 0
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                threading.Thread(target=self._one, args=(self.sock.accept()[0],), daemon=True).start()
+        self.mode, self.requests, self.asked_close = mode, 0, 0
+        super().__init__()
 
     def _one(self, conn: socket.socket) -> None:
-        self.connections += 1
         if self.mode == "keep":
             with conn, contextlib.suppress(OSError):
                 raw = b""
@@ -617,9 +610,6 @@ class CountingServer:
             if self.mode in ("close-after-one", "close-after-each"):
                 conn.sendall(ANSWER)
                 time.sleep(0.1 if self.mode == "close-after-one" else 0.02)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def exchanges(server: CountingServer, n: int, pause_s: float) -> list[Any]:
@@ -706,7 +696,7 @@ def test_an_idle_connection_is_not_reused_once_the_server_may_have_closed_it() -
         server.close()
     assert [x.ok for x in got] == [True] * 3 and server.requests == 3
     # the second reused the first's connection; after a longer idle time the third got a new one
-    assert [x.reused for x in got] == [False, True, False] and server.connections == 2
+    assert [x.reused for x in got] == [False, True, False] and server.accepted == 2
 
 
 def test_a_time_scale_beyond_what_the_scenario_keeps_is_capped(tmp_path: Path) -> None:
