@@ -1,13 +1,14 @@
 """`kvbench run --ray [ADDRESS]`: an arm sent by Ray actors on any number of client hosts.
 
 The coordinator (this process, Ray's driver) settles the plan as for one process. A `Dispatch`
-actor beside it holds the schedule: each worker takes its next requests from it in batches that
-shrink as the schedule runs out (`take`), so whichever worker is free takes the next closed-loop
-request (give or take a batch), an open loop's requests
-are sent by whoever took them at their time on the coordinator's clock, and a session (one
-schedule item) stays with one worker. Each `RayWorker` actor is a client exactly like one
-`--workers` process (workers.send_share, on uvloop, in a thread of its own) and keeps its finished
-records until the coordinator drains them, every POLL_S, into the arm's one requests.jsonl.
+actor beside it holds the schedule, and each worker takes its next requests from it in batches
+(`take`): whichever worker is free takes the next closed-loop request (give or take a batch; the
+batches shrink as the schedule runs out), a session (one schedule item) stays with one worker,
+and an open loop's requests are dealt to the workers in turn and sent by each at their time on
+the coordinator's clock (a worker takes its own by time windows, well ahead). Each `RayWorker`
+actor starts a client process exactly like one `--workers` process (workers.send_share, on
+uvloop) and relays for it; the client writes its finished records to a file there until the
+coordinator drains them, every POLL_S, into the arm's one requests.jsonl.
 
 Clocks: before and after each arm the coordinator measures each worker's monotonic clock against
 its own (round trips, clock.Offset) and hands the worker the arm's start on the worker's clock,
@@ -26,49 +27,63 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import heapq
 import logging
+import multiprocessing
 import os
 import platform
 import re
+import shutil
+import signal
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from harness import aio
 from harness.clock import CLOCK_WARN_NS, ModelClock, Offset
 from harness.errors import EndpointError, InputError
 from harness.results import RequestRecord, RunWriter, versions
-from harness.workers import ID_STRIDE, Share, combine_health, deal, send_share
+from harness.workers import ID_STRIDE, Job, Share, combine_health, deal, send_share
 from harness.workloads.base import Plan, Schedule, Sender
 
 INSTALL_HINT = "pip install 'kvbench[ray]' (on this host and on every client host of the cluster)"
 # How often the coordinator drains the workers' records (s): what a dying worker can take with it
-# unreported (recorded as lost), against a few Ray calls per worker each time (0.1 s cost a
-# tenth of a loaded core).
-POLL_S = 0.25
+# unreported (recorded as lost), against a few Ray calls per worker each time (each drain also
+# stalls the worker's loop for a few ms on a loaded host; 0.1 s cost a tenth of a loaded core).
+POLL_S = 0.5
+# How often a worker's client writes its finished records out for its actor to drain (s), and its
+# buffer (bytes) meanwhile.
+FLUSH_S = 0.05
+RELAY_BUFFER = 1 << 20
 # Round trips per clock-offset measurement.
 CLOCK_TRIPS = 16
 # A worker's client must be up within this long (s); a cluster without room for an actor never is.
 READY_TIMEOUT_S = 120.0
-# Requests a worker takes from the schedule at once: a closed loop's, CLOSED_BATCH times as many
-# as it has connections; an open loop's, those due within OPEN_LOOKAHEAD_S (wall-clock) of the
-# first, at most OPEN_BATCH; either, at most a GUIDED-th of its share of what is left, so that
-# none holds many at the end. Fewer, larger calls: each costs the worker's core a few
-# context switches through Ray's threads.
-CLOSED_BATCH = 4
-OPEN_BATCH = 256
-OPEN_LOOKAHEAD_S = 0.05
+# Requests a worker takes from the schedule at once. A closed loop's: CLOSED_BATCH times as many
+# as it has connections, at most a GUIDED-th of its share of what is left (with others still
+# there), so that none holds many at the end; the next batch is asked for when half of one is
+# left. An open loop's: its own requests due within OPEN_WINDOW_S (wall-clock) of the first (at
+# most OPEN_BATCH), the next asked for when less than half a window is left: a call may take tens
+# of milliseconds on a loaded host without a send waiting for it. Fewer, larger calls: each costs
+# about a millisecond of CPU.
+CLOSED_BATCH = 8
 GUIDED = 4
-# How often a worker asks whether every worker has its open loop's warm-up answered (s), and how
-# long after the last one was ready the measured part starts (ns): time for every worker to
-# learn it through Ray before its first send is due.
-START_POLL_S = 0.001
-START_MARGIN_NS = 20_000_000
+OPEN_WINDOW_S = 0.2
+OPEN_BATCH = 4096
+# How long after the last worker is ready for an open loop's measured part it starts (ns): time
+# for every worker to learn it through Ray before its first send is due; and how often a worker
+# looks whether the start line has come meanwhile (s).
+START_MARGIN_NS = 50_000_000
+START_POLL_S = 0.002
 # Concurrent calls an actor serves: its run, and the coordinator's drain, stop and clock calls.
 ACTOR_THREADS = 4
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def require() -> None:
@@ -80,114 +95,183 @@ def require() -> None:
 
 
 class Dispatch:
-    """The schedule, shared by the workers of one arm (a Ray actor beside the coordinator, serving
-    one call at a time; plain Python, so that it can be tested without Ray). It remembers what
-    each worker took, for the requests a lost worker takes with it, and holds an open loop's start
-    line: the measured part starts once every worker still there has its warm-up answered."""
+    """The schedule, shared by the workers of one arm (an asyncio Ray actor beside the
+    coordinator, so one call at a time; plain Python, so that it can be tested without Ray).
 
-    def __init__(self, order: list[tuple[int, int]], times_wall_s: list[float], workers: list[int]) -> None:
+    A closed loop's requests (and sessions) go to whichever worker asks next. An open loop's are
+    dealt to the workers in turn, weighted by their connections, as the requests of `--workers`
+    processes are, and each worker takes its own by time windows; a worker that is lost leaves its
+    untaken ones to the others. It remembers what each worker took, for the requests a lost worker
+    takes with it, and holds an open loop's start line: the measured part starts once every worker
+    still there has its warm-up answered."""
+
+    def __init__(self, order: list[tuple[int, int]], times_wall_s: list[float], workers: dict[int, int]) -> None:
+        self.line = _Line()
         self.reset(order, times_wall_s, workers)
 
-    def reset(self, order: list[tuple[int, int]], times_wall_s: list[float], workers: list[int]) -> None:
-        """A new arm's schedule (the actor serves every arm of the run)."""
-        self.order, self.times = order, times_wall_s
+    def reset(self, order: list[tuple[int, int]], times_wall_s: list[float], workers: dict[int, int]) -> None:
+        """A new arm's schedule, and its workers with their connections (the actor serves every
+        arm of the run)."""
+        self.line.reached.set()  # a worker still waiting at the last arm's start line: it stops waiting
+        self.line = _Line()
+        self.order, self.times, self.weights = order, times_wall_s, workers
         self.next = 0
         self.given: dict[int, list[tuple[int, int]]] = {k: [] for k in workers}
         self.ready: dict[int, int] = {}  # worker -> when it was ready (coordinator ns)
         self.gone_workers: set[int] = set()
+        self.own: dict[int, deque[tuple[int, int]]] = {k: deque() for k in workers}
+        if times_wall_s:
+            for k, items in in_turn(order, workers).items():
+                self.own[k].extend(items)
 
     def take(self, worker: int, n: int) -> list[tuple[int, int]]:
-        """Up to n of the next requests, fewer as the schedule runs out (guided self-scheduling:
-        a GUIDED-th of each worker's share of what is left, so that none holds many at the end),
-        and of an open loop only those due within OPEN_LOOKAHEAD_S of the first."""
-        left = len(self.order) - self.next
-        n = max(1, min(n, -(-left // (GUIDED * len(self.given)))))
-        end = min(len(self.order), self.next + n)
-        if self.times and self.next < end:
-            last = self.times[self.order[self.next][0]] + OPEN_LOOKAHEAD_S
-            end = next((j for j in range(self.next + 1, end) if self.times[self.order[j][0]] > last), end)
-        got = self.order[self.next : end]
-        self.next = end
+        """Up to n of this worker's next requests: of a closed loop, fewer as the schedule runs out
+        if other workers are still there (guided self-scheduling); of an open loop, its own due
+        within OPEN_WINDOW_S of the first."""
+        if self.times:
+            own, times = self.own[worker], self.times
+            got: list[tuple[int, int]] = []
+            if own:
+                last = times[own[0][0]] + OPEN_WINDOW_S
+                while own and len(got) < n and times[own[0][0]] <= last:
+                    got.append(own.popleft())
+        else:
+            left = len(self.order) - self.next
+            if (live := len(self.given) - len(self.gone_workers)) > 1:  # one alone has nobody to wait for
+                n = max(1, min(n, -(-left // (GUIDED * live))))
+            got = self.order[self.next : self.next + n]
+            self.next += len(got)
         self.given[worker] += got
         return got
 
     def taken(self, worker: int) -> list[tuple[int, int]]:
-        return self.given[worker]
+        return self.given.get(worker, [])
 
-    def arrive(self, worker: int, ready_ns: int) -> None:
-        """Worker ready for an open loop's measured part (its warm-up answered), coordinator ns."""
+    async def start_line(self, worker: int, ready_ns: int) -> int:
+        """Worker ready for an open loop's measured part (its warm-up answered, coordinator ns):
+        the measured part's start (coordinator ns, a margin after the latest one ready), once every
+        worker still there is ready."""
+        line = self.line
         self.ready[worker] = ready_ns
+        self._check_line()
+        await line.reached.wait()
+        return line.at if line.at is not None else ready_ns  # None: the arm was over
 
     def gone(self, worker: int) -> None:
-        """A worker that is done or lost: nobody waits for it at the start line."""
+        """A worker that is done or lost: nobody waits for it at the start line, and the open-loop
+        requests it had not taken go to the others still there (to none if none is: they stay its
+        own, and are lost with it)."""
         self.gone_workers.add(worker)
+        self._check_line()
+        left = {k: w for k, w in self.weights.items() if k not in self.gone_workers}
+        if self.own[worker] and left:
+            for k, items in in_turn(list(self.own[worker]), left).items():
+                self.own[k] = deque(heapq.merge(self.own[k], items))
+            self.own[worker].clear()
 
-    def start_line(self) -> int | None:
-        """The measured part's start (coordinator ns, the latest ready), once every worker still
-        there is ready; None before."""
-        if self.ready and set(self.ready) | self.gone_workers >= set(self.given):
-            return max(self.ready.values()) + START_MARGIN_NS
-        return None
+    def _check_line(self) -> None:
+        if self.ready and set(self.ready) | self.gone_workers >= set(self.given) and self.line.at is None:
+            self.line.at = max(self.ready.values()) + START_MARGIN_NS
+            self.line.reached.set()
 
 
-class RemoteOrder(Schedule):
-    """A worker's side of the Dispatch: batches taken as its connections need them (one call
-    for all that wait; the next is asked for when a quarter of the last one is left), an open
-    loop's start line converted to this worker's clock."""
+@dataclass
+class _Line:
+    """An arm's start line, once reached (coordinator ns)."""
 
-    def __init__(self, dispatch: Any, worker: int, batch: int, offset_ns: int) -> None:
+    reached: asyncio.Event = field(default_factory=asyncio.Event)
+    at: int | None = None
+
+
+def in_turn(items: list[tuple[int, int]], weights: dict[int, int]) -> dict[int, list[tuple[int, int]]]:
+    """`items` dealt to the workers in turn, each in proportion to its weight (smooth weighted
+    round robin: a worker of weight 2 gets every other turn of one of weight 1 beside two of it)."""
+    total = sum(weights.values())
+    credit = dict.fromkeys(weights, 0)
+    cycle = []
+    for _ in range(total):
+        for k, w in weights.items():
+            credit[k] += w
+        k = max(credit, key=lambda c: credit[c])
+        credit[k] -= total
+        cycle.append(k)
+    out: dict[int, list[tuple[int, int]]] = {k: [] for k in weights}
+    for j, item in enumerate(items):
+        out[cycle[j % total]].append(item)
+    return out
+
+
+class FedOrder(Schedule):
+    """A worker's client's side of the schedule: batches its actor takes from the Dispatch when
+    asked (the next asked for while half of the last one, or of an open loop's window, is left),
+    and an open loop's start line on this host's clock. The messages come and go on the pipes to
+    the actor; `arrive` and `start_at` are called as they come."""
+
+    def __init__(self, up: Any, times_wall_s: list[float]) -> None:
         super().__init__(())
-        self.dispatch, self.worker, self.batch, self.offset_ns = dispatch, worker, batch, offset_ns
+        self.up, self.times = up, times_wall_s
         self.buf: deque[tuple[int, int]] = deque()
-        self.fetching: asyncio.Future[None] | None = None
-        self.done = False
+        self.came = asyncio.Event()
+        self.line: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.asked = self.done = False
         self.low = 0
+
+    def arrive(self, got: list[tuple[int, int]]) -> None:
+        self.asked, self.done = False, not got
+        self.buf.extend(got)
+        self.low = len(got) // 2
+        self.came.set()
+
+    def start_at(self, ns: int) -> None:
+        if not self.line.done():
+            self.line.set_result(ns)
 
     async def __anext__(self) -> tuple[int, int]:
         while not self.buf:
             if self.done:
                 raise StopAsyncIteration
-            await asyncio.shield(self._fetching())
-        if len(self.buf) <= self.low and not self.done:
-            self._fetching()
-        return self.buf.popleft()
+            self._ask()
+            self.came.clear()
+            await self.came.wait()
+        item = self.buf.popleft()
+        if not self.done and self._low(item[0]):
+            self._ask()
+        return item
 
-    def _fetching(self) -> asyncio.Future[None]:
-        if self.fetching is None:
-            self.fetching = asyncio.ensure_future(self._fetch())
-        return self.fetching
+    def _low(self, i: int) -> bool:
+        """Time to ask for more, with item i handed out."""
+        if not self.buf:
+            return True
+        if self.times:
+            return self.times[self.buf[-1][0]] - self.times[i] < OPEN_WINDOW_S / 2
+        return len(self.buf) <= self.low
 
-    async def _fetch(self) -> None:
-        try:
-            # Submitting a Ray call can wait milliseconds for Ray's own threads on a busy core:
-            # done off the event loop, which goes on reading streams meanwhile.
-            ref = await asyncio.to_thread(self.dispatch.take.remote, self.worker, self.batch)
-            got = await ref
-        finally:
-            self.fetching = None
-        self.done = not got
-        self.buf.extend(got)
-        self.low = len(got) // 4  # the next is asked for when a quarter of this one is left
+    def _ask(self) -> None:
+        if not self.asked:
+            self.asked = True
+            self.up.send(("want",))
 
     async def measured_start(self, ready_ns: int) -> int:
-        await self.dispatch.arrive.remote(self.worker, ready_ns - self.offset_ns)
-        while (line := await self.dispatch.start_line.remote()) is None:
-            await asyncio.sleep(START_POLL_S)
-        return int(line) + self.offset_ns
+        self.up.send(("ready_at", ready_ns))
+        return await self.line
 
 
 class RayWorker:
-    """One client of the arm on a Ray node (decorated as an actor by `connect`). Its client runs
-    on an event loop of its own in the thread of `run`; the coordinator's other calls (clock,
-    drain, stop) are served by other threads meanwhile."""
+    """One client of the arm on a Ray node (decorated as an actor by `connect`). The client is a
+    process of its own, a client exactly like one of `--workers` (workers.send_share), so that
+    neither Ray's threads nor Python's lock they take stall its event loop or cost it CPU; the
+    actor relays for it (`run`): the schedule from the Dispatch, its start, its stop, and its
+    records, which the client writes to a file as they finish and the coordinator drains. The
+    coordinator's calls (clock, drain, stop) are served by other threads meanwhile."""
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.out: deque[tuple[bytes, bool, float | None, int | None, int | None]] = deque()
         self.ready = threading.Event()
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.stop_event: asyncio.Event | None = None
-        self.go_at: asyncio.Future[int] | None = None
+        self.lock = threading.Lock()  # the pipe to the client, written by several threads
+        self.down: Any = None  # that pipe, while the client runs
+        self.records: Path | None = None  # the client's records, and how far they were drained
+        self.drained = 0
+        self.ended = False  # the client of the last run has ended: its last drain removes them
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -205,54 +289,177 @@ class RayWorker:
         return time.perf_counter_ns()
 
     def run(self, share: Share, headers: dict[str, str], dispatch: Any, batch: int, offset_ns: int) -> dict[str, Any]:
+        """The arm's client, until it ends: what it saw (send_share's result)."""
+        import ray
+
+        ctx = multiprocessing.get_context("spawn")
+        up, child_up = ctx.Pipe(duplex=False)
+        child_down, down = ctx.Pipe(duplex=False)
+        with self.lock:
+            self._remove()  # the last arm's, if its last drain did not come
+            folder = Path(tempfile.mkdtemp(prefix="kvbench-ray-"))
+            job = Job(**{**vars(replace(share, headers=headers)), "folder": folder})
+            self.records, self.drained, self.down, self.ended = job.part, 0, down, False
+        client = ctx.Process(target=_client_main, args=(job, child_up, child_down), daemon=True)
+        client.start()
+        child_up.close()
+        child_down.close()
+        end = None
+        line = None  # the start line, while the client waits for it: the relay goes on meanwhile
         try:
-            return aio.run(_send(self, replace(share, headers=headers), dispatch, batch, offset_ns))
+            while end is None:
+                if line is not None and ray.wait([line], timeout=0)[0]:
+                    self._send(("start", int(ray.get(line)) + offset_ns))
+                    line = None
+                if not up.poll(0.2 if line is None else START_POLL_S):
+                    if not client.is_alive():
+                        break
+                    continue
+                try:
+                    kind, *arg = up.recv()
+                except EOFError:
+                    break
+                if kind == "ready":
+                    self.ready.set()
+                elif kind == "want":
+                    self._send(("items", ray.get(dispatch.take.remote(self.index, batch))))
+                elif kind == "ready_at":
+                    line = dispatch.start_line.remote(self.index, arg[0] - offset_ns)
+                else:
+                    end = arg[0]
+            client.join(aio.GRACE_S)
         finally:
             self.ready.clear()  # until the next arm's client is up
+            with self.lock:
+                self.down, self.ended = None, True
+            if client.is_alive():
+                client.kill()
+                client.join()
+            ray.get(dispatch.gone.remote(self.index))
+        if end is None:
+            raise RuntimeError(f"its client process ended without a word (exit code {client.exitcode})")
+        return end
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        with self.lock:
+            if self.down is not None:
+                with contextlib.suppress(OSError):  # the client has ended
+                    self.down.send(message)
 
     def wait_ready(self, timeout_s: float) -> bool:
         return self.ready.wait(timeout_s)
 
     def go(self, t0_ns: int) -> None:
         """Start the arm's clock at t0_ns of this worker's clock."""
-        assert self.loop is not None and self.go_at is not None
-        self.loop.call_soon_threadsafe(_resolve, self.go_at, t0_ns)
+        self._send(("go", t0_ns))
 
     def stop(self) -> None:
-        if self.loop is not None and self.stop_event is not None:
-            with contextlib.suppress(RuntimeError):  # its loop has ended already
-                self.loop.call_soon_threadsafe(self.stop_event.set)
-            if self.go_at is not None:  # stopped before the start: it starts, to stop at once
-                with contextlib.suppress(RuntimeError):
-                    self.loop.call_soon_threadsafe(_resolve, self.go_at, time.perf_counter_ns())
+        """The client finishes what is in flight and ends (stopped before the start: it starts,
+        to stop at once)."""
+        self._send(("stop",))
 
-    def drain(self) -> list[tuple[bytes, bool, float | None, int | None, int | None]]:
-        got = []
-        with contextlib.suppress(IndexError):
-            while True:
-                got.append(self.out.popleft())
-        return got
+    def drain(self) -> bytes:
+        """The records the client finished since the last drain, as it wrote them (`relayed`):
+        one bytes object, read apart by the coordinator, costs this host least."""
+        with self.lock:
+            if self.records is None or not self.records.exists():
+                return b""
+            with self.records.open("rb") as f:
+                f.seek(self.drained)
+                data = f.read()
+            whole = data.rfind(b"\n") + 1  # a record still being written comes next time
+            self.drained += whole
+            if self.ended and whole == len(data):
+                self._remove()
+        return data[:whole]
+
+    def _remove(self) -> None:
+        if self.records is not None:
+            shutil.rmtree(self.records.parent, ignore_errors=True)
+            self.records = None
 
 
-async def _send(w: RayWorker, share: Share, dispatch: Any, batch: int, offset_ns: int) -> dict[str, Any]:
-    """A worker's arm, on its own loop (not a method: Ray would take the actor for an asyncio one,
-    run on a loop of Ray's)."""
-    w.loop = asyncio.get_running_loop()
-    w.stop_event = asyncio.Event()
-    w.go_at = go_at = w.loop.create_future()
+def _client_main(job: Job, up: Any, down: Any) -> None:
+    """A Ray worker's client process: it ends with its actor, however that ends."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # its actor stops it
+    aio.run(_client(job, up, down))
+
+
+async def _client(job: Job, up: Any, down: Any) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    go_at: asyncio.Future[int] = loop.create_future()
+    order = FedOrder(up, [job.spec.clock.wall_s(t) for t in job.plan.times])
+
+    def heard() -> None:
+        try:
+            kind, *arg = down.recv()
+        except EOFError:  # its actor is gone
+            kind, arg = "stop", []
+            loop.remove_reader(down.fileno())
+        if kind == "go":
+            _resolve(go_at, arg[0])
+        elif kind == "items":
+            order.arrive(arg[0])
+        elif kind == "start":
+            order.start_at(arg[0])
+        else:
+            stop.set()
+            _resolve(go_at, time.perf_counter_ns())
+            order.arrive([])  # nothing more comes
 
     async def go() -> int:
-        w.ready.set()
+        up.send(("ready",))
         return await go_at
 
-    def keep(r: RequestRecord) -> None:
-        r = replace(r, process=w.index)
-        w.out.append((r.to_json(), r.ok, r.ttft_s, r.schedule_index, r.session))
+    loop.add_reader(down.fileno(), heard)
+    # Written in bulk, FLUSH_S apart: a record is final once drained (POLL_S) anyway, and a write
+    # per record costs 3-4 us more of the client's CPU.
+    with job.part.open("ab", buffering=RELAY_BUFFER) as f:
 
-    try:
-        return await send_share(share, RemoteOrder(dispatch, w.index, batch, offset_ns), w.stop_event, [keep], go)
-    finally:
-        await dispatch.gone.remote(w.index)
+        def flush() -> None:
+            f.flush()
+            flushing[0] = loop.call_later(FLUSH_S, flush)
+
+        def keep(r: RequestRecord) -> None:
+            f.write(relayed(replace(r, process=job.index)))
+
+        flushing = [loop.call_later(FLUSH_S, flush)]
+        try:
+            end = await send_share(job, order, stop, [keep], go)
+        finally:
+            flushing[0].cancel()
+    with contextlib.suppress(OSError):  # its actor is gone: nobody to tell
+        up.send(("end", end))
+
+
+def relayed(r: RequestRecord) -> bytes:
+    """A record as the client hands it to its actor: what the coordinator tracks, then the record."""
+    meta = [int(r.ok), r.ttft_s, r.schedule_index, r.session]
+    return b" ".join(b"-" if v is None else repr(v).encode() for v in meta) + b"\t" + r.to_json() + b"\n"
+
+
+def unrelayed(line: bytes) -> tuple[bytes, bool, float | None, int | None, int | None]:
+    meta, _, record = line.partition(b"\t")
+    ok, ttft, index, session = (None if v == b"-" else v for v in meta.split(b" "))
+    return (
+        record,
+        ok == b"1",
+        None if ttft is None else float(ttft),
+        None if index is None else int(index),
+        None if session is None else int(session),
+    )
+
+
+def _die_with_parent() -> None:
+    """Killed with the thread that started it (`run`'s, which waits for it), so with its actor
+    however that ends (Linux; elsewhere it stops when its pipes close)."""
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before that
+        os._exit(1)
 
 
 def _resolve(fut: asyncio.Future[int], value: int) -> None:
@@ -346,10 +553,8 @@ def _start_members(ray: Any, address: str, workers: int | None, base_url: str) -
     # on the coordinator's node, whose loss ends the run anyway; not "soft": Ray would then
     # prefer a node with CPUs, and a worker's node that dies would take the schedule with it
     beside = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    dispatch = (
-        ray.remote(num_cpus=0, max_concurrency=1)(Dispatch).options(scheduling_strategy=beside).remote([], [], [])
-    )
-    ray.get(dispatch.start_line.remote(), timeout=READY_TIMEOUT_S)  # up before any arm's clock starts
+    dispatch = ray.remote(num_cpus=0)(Dispatch).options(scheduling_strategy=beside).remote([], [], {})
+    ray.get(dispatch.taken.remote(0), timeout=READY_TIMEOUT_S)  # up before any arm's clock starts
     return Cluster(address, members, here, ray.__version__, dispatch)
 
 
@@ -426,7 +631,8 @@ class RayPool:
 
     async def ready(self) -> None:
         headers = dict(self.sender.client.headers)
-        await self.dispatch.reset.remote(list(self.plan.schedule), self.times, list(self.members))
+        weights = {k: share.connections for k, share in self.shares.items()}
+        await self.dispatch.reset.remote(list(self.plan.schedule), self.times, weights)
         for k, m in self.members.items():
             try:
                 self.offsets[k] = await _offset(m.actor)
@@ -487,7 +693,7 @@ class RayPool:
                 task.result()
 
     async def _drain(self, k: int) -> None:
-        got = await self._call(k, "drain") or ()
+        got = [unrelayed(line) for line in (await self._call(k, "drain") or b"").splitlines()]
         self.sink.add_lines([line for line, *_ in got])
         for _, ok, ttft, index, session in got:
             self.sender.progress.advance(ok, ttft)
@@ -507,6 +713,8 @@ class RayPool:
             try:
                 end = await ref
             except self.ray.exceptions.RayError as e:
+                if isinstance(e, self.ray.exceptions.RayTaskError):  # its client ended, the actor is there
+                    await self._drain(k)  # what it finished is kept
                 await self._lost(k, e)
                 continue
             if (pending := self.draining.pop(k, None)) is not None:

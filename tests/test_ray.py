@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -17,8 +18,8 @@ from typing import Any
 import pytest
 
 from harness.clock import Offset
-from harness.raypool import OPEN_LOOKAHEAD_S, START_MARGIN_NS, Dispatch
-from harness.results import read_requests, read_run
+from harness.raypool import OPEN_WINDOW_S, START_MARGIN_NS, Dispatch
+from harness.results import RequestRecord, read_requests, read_run
 from tests.conftest import ROOT, kvbench, user_env, write_scenario
 from tests.test_workers import LOOP
 
@@ -76,7 +77,7 @@ def cluster(nodes: Any) -> str:
 
 def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None:
     order = [(i, i % 3) for i in range(40)]
-    closed = Dispatch(order, [], [0, 1])
+    closed = Dispatch(order, [], {0: 1, 1: 1})
     # guided: at most a quarter of each worker's share of what is left, fewer towards the end
     sizes = [len(closed.take(k % 2, 100)) for k in range(12)]
     assert sizes[:3] == [5, 5, 4] and sizes == sorted(sizes, reverse=True) and 1 in sizes
@@ -85,19 +86,35 @@ def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None
     while closed.take(0, 100):
         pass
     assert sorted(closed.taken(0) + closed.taken(1)) == order  # each once
-    times = [i * OPEN_LOOKAHEAD_S / 2 for i in range(40)]  # two due within a look-ahead
-    timed = Dispatch(order, times, [0, 1])
-    assert timed.take(0, 64) == order[0:3]  # the third is due exactly one look-ahead on
-    assert timed.take(1, 1) == order[3:4]
-    timed.arrive(0, 100)
-    assert timed.start_line() is None  # worker 1 is neither ready nor gone
-    timed.gone(1)
-    # a little later than the last one ready: every worker learns it before its first send
-    assert timed.start_line() == 100 + START_MARGIN_NS
-    timed.reset(order, times, [0, 1])
-    timed.arrive(0, 100)
-    timed.arrive(1, 250)
-    assert timed.start_line() == 250 + START_MARGIN_NS  # after the latest one ready
+
+    async def start(d: Dispatch, worker: int, ready_ns: int) -> int:
+        return await d.start_line(worker, ready_ns)
+
+    async def open_loop() -> None:
+        times = [i * OPEN_WINDOW_S / 2 for i in range(40)]  # two due within a window
+        # dealt in turn by connections: worker 0 (two) gets two of every three
+        timed = Dispatch(order, times, {0: 2, 1: 1})
+        assert timed.take(0, 64) == [order[0], order[2]]  # its own due within a window of its first
+        assert timed.take(1, 64) == [order[1]]  # the next, 4, is due 0.3 after it
+        assert timed.take(0, 1) == [order[3]]
+        waiting = asyncio.ensure_future(start(timed, 0, 100))
+        await asyncio.sleep(0)
+        assert not waiting.done()  # worker 1 is neither ready nor gone
+        timed.gone(1)  # lost: what it had not taken goes to worker 0
+        # a little later than the last one ready: every worker learns it before its first send
+        assert await waiting == 100 + START_MARGIN_NS
+        while timed.take(0, 64):
+            pass
+        assert sorted(timed.taken(0) + timed.taken(1)) == order  # each once, in order per worker
+        assert timed.taken(0) == sorted(timed.taken(0)) and timed.taken(1) == [order[1]]
+        timed.reset(order, times, {0: 1, 1: 1})
+        first = asyncio.ensure_future(start(timed, 0, 100))
+        assert await start(timed, 1, 250) == await first == 250 + START_MARGIN_NS  # the latest one ready
+        timed.gone(0)  # worker 1 takes its requests
+        timed.gone(1)  # the last one lost: they stay its own, lost with it
+        assert list(timed.own[1]) == order and not timed.own[0]
+
+    asyncio.run(open_loop())
 
 
 def test_clock_offset_comes_from_the_shortest_round_trip() -> None:
@@ -257,6 +274,86 @@ def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: P
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "r.html").read_text()
     assert "Client processes and hosts" in html and "worker 1 on" in html and "was lost" in html
+
+
+def test_a_worker_whose_client_process_dies_keeps_what_it_finished(tmp_path: Path, cluster: str) -> None:
+    sc = write_scenario(tmp_path / "k.toml", loop("rp", 150, 1.0))
+    out = tmp_path / "out"
+    proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", cluster, "--out", str(out)])
+    _wait(lambda: _lines(out) >= 6)
+    (victim,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == "worker-0"]
+    actor = ray.get(ray.get_actor("worker-0", namespace=victim["namespace"]).info.remote())["pid"]
+    (client,) = [p for p in _children(actor) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    os.kill(client, signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 4, err
+    assert "Ray worker 0" in err and "client process ended" in err
+    (folder,) = (out / "rp").iterdir()
+    recs = read_requests(folder)
+    assert sorted(x.schedule_index for x in recs) == list(range(150))
+    lost = [x for x in recs if not x.ok]
+    assert lost and all(x.error_kind == "lost" and x.process == 0 for x in lost)
+    # what it finished before is kept
+    assert sum(x.ok and x.process == 0 for x in recs) >= 6 // NODES
+    (fault,) = _run_json(folder)["distributed"]["faults"]
+    assert fault["worker"] == 0 and fault["lost_requests"] == len(lost)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(p.name))
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def test_a_record_crosses_from_a_workers_client_to_the_coordinator_intact() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from harness.raypool import relayed, unrelayed
+
+    @given(
+        st.booleans(),
+        st.one_of(st.none(), st.floats(min_value=0, max_value=1e6, allow_nan=False)),
+        st.one_of(st.none(), st.integers(0, 10**9)),
+        st.one_of(st.none(), st.integers(0, 10**6)),
+    )
+    def check(ok: bool, ttft: float | None, index: int | None, session: int | None) -> None:
+        r = RequestRecord(
+            id=7,
+            arm="cached",
+            phase="run",
+            prompt_id="p00001",
+            target_tokens=1000,
+            prompt_tokens=1000,
+            cached_tokens=992,
+            completion_tokens=3,
+            start_s=0.25,
+            ttft_s=ttft,
+            first_byte_s=0.01,
+            first_content_s=ttft,
+            headers_s=0.01,
+            e2e_s=0.125,
+            itl_s=[0.0125, 0.0],
+            ok=ok,
+            error=None if ok else "HTTP 500: \t tab\nand a line",
+            error_kind=None if ok else "http",
+            http_status=200 if ok else 500,
+            retried=False,
+            process=1,
+            schedule_index=index,
+            session=session,
+        )
+        line = relayed(r)
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        assert unrelayed(line[:-1]) == (r.to_json(), ok, ttft, index, session)
+
+    check()
 
 
 def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: Any) -> None:
