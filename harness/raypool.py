@@ -30,12 +30,15 @@ import contextlib
 import ctypes
 import heapq
 import logging
+import math
 import multiprocessing
 import os
 import platform
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -65,17 +68,21 @@ RELAY_BUFFER = 1 << 20
 CLOCK_TRIPS = 16
 # A worker's client must be up within this long (s); a cluster without room for an actor never is.
 READY_TIMEOUT_S = 120.0
-# Requests a worker takes from the schedule at once. A closed loop's: CLOSED_BATCH times as many
-# as it has connections, at most a GUIDED-th of its share of what is left (with others still
+# Requests a worker takes from the schedule at once. A closed loop's: what its client sends in
+# CLOSED_BATCH_S at the pace it has kept since its last batch, at least CLOSED_BATCH times as many
+# as it has connections (its first batch, and at a slow pace: a worker lost takes the batch with
+# it) and at most MAX_BATCH; at most a GUIDED-th of its share of what is left (with others still
 # there), so that none holds many at the end; the next batch is asked for when half of one is
 # left. An open loop's: its own requests due within OPEN_WINDOW_S (wall-clock) of the first (at
-# most OPEN_BATCH), the next asked for when less than half a window is left: a call may take tens
+# most MAX_BATCH), the next asked for when less than half a window is left: a call may take tens
 # of milliseconds on a loaded host without a send waiting for it. Fewer, larger calls: each costs
-# about a millisecond of CPU.
+# about a millisecond of CPU, most of it on the worker's host (at 2,500 req/s, batches of 8x its
+# connections took a point more of its core than batches of a quarter second, measured).
 CLOSED_BATCH = 8
+CLOSED_BATCH_S = 0.25
+MAX_BATCH = 4096
 GUIDED = 4
 OPEN_WINDOW_S = 0.2
-OPEN_BATCH = 4096
 # How long after the last worker is ready for an open loop's measured part it starts (ns): time
 # for every worker to learn it through Ray before its first send is due; and how often a worker
 # looks whether the start line has come meanwhile (s).
@@ -84,6 +91,10 @@ START_POLL_S = 0.002
 # Concurrent calls an actor serves: its run, and the coordinator's drain, stop and clock calls.
 ACTOR_THREADS = 4
 PR_SET_PDEATHSIG = 1  # prctl(2)
+# How a Ray worker starts its client: a plain interpreter, so that the client imports neither Ray
+# (multiprocessing's spawn would: it imports the actor's __main__, Ray's worker) nor anything else
+# the actor has loaded; the ends of its two pipes follow.
+CLIENT_ENTRY = "import sys; from harness.raypool import client_process; client_process(*map(int, sys.argv[1:]))"
 
 
 def require() -> None:
@@ -203,18 +214,21 @@ def in_turn(items: list[tuple[int, int]], weights: dict[int, int]) -> dict[int, 
 
 class FedOrder(Schedule):
     """A worker's client's side of the schedule: batches its actor takes from the Dispatch when
-    asked (the next asked for while half of the last one, or of an open loop's window, is left),
-    and an open loop's start line on this host's clock. The messages come and go on the pipes to
-    the actor; `arrive` and `start_at` are called as they come."""
+    asked (the next asked for while half of the last one, or of an open loop's window, is left;
+    a closed loop's sized by the pace the client keeps), and an open loop's start line on this
+    host's clock. The messages come and go on the pipes to the actor; `arrive` and `start_at` are
+    called as they come."""
 
-    def __init__(self, up: Any, times_wall_s: list[float]) -> None:
+    def __init__(self, up: Any, times_wall_s: list[float], kind: str, connections: int) -> None:
         super().__init__(())
-        self.up, self.times = up, times_wall_s
+        self.up, self.times, self.kind, self.connections = up, times_wall_s, kind, connections
         self.buf: deque[tuple[int, int]] = deque()
         self.came = asyncio.Event()
         self.line: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.asked = self.done = False
         self.low = 0
+        self.asked_ns: int | None = None  # when the last batch was asked for, and how many were handed out since
+        self.handed = 0
 
     def arrive(self, got: list[tuple[int, int]]) -> None:
         self.asked, self.done = False, not got
@@ -234,6 +248,7 @@ class FedOrder(Schedule):
             self.came.clear()
             await self.came.wait()
         item = self.buf.popleft()
+        self.handed += 1
         if not self.done and self._low(item[0]):
             self._ask()
         return item
@@ -249,7 +264,21 @@ class FedOrder(Schedule):
     def _ask(self) -> None:
         if not self.asked:
             self.asked = True
-            self.up.send(("want",))
+            now = time.perf_counter_ns()
+            self.up.send(("want", self.wanted(now)))
+            self.asked_ns, self.handed = now, 0
+
+    def wanted(self, now_ns: int) -> int:
+        """How many to ask for next (the Dispatch may give fewer)."""
+        if self.kind == "sessions":
+            return 1  # a session is long, and stays where it went
+        if self.times:
+            return MAX_BATCH  # the Dispatch gives this worker's next window
+        least = CLOSED_BATCH * self.connections
+        if self.asked_ns is None or now_ns <= self.asked_ns:
+            return least
+        pace = self.handed * 1e9 / (now_ns - self.asked_ns)
+        return max(least, min(MAX_BATCH, math.ceil(pace * CLOSED_BATCH_S)))
 
     async def measured_start(self, ready_ns: int) -> int:
         self.up.send(("ready_at", ready_ns))
@@ -288,22 +317,29 @@ class RayWorker:
     def now(self) -> int:
         return time.perf_counter_ns()
 
-    def run(self, share: Share, headers: dict[str, str], dispatch: Any, batch: int, offset_ns: int) -> dict[str, Any]:
+    def run(self, share: Share, headers: dict[str, str], dispatch: Any, offset_ns: int) -> dict[str, Any]:
         """The arm's client, until it ends: what it saw (send_share's result)."""
         import ray
 
-        ctx = multiprocessing.get_context("spawn")
-        up, child_up = ctx.Pipe(duplex=False)
-        child_down, down = ctx.Pipe(duplex=False)
+        up, child_up = multiprocessing.Pipe(duplex=False)
+        child_down, down = multiprocessing.Pipe(duplex=False)
+        ends = (child_up.fileno(), child_down.fileno())
         with self.lock:
             self._remove()  # the last arm's, if its last drain did not come
             folder = Path(tempfile.mkdtemp(prefix="kvbench-ray-"))
             job = Job(**{**vars(replace(share, headers=headers)), "folder": folder})
-            self.records, self.drained, self.down, self.ended = job.part, 0, down, False
-        client = ctx.Process(target=_client_main, args=(job, child_up, child_down), daemon=True)
-        client.start()
-        child_up.close()
-        child_down.close()
+            self.records, self.drained, self.ended = job.part, 0, False
+            client = subprocess.Popen(
+                [sys.executable, "-c", CLIENT_ENTRY, *map(str, ends)],
+                pass_fds=ends,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))},  # as this actor has it
+            )
+            child_up.close()
+            child_down.close()
+            with contextlib.suppress(OSError):  # it ended at once: seen below
+                down.send(job)  # first, and the headers (an API key) through the pipe, never argv
+            self.down = down
         end = None
         line = None  # the start line, while the client waits for it: the relay goes on meanwhile
         try:
@@ -312,7 +348,7 @@ class RayWorker:
                     self._send(("start", int(ray.get(line)) + offset_ns))
                     line = None
                 if not up.poll(0.2 if line is None else START_POLL_S):
-                    if not client.is_alive():
+                    if client.poll() is not None:
                         break
                     continue
                 try:
@@ -322,22 +358,23 @@ class RayWorker:
                 if kind == "ready":
                     self.ready.set()
                 elif kind == "want":
-                    self._send(("items", ray.get(dispatch.take.remote(self.index, batch))))
+                    self._send(("items", ray.get(dispatch.take.remote(self.index, arg[0]))))
                 elif kind == "ready_at":
                     line = dispatch.start_line.remote(self.index, arg[0] - offset_ns)
                 else:
                     end = arg[0]
-            client.join(aio.GRACE_S)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                client.wait(aio.GRACE_S)
         finally:
             self.ready.clear()  # until the next arm's client is up
             with self.lock:
                 self.down, self.ended = None, True
-            if client.is_alive():
+            if client.poll() is None:
                 client.kill()
-                client.join()
+                client.wait()
             ray.get(dispatch.gone.remote(self.index))
         if end is None:
-            raise RuntimeError(f"its client process ended without a word (exit code {client.exitcode})")
+            raise RuntimeError(f"its client process ended without a word (exit code {client.returncode})")
         return end
 
     def _send(self, message: tuple[Any, ...]) -> None:
@@ -379,10 +416,18 @@ class RayWorker:
             self.records = None
 
 
-def _client_main(job: Job, up: Any, down: Any) -> None:
-    """A Ray worker's client process: it ends with its actor, however that ends."""
+def client_process(up_fd: int, down_fd: int) -> None:
+    """A Ray worker's client process (CLIENT_ENTRY): its job comes first down the pipe from its
+    actor. It ends with its actor, however that ends."""
+    from multiprocessing.connection import Connection
+
+    up, down = Connection(up_fd, readable=False), Connection(down_fd, writable=False)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # its actor stops it
+    try:
+        job = down.recv()
+    except EOFError:  # its actor is gone
+        return
     aio.run(_client(job, up, down))
 
 
@@ -390,7 +435,7 @@ async def _client(job: Job, up: Any, down: Any) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     go_at: asyncio.Future[int] = loop.create_future()
-    order = FedOrder(up, [job.spec.clock.wall_s(t) for t in job.plan.times])
+    order = FedOrder(up, [job.spec.clock.wall_s(t) for t in job.plan.times], job.kind, job.connections)
 
     def heard() -> None:
         try:
@@ -619,7 +664,6 @@ class RayPool:
         }
         self.times = [spec.clock.wall_s(t) for t in plan.times]
         self.dispatch = cluster.dispatch
-        self.batch = 1 if kind == "sessions" else OPEN_BATCH if self.times else CLOSED_BATCH * max(1, max(dealt))
         self.offsets: dict[int, Offset] = {}
         self.runs: dict[int, Any] = {}  # worker -> its run's ObjectRef, while it runs
         self.draining: dict[int, asyncio.Future[None]] = {}  # worker -> its drain under way
@@ -639,9 +683,7 @@ class RayPool:
             except self.ray.exceptions.RayError as e:
                 await self._lost(k, e)
                 continue
-            self.runs[k] = m.actor.run.remote(
-                self.shares[k], headers, self.dispatch, self.batch, self.offsets[k].offset_ns
-            )
+            self.runs[k] = m.actor.run.remote(self.shares[k], headers, self.dispatch, self.offsets[k].offset_ns)
         deadline = time.monotonic() + READY_TIMEOUT_S
         for k in list(self.runs):
             while k in self.runs and not await self._call(k, "wait_ready", 0.2):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from harness.clock import Offset
-from harness.raypool import OPEN_WINDOW_S, START_MARGIN_NS, Dispatch
+from harness.raypool import CLOSED_BATCH, CLOSED_BATCH_S, MAX_BATCH, OPEN_WINDOW_S, START_MARGIN_NS, Dispatch, FedOrder
 from harness.results import RequestRecord, read_requests, read_run
 from tests.conftest import ROOT, kvbench, user_env, write_scenario
 from tests.test_workers import LOOP
@@ -115,6 +116,34 @@ def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None
         assert list(timed.own[1]) == order and not timed.own[0]
 
     asyncio.run(open_loop())
+
+
+def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
+    async def closed_loop() -> None:
+        there, up = multiprocessing.Pipe(duplex=False)
+        order = FedOrder(up, [], "closed_loop", 4)
+        first = asyncio.ensure_future(anext(order))
+        await asyncio.sleep(0)
+        assert there.recv() == ("want", CLOSED_BATCH * 4)  # nothing known of its pace yet
+        order.arrive([(i, 0) for i in range(32)])
+        assert await first == (0, 0)
+        for _ in range(14):
+            await anext(order)
+        assert not there.poll()  # more than half the batch is left: not yet
+        await anext(order)
+        assert there.recv() == ("want", MAX_BATCH)  # 16 handed out in no time: as many as it may
+        for _ in range(8):
+            await anext(order)
+        at = order.asked_ns or 0
+        # 8 since the last ask: in a second, as few as its connections need; in a millisecond,
+        # what it sends in CLOSED_BATCH_S at 8,000 per second
+        assert order.wanted(at + 10**9) == CLOSED_BATCH * 4
+        assert order.wanted(at + 10**6) == round(8_000 * CLOSED_BATCH_S)
+        # a session is long and stays where it goes; an open loop's window is the Dispatch's
+        assert FedOrder(up, [], "sessions", 4).wanted(at + 10**6) == 1
+        assert FedOrder(up, [0.0], "open_loop", 4).wanted(at + 10**6) == MAX_BATCH
+
+    asyncio.run(closed_loop())
 
 
 def test_clock_offset_comes_from_the_shortest_round_trip() -> None:
@@ -297,7 +326,8 @@ def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: P
 def test_a_worker_whose_client_process_dies_keeps_what_it_finished(tmp_path: Path, cluster: str) -> None:
     proc, out = _sending(tmp_path, "rp", cluster)
     actor = ray.get(_worker(0).info.remote())["pid"]
-    (client,) = [p for p in _children(actor) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    (client,) = [p for p in _children(actor) if b"client_process" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert b"_raylet" not in Path(f"/proc/{client}/maps").read_bytes()  # a client without Ray in it
     os.kill(client, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 4, err
