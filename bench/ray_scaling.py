@@ -12,7 +12,11 @@ sharing core 1 with the server. The cluster is local (ray.cluster_utils: a head 
 CPUs, and a node per worker), started afresh for each run and let settle. "Sender CPU per
 request" is the sending processes' (or workers') own CPU time per request, without the
 coordinator's: what every further worker costs (a Ray worker's is its client process's; its
-actor, which relays, adds about 3 % of a core).
+actor, which relays, adds about 2 % of a core). "Share of a core" is what each sending process (or
+worker's client) had of a core, on average: where it has a core of its own, the rest of that core
+went to what coordinates it (a Ray worker's actor and its node's raylet). Unlike req/s, which moves
+with this host's speed (by 10-20 % within minutes here), that ratio is the same in every round
+within a percent or so: it is the steadiest figure of what a worker costs its host.
 
 A ceiling is a steady rate, so each run is long (20,000 requests, 8 s at 2,500 req/s): in a run of
 a second or two, the closed loop's last batches (a Ray round trip each, while connections wait)
@@ -116,6 +120,9 @@ def once(scenario: str, how: str, workers: int) -> dict[str, Any]:
         "rps": s["req_per_s"],
         # CPU seconds of the sending processes (or workers) per request, ms
         "cpu_ms": sum(c for _, c in per) * s["duration_s"] / s["requests"] * 1e3 if "duration_s" in s else None,
+        # what each sending process (or worker's client) had of a core, on average: on a client's
+        # core of its own, the rest went to what coordinates it (a Ray worker's actor, the node's raylet)
+        "share": sum(c for _, c in per) / len(per),
         "lag_p99_ms": lag["p99_s"] * 1e3 if lag.get("p99_s") is not None else None,
         "lag_by_worker": by_worker,
         "sent": lag.get("sent_req_per_s"),
@@ -131,11 +138,13 @@ def main() -> None:
         for label, how, w in configs:
             runs[label].append(once(STREAMING.format(name="ray", requests=n, concurrency=CONNECTIONS * w), how, w))
     med = statistics.median
-    print("client            connections  req/s (median, min-max of 3)  sender CPU per request (ms)")
+    print("client            connections  req/s (median, min-max of 3)  sender CPU per request (ms)  share of a core")
     for label, _, w in configs:
         rps = [r["rps"] for r in runs[label]]
         cpu = med(r["cpu_ms"] for r in runs[label])
-        print(f"{label:16s}  {CONNECTIONS * w:11d}  {med(rps):7.0f} ({min(rps):.0f}-{max(rps):.0f}){cpu:33.3f}")
+        share = med(r["share"] for r in runs[label])
+        spread = f"({min(rps):.0f}-{max(rps):.0f})"
+        print(f"{label:16s}  {CONNECTIONS * w:11d}  {med(rps):7.0f} {spread}{cpu:33.3f}{share:17.1%}")
     for ray_label, base in (
         ("1 Ray worker", "one process"),
         ("1, apart", "one process"),
@@ -143,9 +152,11 @@ def main() -> None:
     ):
         ratios = sorted(r["rps"] / b["rps"] for r, b in zip(runs[ray_label], runs[base], strict=True))
         cpu = sorted(r["cpu_ms"] / b["cpu_ms"] for r, b in zip(runs[ray_label], runs[base], strict=True))
+        share = sorted(r["share"] / b["share"] for r, b in zip(runs[ray_label], runs[base], strict=True))
         print(
             f"  {ray_label} / {base}: req/s {ratios[1]:.3f}x (rounds {ratios[0]:.3f}-{ratios[-1]:.3f}); "
-            f"sender CPU per request {cpu[1]:.3f}x"
+            f"sender CPU per request {cpu[1]:.3f}x; "
+            f"its share of a core {share[1]:.3f}x ({share[0]:.3f}-{share[-1]:.3f})"
         )
     for share in OPEN_SHARES:
         rate = round(share * med(r["rps"] for r in runs["one process"]))
