@@ -52,7 +52,7 @@ from harness import aio
 from harness.clock import CLOCK_WARN_NS, ModelClock, Offset
 from harness.errors import EndpointError, InputError
 from harness.results import RequestRecord, RunWriter, versions
-from harness.workers import ID_STRIDE, Job, Share, combine_health, deal, send_share
+from harness.workers import ID_STRIDE, Job, Share, combine_health, deal, lines_since, send_share
 from harness.workloads.base import Plan, Schedule, Sender
 
 INSTALL_HINT = "pip install 'kvbench[ray]' (on this host and on every client host of the cluster)"
@@ -300,7 +300,7 @@ class RayWorker:
         self.down: Any = None  # that pipe, while the client runs
         self.records: Path | None = None  # the client's records, and how far they were drained
         self.drained = 0
-        self.ended = False  # the client of the last run has ended: its last drain removes them
+        self.ended = False  # the client of the last run has ended (its file is whole): its last drain removes it
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -368,10 +368,12 @@ class RayWorker:
         finally:
             self.ready.clear()  # until the next arm's client is up
             with self.lock:
-                self.down, self.ended = None, True
+                self.down = None
             if client.poll() is None:
                 client.kill()
                 client.wait()
+            with self.lock:
+                self.ended = True  # its file is whole now: the last drain removes it
             ray.get(dispatch.gone.remote(self.index))
         if end is None:
             raise RuntimeError(f"its client process ended without a word (exit code {client.returncode})")
@@ -399,16 +401,13 @@ class RayWorker:
         """The records the client finished since the last drain, as it wrote them (`relayed`):
         one bytes object, read apart by the coordinator, costs this host least."""
         with self.lock:
-            if self.records is None or not self.records.exists():
+            if self.records is None:
                 return b""
-            with self.records.open("rb") as f:
-                f.seek(self.drained)
-                data = f.read()
-            whole = data.rfind(b"\n") + 1  # a record still being written comes next time
-            self.drained += whole
-            if self.ended and whole == len(data):
+            data = lines_since(self.records, self.drained)
+            self.drained += len(data)
+            if self.ended:
                 self._remove()
-        return data[:whole]
+        return data
 
     def _remove(self) -> None:
         if self.records is not None:

@@ -251,16 +251,22 @@ def _progress(progress: RunProgress, jobs: list[Job], offsets: dict[int, int]) -
     """Advance the bar by the lines the part files gained since the last look (read from where
     that look stopped: the files grow for the whole run)."""
     for job in jobs:
-        if not job.part.exists():
-            continue
-        with job.part.open("rb") as f:
-            f.seek(offsets.get(job.index, 0))
-            data = f.read()
-        # only whole lines: a record still being written is counted next time
-        complete = data.rfind(b"\n") + 1
-        offsets[job.index] = offsets.get(job.index, 0) + complete
-        for _ in range(data.count(b"\n", 0, complete)):
+        data = lines_since(job.part, offsets.get(job.index, 0))
+        offsets[job.index] = offsets.get(job.index, 0) + len(data)
+        for _ in range(data.count(b"\n")):
             progress.advance(True, None)
+
+
+def lines_since(path: Path, at: int) -> bytes:
+    """The whole lines a growing file has after byte `at` (a record still being written comes
+    next time; none while the file is not there)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(at)
+            data = f.read()
+    except FileNotFoundError:
+        return b""
+    return data[: data.rfind(b"\n") + 1]
 
 
 def _merge(sender: Sender, jobs: list[Job], sink: RunWriter) -> list[dict[str, Any]]:
