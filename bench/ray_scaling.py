@@ -20,15 +20,20 @@ within a percent or so: it is the steadiest figure of what a worker costs its ho
 
 A ceiling is a steady rate, so each run is long (20,000 requests, 8 s at 2,500 req/s): in a run of
 a second or two, the closed loop's last batches (a Ray round trip each, while connections wait)
-weigh several percent.
+weigh several percent. But this host's speed moves within a minute, so the ratio of two such runs
+moves by 10-20 %: the bench therefore also runs one process and one Ray worker apart in PAIRS
+pairs of shorter runs in turns on one cluster, and gives the median ratios with a bootstrap
+interval.
 
     python bench/ray_scaling.py [requests]      # default 20000
+    python bench/ray_scaling.py pairs [requests]  # the pairs only (default 8000 requests per run)
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -38,9 +43,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from common import POISSON, SERVER_CORE, STREAMING, Firehose, client_cores, kvbench_run, pin
 
+from harness.stats import CI_LEVEL, STATISTICS, bootstrap_ci
+
 ROUNDS = 3
+# The pairs (one process, one Ray worker apart) in turns on one cluster, and their requests: short
+# runs, so that a pair sees this host at one speed.
+PAIRS = 12
+PAIR_REQUESTS = 8000
 CONNECTIONS = 28  # per worker, as bench/ceiling.py
 # Open-loop rates, shares of the one process's ceiling: at 80 % this 2-core machine, with the
 # server and Ray's processes on it, has no CPU to spare, and a worker that falls behind stays behind.
@@ -48,11 +60,12 @@ OPEN_SHARES = (0.5, 0.8)
 
 
 @contextlib.contextmanager
-def ray_cluster(workers: int, cores: set[int], head_cores: set[int] | None = None) -> Iterator[str]:
+def ray_cluster(workers: int, cores: set[int], head_cores: set[int] | None = None) -> Iterator[tuple[str, list[int]]]:
     """A local Ray cluster whose processes (and the actors they start) run on `cores` (its head
     node's, with the Dispatch actor, on `head_cores` if given), settled: a cluster just started
     spends seconds of CPU on its agents and on idle workers it starts ahead (not started here),
-    which a long-running cluster of client hosts has done long before."""
+    which a long-running cluster of client hosts has done long before. Yields its address and its
+    worker nodes' raylets."""
     from ray.cluster_utils import Cluster
 
     mine = os.sched_getaffinity(0)
@@ -61,16 +74,31 @@ def ray_cluster(workers: int, cores: set[int], head_cores: set[int] | None = Non
         pin(head_cores or cores)
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
         pin(cores)
-        for _ in range(workers):
-            c.add_node(num_cpus=1)
+        nodes = [c.add_node(num_cpus=1) for _ in range(workers)]
         c.wait_for_nodes()
     finally:
         pin(mine)
     try:
         settle()
-        yield c.address
+        yield c.address, [n.all_processes["raylet"][0].process.pid for n in nodes]
     finally:
         c.shutdown()
+
+
+def move(root: int, cores: set[int]) -> None:
+    """Every thread of process `root` and of the processes it started onto `cores`."""
+    children: dict[int, list[int]] = {}
+    for p in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            children.setdefault(int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(p.name))
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task.name), cores)
 
 
 def settle(quiet: float = 0.05, longest_s: float = 30.0) -> None:
@@ -82,39 +110,54 @@ def settle(quiet: float = 0.05, longest_s: float = 30.0) -> None:
         return sum(fields) - fields[3] - fields[4], sum(fields)
 
     while time.monotonic() < deadline:
-        (b0, t0), _ = busy(), time.sleep(0.5)
+        b0, t0 = busy()
+        time.sleep(0.5)
         b1, t1 = busy()
         if (b1 - b0) / max(1, t1 - t0) < quiet:
             return
 
 
-def once(scenario: str, how: str, workers: int) -> dict[str, Any]:
-    """One run: `how` is "process" (--workers), "ray", or "ray apart" (the coordinator and the
-    head node on the server's core, as on a host of their own)."""
-    cores = client_cores(workers)
-    with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=0, tokens=256) as fh:
-        with contextlib.ExitStack() as stack:
-            driver = cores
-            if how.startswith("ray"):
-                apart = {SERVER_CORE} if how == "ray apart" else None
-                address = stack.enter_context(ray_cluster(workers, cores, apart))
-                extra = ["--ray", address, "--workers", str(workers)]
-                driver = apart or cores
-            else:
-                extra = ["--workers", str(workers)] if workers > 1 else []
-            (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, cores=driver)
-        meta = json.loads((folder / "run.json").read_text())
-        health = meta["client_health"]
-        per = [
-            (h.get("worker", i), h["cpu_share_of_one_core"]["mean"] or 0.0)
-            for i, h in enumerate(health.get("per_process") or [health])
-        ]
-        lag = meta["summary"].get("schedule_lag") or {}
-        by_worker = {  # each worker's own, as run.json keeps it
-            h.get("worker", i): h["schedule_lag"]["p99_s"] * 1e3
-            for i, h in enumerate(health.get("per_process") or [])
-            if (h.get("schedule_lag") or {}).get("p99_s") is not None
-        }
+def pairs(n: int) -> None:
+    """One process against one Ray worker apart, PAIRS times each in turns (ABBA), on one cluster
+    whose worker node (raylet, agents) is moved onto the server's core while the process runs:
+    both see this host at the same speed within seconds, so their ratios are steadier than the
+    rounds', and a bootstrap interval says how far they can be trusted."""
+    client = client_cores(1)
+    got: dict[str, list[dict[str, Any]]] = {"process": [], "ray apart": []}
+    with Firehose(ttft_ms=0, tokens=256) as fh, ray_cluster(1, client, {SERVER_CORE}) as (address, (raylet,)):
+        for k in range(PAIRS):
+            for how in ("process", "ray apart") if k % 2 == 0 else ("ray apart", "process"):
+                move(raylet, client if how == "ray apart" else {SERVER_CORE})
+                extra = ["--ray", address, "--workers", "1"] if how == "ray apart" else []
+                driver = {SERVER_CORE} if how == "ray apart" else client
+                scenario = STREAMING.format(name="ray", requests=n, concurrency=CONNECTIONS)
+                with tempfile.TemporaryDirectory() as tmp:
+                    (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, cores=driver)
+                    got[how].append(measured(json.loads((folder / "run.json").read_text())))
+    print(f"\none Ray worker apart / one process: {PAIRS} pairs of {n} requests in turns, on one cluster")
+    p50 = STATISTICS["p50"]
+    for key, label in (("rps", "req/s"), ("cpu_ms", "sender CPU per request"), ("share", "its share of a core")):
+        r = np.array([a[key] / b[key] for a, b in zip(got["ray apart"], got["process"], strict=True)])
+        low, high = bootstrap_ci((r,), p50) or (math.nan, math.nan)
+        print(
+            f"  {label}: median {float(np.median(r)):.3f}x ({CI_LEVEL:.0%} interval {low:.3f}-{high:.3f}; "
+            f"pairs {r.min():.3f}-{r.max():.3f})"
+        )
+
+
+def measured(meta: dict[str, Any]) -> dict[str, Any]:
+    """A run's req/s, its senders' CPU per request and share of a core, and its schedule lag."""
+    health = meta["client_health"]
+    per = [
+        (h.get("worker", i), h["cpu_share_of_one_core"]["mean"] or 0.0)
+        for i, h in enumerate(health.get("per_process") or [health])
+    ]
+    lag = meta["summary"].get("schedule_lag") or {}
+    by_worker = {  # each worker's own, as run.json keeps it
+        h.get("worker", i): h["schedule_lag"]["p99_s"] * 1e3
+        for i, h in enumerate(health.get("per_process") or [])
+        if (h.get("schedule_lag") or {}).get("p99_s") is not None
+    }
     s = meta["summary"]
     return {
         "rps": s["req_per_s"],
@@ -129,7 +172,28 @@ def once(scenario: str, how: str, workers: int) -> dict[str, Any]:
     }
 
 
+def once(scenario: str, how: str, workers: int) -> dict[str, Any]:
+    """One run: `how` is "process" (--workers), "ray", or "ray apart" (the coordinator and the
+    head node on the server's core, as on a host of their own)."""
+    cores = client_cores(workers)
+    with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=0, tokens=256) as fh:
+        with contextlib.ExitStack() as stack:
+            driver = cores
+            if how.startswith("ray"):
+                apart = {SERVER_CORE} if how == "ray apart" else None
+                address, _ = stack.enter_context(ray_cluster(workers, cores, apart))
+                extra = ["--ray", address, "--workers", str(workers)]
+                driver = apart or cores
+            else:
+                extra = ["--workers", str(workers)] if workers > 1 else []
+            (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, cores=driver)
+        return measured(json.loads((folder / "run.json").read_text()))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["pairs"]:
+        pairs(int(sys.argv[2]) if len(sys.argv) > 2 else PAIR_REQUESTS)
+        return
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
     configs = [("one process", "process", 1), ("1 Ray worker", "ray", 1), ("1, apart", "ray apart", 1)]
     configs += [("--workers 2", "process", 2), ("2 Ray workers", "ray", 2)]
@@ -158,6 +222,7 @@ def main() -> None:
             f"sender CPU per request {cpu[1]:.3f}x; "
             f"its share of a core {share[1]:.3f}x ({share[0]:.3f}-{share[-1]:.3f})"
         )
+    pairs(PAIR_REQUESTS)
     for share in OPEN_SHARES:
         rate = round(share * med(r["rps"] for r in runs["one process"]))
         print(f"\nopen loop, Poisson at {rate} req/s ({share:.0%} of one process's ceiling), {n} requests")

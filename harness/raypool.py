@@ -7,8 +7,9 @@ batches shrink as the schedule runs out), a session (one schedule item) stays wi
 and an open loop's requests are dealt to the workers in turn and sent by each at their time on
 the coordinator's clock (a worker takes its own by time windows, well ahead). Each `RayWorker`
 actor starts a client process exactly like one `--workers` process (workers.send_share, on
-uvloop) and relays for it; the client writes its finished records to a file there until the
-coordinator drains them, every POLL_S, into the arm's one requests.jsonl.
+uvloop) and relays the schedule for it; the client sends its finished records straight to the
+Dispatch over TCP (every FLUSH_S, after a token), and the coordinator drains them from there,
+every POLL_S, into the arm's one requests.jsonl.
 
 Clocks: before and after each arm the coordinator measures each worker's monotonic clock against
 its own (round trips, clock.Offset) and hands the worker the arm's start on the worker's clock,
@@ -16,9 +17,10 @@ so records and send times are on the coordinator's time line; run.json keeps the
 their uncertainty and drift.
 
 Faults: a worker whose actor or node dies is found by its failed calls; the requests it had
-taken and not reported are recorded as failed (`error_kind = "lost"`), the others go on with the
-rest of the schedule, and run.json's `distributed.faults` says what happened. Ctrl-C stops every
-worker, which finish what is in flight (aio.GRACE_S) and are drained.
+taken and whose records did not reach the Dispatch are recorded as failed (`error_kind =
+"lost"`), the others go on with the rest of the schedule, and run.json's `distributed.faults`
+says what happened. Ctrl-C stops every worker, which finish what is in flight (aio.GRACE_S) and
+are drained.
 
 Only this module imports Ray, and only once `--ray` is given (`pip install 'kvbench[ray]'`).
 """
@@ -35,35 +37,39 @@ import multiprocessing
 import os
 import platform
 import re
-import shutil
+import secrets
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from harness import aio
 from harness.clock import CLOCK_WARN_NS, ModelClock, Offset
 from harness.errors import EndpointError, InputError
 from harness.results import RequestRecord, RunWriter, versions
-from harness.workers import ID_STRIDE, Job, Share, combine_health, deal, lines_since, send_share
+from harness.workers import ID_STRIDE, Share, combine_health, deal, send_share
 from harness.workloads.base import Plan, Schedule, Sender
 
 INSTALL_HINT = "pip install 'kvbench[ray]' (on this host and on every client host of the cluster)"
-# How often the coordinator drains the workers' records (s): what a dying worker can take with it
-# unreported (recorded as lost), against a few Ray calls per worker each time (each drain also
-# stalls the worker's loop for a few ms on a loaded host; 0.1 s cost a tenth of a loaded core).
+REACH = (
+    "every client host must reach the Dispatch's host (the coordinator's; through ray://, the head node) on any "
+    "TCP port: is there a firewall between them?"
+)
+# How often the coordinator drains the records the Dispatch holds into the arm's file (s): one Ray
+# call on its own host (a worker that dies takes with it only what its client had not sent yet).
 POLL_S = 0.5
-# How often a worker's client writes its finished records out for its actor to drain (s), and its
-# buffer (bytes) meanwhile.
+# How often a worker's client sends its finished records to the Dispatch (s); what the Dispatch
+# reads at once (bytes); how much of a client's first line it reads (bytes); and how long a drain
+# waits for an ended client's last records (s): a client on a host that is gone never hangs up.
 FLUSH_S = 0.05
-RELAY_BUFFER = 1 << 20
+RELAY_CHUNK = 256 * 1024
+HELLO_BYTES = 256
+RELAY_CLOSE_S = 2.0
 # Round trips per clock-offset measurement.
 CLOCK_TRIPS = 16
 # A worker's client must be up within this long (s); a cluster without room for an actor never is.
@@ -114,17 +120,23 @@ class Dispatch:
     processes are, and each worker takes its own by time windows; a worker that is lost leaves its
     untaken ones to the others. It remembers what each worker took, for the requests a lost worker
     takes with it, and holds an open loop's start line: the measured part starts once every worker
-    still there has its warm-up answered."""
+    still there has its warm-up answered. It also takes the workers' clients' records (`listen`)
+    and keeps them until the coordinator drains them."""
 
     def __init__(self, order: list[tuple[int, int]], times_wall_s: list[float], workers: dict[int, int]) -> None:
         self.line = _Line()
+        self.token = secrets.token_hex(16)
+        self.arm = 0
         self.reset(order, times_wall_s, workers)
 
-    def reset(self, order: list[tuple[int, int]], times_wall_s: list[float], workers: dict[int, int]) -> None:
+    def reset(self, order: list[tuple[int, int]], times_wall_s: list[float], workers: dict[int, int]) -> int:
         """A new arm's schedule, and its workers with their connections (the actor serves every
-        arm of the run)."""
+        arm of the run): the arm's number, which its clients give when they connect."""
         self.line.reached.set()  # a worker still waiting at the last arm's start line: it stops waiting
         self.line = _Line()
+        self.arm += 1
+        self.inbox: dict[int, bytearray] = {k: bytearray() for k in workers}
+        self.hung_up: dict[int, asyncio.Event] = {}  # worker -> set once its client has hung up
         self.order, self.times, self.weights = order, times_wall_s, workers
         self.next = 0
         self.given: dict[int, list[tuple[int, int]]] = {k: [] for k in workers}
@@ -134,6 +146,7 @@ class Dispatch:
         if times_wall_s:
             for k, items in in_turn(order, workers).items():
                 self.own[k].extend(items)
+        return self.arm
 
     def take(self, worker: int, n: int) -> list[tuple[int, int]]:
         """Up to n of this worker's next requests: of a closed loop, fewer as the schedule runs out
@@ -180,6 +193,55 @@ class Dispatch:
                 self.own[k] = deque(heapq.merge(self.own[k], items))
             self.own[worker].clear()
 
+    async def listen(self, host: str | None = None) -> tuple[str, int, str]:
+        """Take the workers' clients' records over TCP, from now on (host: this Ray node's
+        address): where they connect, and the token they must give first."""
+        if host is None:
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        server = await asyncio.start_server(self._records, host, 0, limit=HELLO_BYTES)
+        self.server = server  # kept, or it would be collected and closed
+        return host, server.sockets[0].getsockname()[1], self.token
+
+    async def _records(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One client's records, as they come: it says who it is first (a line: token, arm,
+        worker), and anybody else is hung up on before a byte more is read."""
+        try:
+            token, arm, worker = (await reader.readline()).decode("ascii").split()
+            n, k = int(arm), int(worker)
+        except (ValueError, OSError):  # a line too long is a ValueError too
+            writer.close()
+            return
+        if not secrets.compare_digest(token, self.token) or n != self.arm or k not in self.inbox or k in self.hung_up:
+            writer.close()  # a stranger, a client of another arm, or a second one of this worker
+            return
+        inbox, whole = self.inbox[k], self.hung_up.setdefault(k, asyncio.Event())
+        try:
+            while data := await reader.read(RELAY_CHUNK):
+                inbox += data
+        except OSError:  # its host is gone: what came is kept
+            pass
+        finally:
+            whole.set()
+            writer.close()
+
+    async def drain(self, ended: tuple[int, ...] = ()) -> dict[int, bytes]:
+        """The whole records that came from each worker's client since the last drain, as it
+        wrote them (`relayed`); of a worker in `ended`, its last ones, once its client has hung up
+        (or RELAY_CLOSE_S has passed: its host is gone), and a line it left cut short is dropped."""
+        waits = [self.hung_up[k].wait() for k in ended if k in self.hung_up]
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RELAY_CLOSE_S):
+                    await asyncio.gather(*waits)
+        out = {}
+        for k, inbox in self.inbox.items():
+            if (cut := inbox.rfind(b"\n") + 1) > 0:
+                out[k] = bytes(inbox[:cut])
+            del inbox[: len(inbox) if k in ended else cut]
+        return out
+
     def _check_line(self) -> None:
         if self.ready and set(self.ready) | self.gone_workers >= set(self.given) and self.line.at is None:
             self.line.at = max(self.ready.values()) + START_MARGIN_NS
@@ -210,6 +272,17 @@ def in_turn(items: list[tuple[int, int]], weights: dict[int, int]) -> dict[int, 
     for j, item in enumerate(items):
         out[cycle[j % total]].append(item)
     return out
+
+
+@dataclass(frozen=True)
+class Relay:
+    """Where a worker's client sends its records (the Dispatch's listener), the token it gives
+    first, and the arm's number (Dispatch.reset)."""
+
+    host: str
+    port: int
+    token: str
+    arm: int
 
 
 class FedOrder(Schedule):
@@ -288,19 +361,17 @@ class FedOrder(Schedule):
 class RayWorker:
     """One client of the arm on a Ray node (decorated as an actor by `connect`). The client is a
     process of its own, a client exactly like one of `--workers` (workers.send_share), so that
-    neither Ray's threads nor Python's lock they take stall its event loop or cost it CPU; the
-    actor relays for it (`run`): the schedule from the Dispatch, its start, its stop, and its
-    records, which the client writes to a file as they finish and the coordinator drains. The
-    coordinator's calls (clock, drain, stop) are served by other threads meanwhile."""
+    neither Ray's threads nor Python's lock they take stall its event loop or cost it CPU. The
+    client sends its records straight to the Dispatch (a TCP connection: through Ray, each
+    drain's megabytes cost this host a point and a half of a core, measured); the actor relays
+    the rest for it (`run`): the schedule from the Dispatch, its start and its stop. The
+    coordinator's calls (clock, stop) are served by other threads meanwhile."""
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.ready = threading.Event()
         self.lock = threading.Lock()  # the pipe to the client, written by several threads
         self.down: Any = None  # that pipe, while the client runs
-        self.records: Path | None = None  # the client's records, and how far they were drained
-        self.drained = 0
-        self.ended = False  # the client of the last run has ended (its file is whole): its last drain removes it
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -317,7 +388,7 @@ class RayWorker:
     def now(self) -> int:
         return time.perf_counter_ns()
 
-    def run(self, share: Share, headers: dict[str, str], dispatch: Any, offset_ns: int) -> dict[str, Any]:
+    def run(self, share: Share, headers: dict[str, str], dispatch: Any, offset_ns: int, relay: Relay) -> dict[str, Any]:
         """The arm's client, until it ends: what it saw (send_share's result)."""
         import ray
 
@@ -325,10 +396,6 @@ class RayWorker:
         child_down, down = multiprocessing.Pipe(duplex=False)
         ends = (child_up.fileno(), child_down.fileno())
         with self.lock:
-            self._remove()  # the last arm's, if its last drain did not come
-            folder = Path(tempfile.mkdtemp(prefix="kvbench-ray-"))
-            job = Job(**{**vars(replace(share, headers=headers)), "folder": folder})
-            self.records, self.drained, self.ended = job.part, 0, False
             client = subprocess.Popen(
                 [sys.executable, "-c", CLIENT_ENTRY, *map(str, ends)],
                 pass_fds=ends,
@@ -338,12 +405,14 @@ class RayWorker:
             child_up.close()
             child_down.close()
             with contextlib.suppress(OSError):  # it ended at once: seen below
-                down.send(job)  # first, and the headers (an API key) through the pipe, never argv
+                # first, and the headers (an API key) and the token through the pipe, never argv
+                down.send((replace(share, headers=headers), relay))
             self.down = down
         end = None
+        failed = None
         line = None  # the start line, while the client waits for it: the relay goes on meanwhile
         try:
-            while end is None:
+            while end is None and failed is None:
                 if line is not None and ray.wait([line], timeout=0)[0]:
                     self._send(("start", int(ray.get(line)) + offset_ns))
                     line = None
@@ -361,6 +430,8 @@ class RayWorker:
                     self._send(("items", ray.get(dispatch.take.remote(self.index, arg[0]))))
                 elif kind == "ready_at":
                     line = dispatch.start_line.remote(self.index, arg[0] - offset_ns)
+                elif kind == "failed":
+                    failed = arg[0]
                 else:
                     end = arg[0]
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -372,11 +443,9 @@ class RayWorker:
             if client.poll() is None:
                 client.kill()
                 client.wait()
-            with self.lock:
-                self.ended = True  # its file is whole now: the last drain removes it
             ray.get(dispatch.gone.remote(self.index))
         if end is None:
-            raise RuntimeError(f"its client process ended without a word (exit code {client.returncode})")
+            raise RuntimeError(failed or f"its client process ended without a word (exit code {client.returncode})")
         return end
 
     def _send(self, message: tuple[Any, ...]) -> None:
@@ -397,44 +466,33 @@ class RayWorker:
         to stop at once)."""
         self._send(("stop",))
 
-    def drain(self) -> bytes:
-        """The records the client finished since the last drain, as it wrote them (`relayed`):
-        one bytes object, read apart by the coordinator, costs this host least."""
-        with self.lock:
-            if self.records is None:
-                return b""
-            data = lines_since(self.records, self.drained)
-            self.drained += len(data)
-            if self.ended:
-                self._remove()
-        return data
-
-    def _remove(self) -> None:
-        if self.records is not None:
-            shutil.rmtree(self.records.parent, ignore_errors=True)
-            self.records = None
-
 
 def client_process(up_fd: int, down_fd: int) -> None:
-    """A Ray worker's client process (CLIENT_ENTRY): its job comes first down the pipe from its
-    actor. It ends with its actor, however that ends."""
+    """A Ray worker's client process (CLIENT_ENTRY): its share and relay come first down the pipe
+    from its actor. It ends with its actor, however that ends."""
     from multiprocessing.connection import Connection
 
     up, down = Connection(up_fd, readable=False), Connection(down_fd, writable=False)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # its actor stops it
     try:
-        job = down.recv()
+        share, relay = down.recv()
     except EOFError:  # its actor is gone
         return
-    aio.run(_client(job, up, down))
+    aio.run(_client(share, relay, up, down))
 
 
-async def _client(job: Job, up: Any, down: Any) -> None:
+async def _client(share: Share, relay: Relay, up: Any, down: Any) -> None:
     loop = asyncio.get_running_loop()
+    try:
+        _, records = await asyncio.wait_for(asyncio.open_connection(relay.host, relay.port), READY_TIMEOUT_S)
+    except (OSError, TimeoutError) as e:
+        up.send(("failed", f"its client could not reach the Dispatch at {relay.host}:{relay.port} ({e!r}): {REACH}"))
+        return
+    records.write(f"{relay.token} {relay.arm} {share.index}\n".encode())
     stop = asyncio.Event()
     go_at: asyncio.Future[int] = loop.create_future()
-    order = FedOrder(up, [job.spec.clock.wall_s(t) for t in job.plan.times], job.kind, job.connections)
+    order = FedOrder(up, [share.spec.clock.wall_s(t) for t in share.plan.times], share.kind, share.connections)
 
     def heard() -> None:
         try:
@@ -458,28 +516,35 @@ async def _client(job: Job, up: Any, down: Any) -> None:
         return await go_at
 
     loop.add_reader(down.fileno(), heard)
-    # Written in bulk, FLUSH_S apart: a record is final once drained (POLL_S) anyway, and a write
-    # per record costs 3-4 us more of the client's CPU.
-    with job.part.open("ab", buffering=RELAY_BUFFER) as f:
+    # Sent in bulk, FLUSH_S apart: a record is final once drained (POLL_S) anyway, and a send per
+    # record costs the client more CPU.
+    pending: list[bytes] = []
 
-        def flush() -> None:
-            f.flush()
+    def flush(again: bool = True) -> None:
+        if pending:
+            records.write(b"".join(pending))
+            pending.clear()
+        if again:
             flushing[0] = loop.call_later(FLUSH_S, flush)
 
-        def keep(r: RequestRecord) -> None:
-            f.write(relayed(replace(r, process=job.index)))
+    def keep(r: RequestRecord) -> None:
+        pending.append(relayed(replace(r, process=share.index)))
 
-        flushing = [loop.call_later(FLUSH_S, flush)]
-        try:
-            end = await send_share(job, order, stop, [keep], go)
-        finally:
-            flushing[0].cancel()
+    flushing = [loop.call_later(FLUSH_S, flush)]
+    try:
+        end = await send_share(share, order, stop, [keep], go)
+    finally:
+        flushing[0].cancel()
+        flush(again=False)
+        records.close()  # the Dispatch has all of them once it sees the end
+        with contextlib.suppress(OSError):
+            await records.wait_closed()
     with contextlib.suppress(OSError):  # its actor is gone: nobody to tell
         up.send(("end", end))
 
 
 def relayed(r: RequestRecord) -> bytes:
-    """A record as the client hands it to its actor: what the coordinator tracks, then the record."""
+    """A record as a worker's client sends it: what the coordinator tracks, then the record."""
     meta = [int(r.ok), r.ttft_s, r.schedule_index, r.session]
     return b" ".join(b"-" if v is None else repr(v).encode() for v in meta) + b"\t" + r.to_json() + b"\n"
 
@@ -530,6 +595,7 @@ class Cluster:
     node_ip: str  # the coordinator's
     ray_version: str
     dispatch: Any  # the Dispatch actor, beside the coordinator
+    relay: tuple[str, int, str]  # where the workers' clients send it their records, and the token they give
 
     @property
     def live(self) -> list[Member]:
@@ -598,8 +664,8 @@ def _start_members(ray: Any, address: str, workers: int | None, base_url: str) -
     # prefer a node with CPUs, and a worker's node that dies would take the schedule with it
     beside = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     dispatch = ray.remote(num_cpus=0)(Dispatch).options(scheduling_strategy=beside).remote([], [], {})
-    ray.get(dispatch.taken.remote(0), timeout=READY_TIMEOUT_S)  # up before any arm's clock starts
-    return Cluster(address, members, here, ray.__version__, dispatch)
+    relay = ray.get(dispatch.listen.remote(), timeout=READY_TIMEOUT_S)  # up before any arm's clock starts
+    return Cluster(address, members, here, ray.__version__, dispatch, relay)
 
 
 def _loopback(url: str) -> bool:
@@ -665,7 +731,6 @@ class RayPool:
         self.dispatch = cluster.dispatch
         self.offsets: dict[int, Offset] = {}
         self.runs: dict[int, Any] = {}  # worker -> its run's ObjectRef, while it runs
-        self.draining: dict[int, asyncio.Future[None]] = {}  # worker -> its drain under way
         self.healths: dict[int, dict[str, Any]] = {}
         self.seen = _Seen()
         self.faults: list[dict[str, Any]] = []
@@ -675,14 +740,15 @@ class RayPool:
     async def ready(self) -> None:
         headers = dict(self.sender.client.headers)
         weights = {k: share.connections for k, share in self.shares.items()}
-        await self.dispatch.reset.remote(list(self.plan.schedule), self.times, weights)
+        arm = await self.dispatch.reset.remote(list(self.plan.schedule), self.times, weights)
+        relay = Relay(*self.cluster.relay, arm)
         for k, m in self.members.items():
             try:
                 self.offsets[k] = await _offset(m.actor)
             except self.ray.exceptions.RayError as e:
                 await self._lost(k, e)
                 continue
-            self.runs[k] = m.actor.run.remote(self.shares[k], headers, self.dispatch, self.offsets[k].offset_ns)
+            self.runs[k] = m.actor.run.remote(self.shares[k], headers, self.dispatch, self.offsets[k].offset_ns, relay)
         deadline = time.monotonic() + READY_TIMEOUT_S
         for k in list(self.runs):
             while k in self.runs and not await self._call(k, "wait_ready", 0.2):
@@ -700,7 +766,7 @@ class RayPool:
                 await asyncio.sleep(POLL_S)
                 if sender.stop.is_set() and not self.stopping:
                     await self._stop_all()
-                await self._drain_all()
+                await self._drain()
                 await self._reap()
         finally:
             await self._end()
@@ -720,28 +786,25 @@ class RayPool:
             await self._lost(k, e)
             return None
 
-    async def _drain_all(self) -> None:
-        """Drain every running worker, waiting at most POLL_S: a worker whose node died without a
-        word answers only once Ray declares it dead (seconds later), and holds up no other."""
-        for k in self.runs:
-            if k not in self.draining:
-                self.draining[k] = asyncio.ensure_future(self._drain(k))
-        if self.draining:
-            await asyncio.wait(self.draining.values(), timeout=POLL_S)
-        for k, task in list(self.draining.items()):
-            if task.done():
-                del self.draining[k]
-                task.result()
-
-    async def _drain(self, k: int) -> None:
-        got = [unrelayed(line) for line in (await self._call(k, "drain") or b"").splitlines()]
-        self.sink.add_lines([line for line, *_ in got])
-        for _, ok, ttft, index, session in got:
-            self.sender.progress.advance(ok, ttft)
-            if session is not None:
-                self.seen.turns[session] = self.seen.turns.get(session, 0) + 1
-            elif index is not None:
-                self.seen.indexes.add(index)
+    async def _drain(self, ended: tuple[int, ...] = ()) -> None:
+        """The records the workers' clients sent the Dispatch since the last drain (of those
+        `ended`, all of them): into the file, and what the coordinator tracks."""
+        try:
+            drained = await self.dispatch.drain.remote(ended)
+        except self.ray.exceptions.RayError as e:  # on the coordinator's node: the run cannot go on
+            if not self.sender.aborted:
+                self.sender.aborted = f"the Dispatch actor beside the coordinator was lost ({_first_line(e)})"
+                self.sender.stop.set()
+            return
+        for data in drained.values():
+            got = [unrelayed(line) for line in data.splitlines()]
+            self.sink.add_lines([line for line, *_ in got])
+            for _, ok, ttft, index, session in got:
+                self.sender.progress.advance(ok, ttft)
+                if session is not None:
+                    self.seen.turns[session] = self.seen.turns.get(session, 0) + 1
+                elif index is not None:
+                    self.seen.indexes.add(index)
 
     async def _reap(self) -> None:
         """Workers whose run ended: their last records and what they saw."""
@@ -754,13 +817,9 @@ class RayPool:
             try:
                 end = await ref
             except self.ray.exceptions.RayError as e:
-                if isinstance(e, self.ray.exceptions.RayTaskError):  # its client ended, the actor is there
-                    await self._drain(k)  # what it finished is kept
                 await self._lost(k, e)
                 continue
-            if (pending := self.draining.pop(k, None)) is not None:
-                await pending
-            await self._drain(k)  # what it kept since
+            await self._drain((k,))  # its last ones
             del self.runs[k]
             self.healths[k] = {**end["client_health"], "worker": k, **self._where(k)}
             for w in end["warnings"]:
@@ -777,6 +836,7 @@ class RayPool:
             return
         m.lost = _first_line(e)
         self.runs.pop(k, None)
+        await self._drain((k,))  # what it sent before is kept
         with contextlib.suppress(self.ray.exceptions.RayError):
             await self.dispatch.gone.remote(k)
         try:
@@ -849,16 +909,12 @@ class RayPool:
                 async with asyncio.timeout(aio.GRACE_S + 5):
                     while self.runs:
                         await asyncio.sleep(POLL_S)
-                        await self._drain_all()
+                        await self._drain()
                         await self._reap()
         for k in list(self.runs):  # did not stop in time: what it holds is lost with it
             with contextlib.suppress(self.ray.exceptions.RayError):
                 self.ray.kill(self.members[k].actor)
             await self._lost(k, TimeoutError(f"did not stop within {aio.GRACE_S + 5:g} s"))
-        if self.draining:  # of workers lost: Ray fails them once it declares them dead
-            await asyncio.wait(self.draining.values(), timeout=aio.GRACE_S)
-            for task in self.draining.values():
-                task.cancel()
         self.sink.reorder()
         self.sink.meta["distributed"] = await self._meta()
 

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,18 @@ from typing import Any
 import pytest
 
 from harness.clock import Offset
-from harness.raypool import CLOSED_BATCH, CLOSED_BATCH_S, MAX_BATCH, OPEN_WINDOW_S, START_MARGIN_NS, Dispatch, FedOrder
+from harness.raypool import (
+    CLIENT_ENTRY,
+    CLOSED_BATCH,
+    CLOSED_BATCH_S,
+    HELLO_BYTES,
+    MAX_BATCH,
+    OPEN_WINDOW_S,
+    START_MARGIN_NS,
+    Dispatch,
+    FedOrder,
+    Relay,
+)
 from harness.results import RequestRecord, read_requests, read_run
 from tests.conftest import ROOT, kvbench, user_env, write_scenario
 from tests.test_workers import LOOP
@@ -116,6 +128,74 @@ def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None
         assert list(timed.own[1]) == order and not timed.own[0]
 
     asyncio.run(open_loop())
+
+
+def test_the_dispatch_keeps_whole_records_from_its_arms_clients_only() -> None:
+    async def relay() -> None:
+        d = Dispatch([(0, 0)], [], {0: 1, 1: 1})
+        host, port, token = await d.listen("127.0.0.1")
+
+        async def connect(first: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            r, w = await asyncio.open_connection(host, port)
+            w.write(first)
+            await w.drain()
+            return r, w
+
+        # anybody without the token, with a past arm's number, as no worker, or with a first
+        # line past HELLO_BYTES is hung up on, and nothing they send is kept
+        for first in (
+            b"0" * 32 + b" 1 0\n",
+            f"{token} 0 0\n".encode(),
+            f"{token} 1 7\n".encode(),
+            b"x" * (HELLO_BYTES + 1),
+            b"\xff\n",
+        ):
+            r, w = await connect(first + b"1 - 0 -\t{}\n")
+            assert await r.read() == b""
+            w.close()
+        _, w0 = await connect(f"{token} 1 0\na\nb\nc".encode())
+        await asyncio.sleep(0.05)
+        r, w = await connect(f"{token} 1 0\nx\n".encode())  # a second one of the same worker
+        assert await r.read() == b""
+        w.close()
+        assert await d.drain() == {0: b"a\nb\n"}  # the line under way stays until it is whole
+        w0.write(b"d\ne")
+        last = asyncio.ensure_future(d.drain((0,)))
+        await asyncio.sleep(0.05)
+        assert not last.done()  # an ended worker's last records: once its client hangs up
+        w0.close()
+        assert await last == {0: b"cd\n"}  # and a line it left cut short is dropped
+        assert await d.drain((0,)) == {}
+        assert d.reset([(0, 0)], [], {0: 1}) == 2  # the next arm: its clients give its number
+        r, w = await connect(f"{token} 1 0\n".encode())
+        assert await r.read() == b""
+        w.close()
+        d.server.close()
+        await d.server.wait_closed()
+
+    asyncio.run(relay())
+
+
+def test_a_client_that_cannot_reach_the_dispatch_says_where_and_what_to_check() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens there once it is closed
+    up, child_up = multiprocessing.Pipe(duplex=False)
+    child_down, down = multiprocessing.Pipe(duplex=False)
+    ends = (child_up.fileno(), child_down.fileno())
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT_ENTRY, *map(str, ends)],
+        pass_fds=ends,
+        env={**user_env(), "PYTHONPATH": str(ROOT)},
+    )
+    child_up.close()
+    child_down.close()
+    down.send((None, Relay("127.0.0.1", port, "token", 1)))  # it goes no further than its connection
+    kind, why = up.recv()
+    assert kind == "failed" and f"127.0.0.1:{port}" in why and "firewall" in why, why
+    assert client.wait(timeout=60) == 0
+    up.close()
+    down.close()
 
 
 def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
