@@ -7,14 +7,16 @@ batches shrink as the schedule runs out), a session (one schedule item) stays wi
 and an open loop's requests are dealt to the workers in turn and sent by each at their time on
 the coordinator's clock (a worker takes its own by time windows, well ahead). Each `RayWorker`
 actor starts a client process exactly like one `--workers` process (workers.send_share, on
-uvloop) and relays the schedule for it; the client sends its finished records straight to the
-Dispatch over TCP (every FLUSH_S, after a token), and the coordinator drains them from there,
-every POLL_S, into the arm's one requests.jsonl.
+uvloop) and waits for it. The client talks to the Dispatch itself, over two TCP connections
+(after a token; Ray stays out of the way of every request): on one it takes its batches and
+hears the go, an open loop's start line and the stop; on the other it sends its finished
+records every FLUSH_S, which the coordinator drains from the Dispatch every POLL_S into the
+arm's one requests.jsonl.
 
 Clocks: before and after each arm the coordinator measures each worker's monotonic clock against
-its own (round trips, clock.Offset) and hands the worker the arm's start on the worker's clock,
-so records and send times are on the coordinator's time line; run.json keeps the offsets with
-their uncertainty and drift.
+its own (round trips, clock.Offset), and the worker's client puts the arm's start and an open
+loop's start line on its own clock by that offset, so records and send times are on the
+coordinator's time line; run.json keeps the offsets with their uncertainty and drift.
 
 Faults: a worker whose actor or node dies is found by its failed calls; the requests it had
 taken and whose records did not reach the Dispatch are recorded as failed (`error_kind =
@@ -31,6 +33,7 @@ import asyncio
 import contextlib
 import ctypes
 import heapq
+import json
 import logging
 import math
 import multiprocessing
@@ -41,10 +44,9 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -90,12 +92,12 @@ MAX_BATCH = 4096
 GUIDED = 4
 OPEN_WINDOW_S = 0.2
 # How long after the last worker is ready for an open loop's measured part it starts (ns): time
-# for every worker to learn it through Ray before its first send is due; and how often a worker
-# looks whether the start line has come meanwhile (s).
+# for every worker to hear of it before its first send is due.
 START_MARGIN_NS = 50_000_000
-START_POLL_S = 0.002
-# Concurrent calls an actor serves: its run, and the coordinator's drain, stop and clock calls.
-ACTOR_THREADS = 4
+# How often the coordinator looks whether every worker's client is up (s), and the longest line
+# a client reads from the Dispatch (bytes: a batch of MAX_BATCH requests fits many times over).
+UP_POLL_S = 0.05
+CONTROL_BYTES = 1024 * 1024
 PR_SET_PDEATHSIG = 1  # prctl(2)
 # How a Ray worker starts its client: a plain interpreter, so that the client imports neither Ray
 # (multiprocessing's spawn would: it imports the actor's __main__, Ray's worker) nor anything else
@@ -120,8 +122,9 @@ class Dispatch:
     processes are, and each worker takes its own by time windows; a worker that is lost leaves its
     untaken ones to the others. It remembers what each worker took, for the requests a lost worker
     takes with it, and holds an open loop's start line: the measured part starts once every worker
-    still there has its warm-up answered. It also takes the workers' clients' records (`listen`)
-    and keeps them until the coordinator drains them."""
+    still there has its warm-up answered. It serves the workers' clients over TCP (`listen`):
+    their batches, the go, the start line and the stop, and their records, which it keeps until
+    the coordinator drains them."""
 
     def __init__(self, order: list[tuple[int, int]], times_wall_s: list[float], workers: dict[int, int]) -> None:
         self.line = _Line()
@@ -137,6 +140,11 @@ class Dispatch:
         self.arm += 1
         self.inbox: dict[int, bytearray] = {k: bytearray() for k in workers}
         self.hung_up: dict[int, asyncio.Event] = {}  # worker -> set once its client has hung up
+        self.told: dict[int, asyncio.StreamWriter] = {}  # worker -> its client's control connection
+        self.up: set[int] = set()  # workers whose clients are up, waiting for the go
+        self.t0_ns: int | None = None  # the arm's start, once given
+        self.stopping = False
+        self.telling: set[asyncio.Task[None]] = set()  # start lines under way
         self.order, self.times, self.weights = order, times_wall_s, workers
         self.next = 0
         self.given: dict[int, list[tuple[int, int]]] = {k: [] for k in workers}
@@ -194,28 +202,40 @@ class Dispatch:
             self.own[worker].clear()
 
     async def listen(self, host: str | None = None) -> tuple[str, int, str]:
-        """Take the workers' clients' records over TCP, from now on (host: this Ray node's
-        address): where they connect, and the token they must give first."""
+        """Serve the workers' clients over TCP from now on (host: this Ray node's address), two
+        connections each, one for its records and one for the rest: where they connect, and the
+        token they must give first."""
         if host is None:
             import ray
 
             host = ray.util.get_node_ip_address()
-        server = await asyncio.start_server(self._records, host, 0, limit=HELLO_BYTES)
+        server = await asyncio.start_server(self._connected, host, 0, limit=HELLO_BYTES)
         self.server = server  # kept, or it would be collected and closed
         return host, server.sockets[0].getsockname()[1], self.token
 
-    async def _records(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One client's records, as they come: it says who it is first (a line: token, arm,
-        worker), and anybody else is hung up on before a byte more is read."""
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A client's connection: it says who it is first (a line: token, arm, worker, and which of
+        its two connections this is), and anybody else is hung up on before a byte more is read."""
         try:
-            token, arm, worker = (await reader.readline()).decode("ascii").split()
+            token, arm, worker, kind = (await reader.readline()).decode("ascii").split()
             n, k = int(arm), int(worker)
         except (ValueError, OSError):  # a line too long is a ValueError too
             writer.close()
             return
-        if not secrets.compare_digest(token, self.token) or n != self.arm or k not in self.inbox or k in self.hung_up:
-            writer.close()  # a stranger, a client of another arm, or a second one of this worker
+        seen = self.hung_up if kind == "records" else self.told if kind == "control" else None
+        if not secrets.compare_digest(token, self.token) or n != self.arm or k not in self.inbox or seen is None:
+            writer.close()  # a stranger, a client of another arm
             return
+        if k in seen:
+            writer.close()  # a second one of this worker
+            return
+        if kind == "records":
+            await self._records(k, reader, writer)
+        else:
+            await self._control(k, reader, writer)
+
+    async def _records(self, k: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A client's records, as they come."""
         inbox, whole = self.inbox[k], self.hung_up.setdefault(k, asyncio.Event())
         try:
             while data := await reader.read(RELAY_CHUNK):
@@ -225,6 +245,52 @@ class Dispatch:
         finally:
             whole.set()
             writer.close()
+
+    async def _control(self, k: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A client's asks (a JSON object a line), answered on the same connection: the next
+        batch of the schedule, the go, an open loop's start line, the stop. A client that hangs
+        up is gone."""
+        self.told[k] = writer
+        if self.t0_ns is not None:
+            _tell(writer, {"go": self.t0_ns})
+        if self.stopping:
+            _tell(writer, {"stop": 1})
+        try:
+            while line := await reader.readline():
+                ask = json.loads(line)
+                if "want" in ask:
+                    _tell(writer, {"items": self.take(k, int(ask["want"]))})
+                elif "up" in ask:
+                    self.up.add(k)
+                elif "ready_at" in ask:
+                    task = asyncio.ensure_future(self._start(k, int(ask["ready_at"]), writer))
+                    self.telling.add(task)
+                    task.add_done_callback(self.telling.discard)
+        except (ValueError, TypeError, KeyError, OSError):  # not its client after all, or its host is gone
+            pass
+        finally:
+            if self.told.get(k) is writer:
+                self.gone(k)
+            writer.close()
+
+    async def _start(self, k: int, ready_ns: int, writer: asyncio.StreamWriter) -> None:
+        _tell(writer, {"start": await self.start_line(k, ready_ns)})
+
+    def waiting(self) -> list[int]:
+        """The workers whose clients are up and wait for the go."""
+        return sorted(self.up)
+
+    def go(self, t0_ns: int) -> None:
+        """Every worker's client starts the arm's clock at t0_ns (coordinator ns)."""
+        self.t0_ns = t0_ns
+        for writer in self.told.values():
+            _tell(writer, {"go": t0_ns})
+
+    def stop(self) -> None:
+        """Every worker's client finishes what is in flight and ends (one still to come, at once)."""
+        self.stopping = True
+        for writer in self.told.values():
+            _tell(writer, {"stop": 1})
 
     async def drain(self, ended: tuple[int, ...] = ()) -> dict[int, bytes]:
         """The whole records that came from each worker's client since the last drain, as it
@@ -254,6 +320,11 @@ class _Line:
 
     reached: asyncio.Event = field(default_factory=asyncio.Event)
     at: int | None = None
+
+
+def _tell(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    if not writer.is_closing():
+        writer.write(json.dumps(message).encode() + b"\n")
 
 
 def in_turn(items: list[tuple[int, int]], weights: dict[int, int]) -> dict[int, list[tuple[int, int]]]:
@@ -286,15 +357,23 @@ class Relay:
 
 
 class FedOrder(Schedule):
-    """A worker's client's side of the schedule: batches its actor takes from the Dispatch when
-    asked (the next asked for while half of the last one, or of an open loop's window, is left;
-    a closed loop's sized by the pace the client keeps), and an open loop's start line on this
-    host's clock. The messages come and go on the pipes to the actor; `arrive` and `start_at` are
-    called as they come."""
+    """A worker's client's side of the schedule: batches it asks the Dispatch for (the next asked
+    for while half of the last one, or of an open loop's window, is left; a closed loop's sized by
+    the pace the client keeps), and an open loop's start line, on this host's clock here and on
+    the coordinator's (offset_ns behind) in what it tells (`tell`, a message to the Dispatch);
+    `arrive` and `start_at` are called as the answers come."""
 
-    def __init__(self, up: Any, times_wall_s: list[float], kind: str, connections: int) -> None:
+    def __init__(
+        self,
+        tell: Callable[[dict[str, int]], None],
+        times_wall_s: list[float],
+        kind: str,
+        connections: int,
+        offset_ns: int,
+    ) -> None:
         super().__init__(())
-        self.up, self.times, self.kind, self.connections = up, times_wall_s, kind, connections
+        self.tell, self.times, self.kind, self.connections = tell, times_wall_s, kind, connections
+        self.offset_ns = offset_ns
         self.buf: deque[tuple[int, int]] = deque()
         self.came = asyncio.Event()
         self.line: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -310,8 +389,9 @@ class FedOrder(Schedule):
         self.came.set()
 
     def start_at(self, ns: int) -> None:
+        """The start line has come (coordinator ns)."""
         if not self.line.done():
-            self.line.set_result(ns)
+            self.line.set_result(ns + self.offset_ns)
 
     async def __anext__(self) -> tuple[int, int]:
         while not self.buf:
@@ -338,7 +418,7 @@ class FedOrder(Schedule):
         if not self.asked:
             self.asked = True
             now = time.perf_counter_ns()
-            self.up.send(("want", self.wanted(now)))
+            self.tell({"want": self.wanted(now)})
             self.asked_ns, self.handed = now, 0
 
     def wanted(self, now_ns: int) -> int:
@@ -354,24 +434,19 @@ class FedOrder(Schedule):
         return max(least, min(MAX_BATCH, math.ceil(pace * CLOSED_BATCH_S)))
 
     async def measured_start(self, ready_ns: int) -> int:
-        self.up.send(("ready_at", ready_ns))
+        self.tell({"ready_at": ready_ns - self.offset_ns})
         return await self.line
 
 
 class RayWorker:
     """One client of the arm on a Ray node (decorated as an actor by `connect`). The client is a
     process of its own, a client exactly like one of `--workers` (workers.send_share), so that
-    neither Ray's threads nor Python's lock they take stall its event loop or cost it CPU. The
-    client sends its records straight to the Dispatch (a TCP connection: through Ray, each
-    drain's megabytes cost this host a point and a half of a core, measured); the actor relays
-    the rest for it (`run`): the schedule from the Dispatch, its start and its stop. The
-    coordinator's calls (clock, stop) are served by other threads meanwhile."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.ready = threading.Event()
-        self.lock = threading.Lock()  # the pipe to the client, written by several threads
-        self.down: Any = None  # that pipe, while the client runs
+    neither Ray's threads nor Python's lock they take stall its event loop or cost it CPU. It
+    talks to the Dispatch itself, over TCP: its records, and its schedule, start and stop. The
+    actor only starts it and waits for it (`run`), one call at a time: a call that blocks the
+    actor's main thread keeps Ray's own loop there from waking every 10 ms (a point of a core),
+    and through Ray each drain's megabytes of records cost this host a point and a half more
+    (both measured)."""
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -388,134 +463,111 @@ class RayWorker:
     def now(self) -> int:
         return time.perf_counter_ns()
 
-    def run(self, share: Share, headers: dict[str, str], dispatch: Any, offset_ns: int, relay: Relay) -> dict[str, Any]:
+    def run(self, share: Share, headers: dict[str, str], offset_ns: int, relay: Relay) -> dict[str, Any]:
         """The arm's client, until it ends: what it saw (send_share's result)."""
-        import ray
-
-        up, child_up = multiprocessing.Pipe(duplex=False)
-        child_down, down = multiprocessing.Pipe(duplex=False)
-        ends = (child_up.fileno(), child_down.fileno())
-        with self.lock:
-            client = subprocess.Popen(
-                [sys.executable, "-c", CLIENT_ENTRY, *map(str, ends)],
-                pass_fds=ends,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))},  # as this actor has it
-            )
-            child_up.close()
-            child_down.close()
-            with contextlib.suppress(OSError):  # it ended at once: seen below
-                # first, and the headers (an API key) and the token through the pipe, never argv
-                down.send((replace(share, headers=headers), relay))
-            self.down = down
-        end = None
-        failed = None
-        line = None  # the start line, while the client waits for it: the relay goes on meanwhile
+        client, up, down = start_client()
+        said: tuple[Any, ...] = ()
         try:
-            while end is None and failed is None:
-                if line is not None and ray.wait([line], timeout=0)[0]:
-                    self._send(("start", int(ray.get(line)) + offset_ns))
-                    line = None
-                if not up.poll(0.2 if line is None else START_POLL_S):
-                    if client.poll() is not None:
-                        break
-                    continue
-                try:
-                    kind, *arg = up.recv()
-                except EOFError:
-                    break
-                if kind == "ready":
-                    self.ready.set()
-                elif kind == "want":
-                    self._send(("items", ray.get(dispatch.take.remote(self.index, arg[0]))))
-                elif kind == "ready_at":
-                    line = dispatch.start_line.remote(self.index, arg[0] - offset_ns)
-                elif kind == "failed":
-                    failed = arg[0]
-                else:
-                    end = arg[0]
+            # the headers (an API key) and the token through the pipe, never argv
+            down.send((replace(share, headers=headers), relay, offset_ns))
+            said = up.recv()  # its end, or why it could not start
             with contextlib.suppress(subprocess.TimeoutExpired):
                 client.wait(aio.GRACE_S)
+        except (OSError, EOFError):  # it ended without a word: seen below
+            pass
         finally:
-            self.ready.clear()  # until the next arm's client is up
-            with self.lock:
-                self.down = None
             if client.poll() is None:
                 client.kill()
-                client.wait()
-            ray.get(dispatch.gone.remote(self.index))
-        if end is None:
-            raise RuntimeError(failed or f"its client process ended without a word (exit code {client.returncode})")
-        return end
+            client.wait()
+            up.close()
+            down.close()
+        if said[:1] != ("end",):
+            raise RuntimeError(
+                said[1] if said else f"its client process ended without a word (exit code {client.returncode})"
+            )
+        return said[1]
 
-    def _send(self, message: tuple[Any, ...]) -> None:
-        with self.lock:
-            if self.down is not None:
-                with contextlib.suppress(OSError):  # the client has ended
-                    self.down.send(message)
 
-    def wait_ready(self, timeout_s: float) -> bool:
-        return self.ready.wait(timeout_s)
-
-    def go(self, t0_ns: int) -> None:
-        """Start the arm's clock at t0_ns of this worker's clock."""
-        self._send(("go", t0_ns))
-
-    def stop(self) -> None:
-        """The client finishes what is in flight and ends (stopped before the start: it starts,
-        to stop at once)."""
-        self._send(("stop",))
+def start_client() -> tuple[subprocess.Popen[bytes], Any, Any]:
+    """A worker's client process (CLIENT_ENTRY), started from this one: the process, and the ends
+    of its pipes here (what it says, and what it is told)."""
+    up, child_up = multiprocessing.Pipe(duplex=False)
+    child_down, down = multiprocessing.Pipe(duplex=False)
+    ends = (child_up.fileno(), child_down.fileno())
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT_ENTRY, *map(str, ends)],
+        pass_fds=ends,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))},  # as this process has it
+    )
+    child_up.close()
+    child_down.close()
+    return client, up, down
 
 
 def client_process(up_fd: int, down_fd: int) -> None:
-    """A Ray worker's client process (CLIENT_ENTRY): its share and relay come first down the pipe
-    from its actor. It ends with its actor, however that ends."""
+    """A Ray worker's client process (CLIENT_ENTRY): its share, relay and clock offset come down
+    the pipe from its actor, and its end goes up it. It ends with its actor, however that ends."""
     from multiprocessing.connection import Connection
 
     up, down = Connection(up_fd, readable=False), Connection(down_fd, writable=False)
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # its actor stops it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator stops it
     try:
-        share, relay = down.recv()
+        share, relay, offset_ns = down.recv()
     except EOFError:  # its actor is gone
         return
-    aio.run(_client(share, relay, up, down))
+    down.close()
+    said = aio.run(_client(share, relay, offset_ns))
+    with contextlib.suppress(OSError):  # its actor is gone: nobody to tell
+        up.send(said)
 
 
-async def _client(share: Share, relay: Relay, up: Any, down: Any) -> None:
+async def _client(share: Share, relay: Relay, offset_ns: int) -> tuple[str, Any]:
+    """The arm's share, sent; the Dispatch tells it what to send and when, and gets its records:
+    ("end", what send_share saw), or ("failed", why)."""
     loop = asyncio.get_running_loop()
     try:
-        _, records = await asyncio.wait_for(asyncio.open_connection(relay.host, relay.port), READY_TIMEOUT_S)
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            _, records = await asyncio.open_connection(relay.host, relay.port)
+            heard, told = await asyncio.open_connection(relay.host, relay.port, limit=CONTROL_BYTES)
     except (OSError, TimeoutError) as e:
-        up.send(("failed", f"its client could not reach the Dispatch at {relay.host}:{relay.port} ({e!r}): {REACH}"))
-        return
-    records.write(f"{relay.token} {relay.arm} {share.index}\n".encode())
+        return "failed", f"its client could not reach the Dispatch at {relay.host}:{relay.port} ({e!r}): {REACH}"
+    records.write(f"{relay.token} {relay.arm} {share.index} records\n".encode())
+    told.write(f"{relay.token} {relay.arm} {share.index} control\n".encode())
     stop = asyncio.Event()
     go_at: asyncio.Future[int] = loop.create_future()
-    order = FedOrder(up, [share.spec.clock.wall_s(t) for t in share.plan.times], share.kind, share.connections)
+    order = FedOrder(
+        lambda m: _tell(told, m),
+        [share.spec.clock.wall_s(t) for t in share.plan.times],
+        share.kind,
+        share.connections,
+        offset_ns,
+    )
 
-    def heard() -> None:
-        try:
-            kind, *arg = down.recv()
-        except EOFError:  # its actor is gone
-            kind, arg = "stop", []
-            loop.remove_reader(down.fileno())
-        if kind == "go":
-            _resolve(go_at, arg[0])
-        elif kind == "items":
-            order.arrive(arg[0])
-        elif kind == "start":
-            order.start_at(arg[0])
-        else:
-            stop.set()
-            _resolve(go_at, time.perf_counter_ns())
-            order.arrive([])  # nothing more comes
+    def stopped() -> None:
+        stop.set()
+        _resolve(go_at, time.perf_counter_ns())
+        order.arrive([])  # nothing more comes
+
+    async def hear() -> None:
+        with contextlib.suppress(ValueError, OSError):  # a line too long, or the Dispatch gone: it stops
+            while line := await heard.readline():
+                said = json.loads(line)
+                if "items" in said:
+                    order.arrive([(i, p) for i, p in said["items"]])
+                elif "go" in said:
+                    _resolve(go_at, said["go"] + offset_ns)
+                elif "start" in said:
+                    order.start_at(said["start"])
+                elif "stop" in said:
+                    stopped()
+        stopped()
 
     async def go() -> int:
-        up.send(("ready",))
+        _tell(told, {"up": 1})
         return await go_at
 
-    loop.add_reader(down.fileno(), heard)
     # Sent in bulk, FLUSH_S apart: a record is final once drained (POLL_S) anyway, and a send per
     # record costs the client more CPU.
     pending: list[bytes] = []
@@ -531,16 +583,18 @@ async def _client(share: Share, relay: Relay, up: Any, down: Any) -> None:
         pending.append(relayed(replace(r, process=share.index)))
 
     flushing = [loop.call_later(FLUSH_S, flush)]
+    hearing = asyncio.ensure_future(hear())
     try:
         end = await send_share(share, order, stop, [keep], go)
     finally:
         flushing[0].cancel()
         flush(again=False)
-        records.close()  # the Dispatch has all of them once it sees the end
-        with contextlib.suppress(OSError):
-            await records.wait_closed()
-    with contextlib.suppress(OSError):  # its actor is gone: nobody to tell
-        up.send(("end", end))
+        hearing.cancel()
+        for writer in (records, told):  # the Dispatch has all its records once it sees the end
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+    return "end", end
 
 
 def relayed(r: RequestRecord) -> bytes:
@@ -635,8 +689,8 @@ def _start_members(ray: Any, address: str, workers: int | None, base_url: str) -
             f"--ray: the cluster at {address} has {cpus} CPU(s); {n} worker(s) need one each "
             "(give fewer with --workers, or add client hosts)"
         )
-    actor = ray.remote(num_cpus=1, max_concurrency=ACTOR_THREADS, max_restarts=0)(RayWorker)
-    actors = [actor.options(name=f"worker-{k}", scheduling_strategy="SPREAD").remote(k) for k in range(n)]
+    actor = ray.remote(num_cpus=1, max_restarts=0)(RayWorker)  # one call at a time: see RayWorker
+    actors = [actor.options(name=f"worker-{k}", scheduling_strategy="SPREAD").remote() for k in range(n)]
     try:
         infos = ray.get([a.info.remote() for a in actors], timeout=READY_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
@@ -748,19 +802,20 @@ class RayPool:
             except self.ray.exceptions.RayError as e:
                 await self._lost(k, e)
                 continue
-            self.runs[k] = m.actor.run.remote(self.shares[k], headers, self.dispatch, self.offsets[k].offset_ns, relay)
+            self.runs[k] = m.actor.run.remote(self.shares[k], headers, self.offsets[k].offset_ns, relay)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        for k in list(self.runs):
-            while k in self.runs and not await self._call(k, "wait_ready", 0.2):
-                if time.monotonic() > deadline:
-                    raise EndpointError(f"--ray: worker {k} was not ready within {READY_TIMEOUT_S:g} s")
-                await self._reap()
+        while self.runs and (late := set(self.runs) - set(await self._dispatch("waiting") or self.runs)):
+            if time.monotonic() > deadline:
+                names = ", ".join(map(str, sorted(late)))
+                raise EndpointError(f"--ray: worker(s) {names} were not ready within {READY_TIMEOUT_S:g} s")
+            await asyncio.sleep(UP_POLL_S)
+            await self._reap()
 
     async def run(self, clock: ModelClock) -> dict[str, Any]:
         sender = self.sender
         sender.progress.start(f"{sender.spec.arm.name} ({len(self.members)} Ray workers)", self.plan.total)
         self.started = True
-        await asyncio.gather(*(self._call(k, "go", clock.t0_ns + self.offsets[k].offset_ns) for k in list(self.runs)))
+        await self._dispatch("go", clock.t0_ns)
         try:
             while self.runs:
                 await asyncio.sleep(POLL_S)
@@ -776,27 +831,23 @@ class RayPool:
 
     async def _stop_all(self) -> None:
         self.stopping = True
-        await asyncio.gather(*(self._call(k, "stop") for k in list(self.runs)))
+        await self._dispatch("stop")
 
-    async def _call(self, k: int, method: str, *args: Any) -> Any:
-        """A call on worker k; a worker found gone is dealt with (None)."""
+    async def _dispatch(self, method: str, *args: Any) -> Any:
+        """A call on the Dispatch; if it is gone (with the coordinator's node, or the head node
+        through ray://), the run cannot go on: it ends, and what came is kept."""
         try:
-            return await getattr(self.members[k].actor, method).remote(*args)
+            return await getattr(self.dispatch, method).remote(*args)
         except self.ray.exceptions.RayError as e:
-            await self._lost(k, e)
+            if not self.sender.aborted:
+                self.sender.aborted = f"the Dispatch actor beside the coordinator was lost ({_first_line(e)})"
+                self.sender.stop.set()
             return None
 
     async def _drain(self, ended: tuple[int, ...] = ()) -> None:
         """The records the workers' clients sent the Dispatch since the last drain (of those
         `ended`, all of them): into the file, and what the coordinator tracks."""
-        try:
-            drained = await self.dispatch.drain.remote(ended)
-        except self.ray.exceptions.RayError as e:  # on the coordinator's node: the run cannot go on
-            if not self.sender.aborted:
-                self.sender.aborted = f"the Dispatch actor beside the coordinator was lost ({_first_line(e)})"
-                self.sender.stop.set()
-            return
-        for data in drained.values():
+        for data in (await self._dispatch("drain", ended) or {}).values():
             got = [unrelayed(line) for line in data.splitlines()]
             self.sink.add_lines([line for line, *_ in got])
             for _, ok, ttft, index, session in got:
@@ -837,12 +888,8 @@ class RayPool:
         m.lost = _first_line(e)
         self.runs.pop(k, None)
         await self._drain((k,))  # what it sent before is kept
-        with contextlib.suppress(self.ray.exceptions.RayError):
-            await self.dispatch.gone.remote(k)
-        try:
-            taken = await self.dispatch.taken.remote(k)
-        except self.ray.exceptions.RayError:
-            taken = []
+        await self._dispatch("gone", k)
+        taken = await self._dispatch("taken", k) or []
         at_s = self.sender.spec.clock.since_start(time.perf_counter_ns()) if self.started else 0.0
         lost = [r for r in (self._lost_record(k, i, p, at_s) for i, p in taken) if r is not None]
         for r in lost:

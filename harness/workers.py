@@ -251,13 +251,13 @@ def _progress(progress: RunProgress, jobs: list[Job], offsets: dict[int, int]) -
     """Advance the bar by the lines the part files gained since the last look (read from where
     that look stopped: the files grow for the whole run)."""
     for job in jobs:
-        data = lines_since(job.part, offsets.get(job.index, 0))
+        data = _lines_since(job.part, offsets.get(job.index, 0))
         offsets[job.index] = offsets.get(job.index, 0) + len(data)
         for _ in range(data.count(b"\n")):
             progress.advance(True, None)
 
 
-def lines_since(path: Path, at: int) -> bytes:
+def _lines_since(path: Path, at: int) -> bytes:
     """The whole lines a growing file has after byte `at` (a record still being written comes
     next time; none while the file is not there)."""
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import os
 import re
 import signal
@@ -21,7 +20,6 @@ import pytest
 
 from harness.clock import Offset
 from harness.raypool import (
-    CLIENT_ENTRY,
     CLOSED_BATCH,
     CLOSED_BATCH_S,
     HELLO_BYTES,
@@ -31,6 +29,7 @@ from harness.raypool import (
     Dispatch,
     FedOrder,
     Relay,
+    start_client,
 )
 from harness.results import RequestRecord, read_requests, read_run
 from tests.conftest import ROOT, kvbench, user_env, write_scenario
@@ -130,9 +129,10 @@ def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None
     asyncio.run(open_loop())
 
 
-def test_the_dispatch_keeps_whole_records_from_its_arms_clients_only() -> None:
+def test_the_dispatch_serves_its_arms_clients_only_and_keeps_whole_records() -> None:
     async def relay() -> None:
-        d = Dispatch([(0, 0)], [], {0: 1, 1: 1})
+        order = [(i, 0) for i in range(6)]
+        d = Dispatch(order, [0.0, 0.0, 0.0, 0.0, 1.0, 1.0], {0: 1, 1: 1})  # an open loop, dealt in turn
         host, port, token = await d.listen("127.0.0.1")
 
         async def connect(first: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -141,21 +141,25 @@ def test_the_dispatch_keeps_whole_records_from_its_arms_clients_only() -> None:
             await w.drain()
             return r, w
 
-        # anybody without the token, with a past arm's number, as no worker, or with a first
-        # line past HELLO_BYTES is hung up on, and nothing they send is kept
+        async def hear(r: asyncio.StreamReader) -> Any:
+            return json.loads(await asyncio.wait_for(r.readline(), 5))
+
+        # anybody without the token, with a past arm's number, as no worker, for no known use, or
+        # with a first line past HELLO_BYTES is hung up on, and nothing they send is kept
         for first in (
-            b"0" * 32 + b" 1 0\n",
-            f"{token} 0 0\n".encode(),
-            f"{token} 1 7\n".encode(),
+            b"0" * 32 + b" 1 0 records\n",
+            f"{token} 0 0 records\n".encode(),
+            f"{token} 1 7 records\n".encode(),
+            f"{token} 1 0 other\n".encode(),
             b"x" * (HELLO_BYTES + 1),
             b"\xff\n",
         ):
             r, w = await connect(first + b"1 - 0 -\t{}\n")
             assert await r.read() == b""
             w.close()
-        _, w0 = await connect(f"{token} 1 0\na\nb\nc".encode())
+        _, w0 = await connect(f"{token} 1 0 records\na\nb\nc".encode())
         await asyncio.sleep(0.05)
-        r, w = await connect(f"{token} 1 0\nx\n".encode())  # a second one of the same worker
+        r, w = await connect(f"{token} 1 0 records\nx\n".encode())  # a second one of the same worker
         assert await r.read() == b""
         w.close()
         assert await d.drain() == {0: b"a\nb\n"}  # the line under way stays until it is whole
@@ -166,8 +170,28 @@ def test_the_dispatch_keeps_whole_records_from_its_arms_clients_only() -> None:
         w0.close()
         assert await last == {0: b"cd\n"}  # and a line it left cut short is dropped
         assert await d.drain((0,)) == {}
-        assert d.reset([(0, 0)], [], {0: 1}) == 2  # the next arm: its clients give its number
-        r, w = await connect(f"{token} 1 0\n".encode())
+
+        # the rest goes on a client's second connection: its batches, the go, the start line, the stop
+        r1, w1 = await connect(f'{token} 1 1 control\n{{"want": 64}}\n{{"up": 1}}\n'.encode())
+        assert await hear(r1) == {"items": [[1, 0], [3, 0]]}  # its own, dealt in turn, due within a window
+        assert d.waiting() == [1]
+        d.go(12_345)
+        assert await hear(r1) == {"go": 12_345}
+        r0, w0 = await connect(f'{token} 1 0 control\n{{"ready_at": 100}}\n'.encode())
+        assert await hear(r0) == {"go": 12_345}  # one that comes late hears it at once
+        w1.write(b'{"ready_at": 250}\n')
+        assert await hear(r1) == await hear(r0) == {"start": 250 + START_MARGIN_NS}
+        d.stop()
+        assert await hear(r0) == await hear(r1) == {"stop": 1}
+        w1.close()  # a client that hangs up is gone: its untaken requests go to the others
+        await asyncio.sleep(0.05)
+        for items in ([[0, 0], [2, 0]], [[4, 0], [5, 0]]):
+            w0.write(b'{"want": 64}\n')
+            assert await hear(r0) == {"items": items}
+        w0.close()
+
+        assert d.reset(order, [], {0: 1}) == 2  # the next arm: its clients give its number
+        r, w = await connect(f"{token} 1 0 records\n".encode())
         assert await r.read() == b""
         w.close()
         d.server.close()
@@ -180,17 +204,8 @@ def test_a_client_that_cannot_reach_the_dispatch_says_where_and_what_to_check() 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nobody listens there once it is closed
-    up, child_up = multiprocessing.Pipe(duplex=False)
-    child_down, down = multiprocessing.Pipe(duplex=False)
-    ends = (child_up.fileno(), child_down.fileno())
-    client = subprocess.Popen(
-        [sys.executable, "-c", CLIENT_ENTRY, *map(str, ends)],
-        pass_fds=ends,
-        env={**user_env(), "PYTHONPATH": str(ROOT)},
-    )
-    child_up.close()
-    child_down.close()
-    down.send((None, Relay("127.0.0.1", port, "token", 1)))  # it goes no further than its connection
+    client, up, down = start_client()
+    down.send((None, Relay("127.0.0.1", port, "token", 1), 0))  # it goes no further than its connections
     kind, why = up.recv()
     assert kind == "failed" and f"127.0.0.1:{port}" in why and "firewall" in why, why
     assert client.wait(timeout=60) == 0
@@ -200,18 +215,18 @@ def test_a_client_that_cannot_reach_the_dispatch_says_where_and_what_to_check() 
 
 def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
     async def closed_loop() -> None:
-        there, up = multiprocessing.Pipe(duplex=False)
-        order = FedOrder(up, [], "closed_loop", 4)
+        told: list[dict[str, int]] = []
+        order = FedOrder(told.append, [], "closed_loop", 4, 0)
         first = asyncio.ensure_future(anext(order))
         await asyncio.sleep(0)
-        assert there.recv() == ("want", CLOSED_BATCH * 4)  # nothing known of its pace yet
+        assert told.pop() == {"want": CLOSED_BATCH * 4}  # nothing known of its pace yet
         order.arrive([(i, 0) for i in range(32)])
         assert await first == (0, 0)
         for _ in range(14):
             await anext(order)
-        assert not there.poll()  # more than half the batch is left: not yet
+        assert not told  # more than half the batch is left: not yet
         await anext(order)
-        assert there.recv() == ("want", MAX_BATCH)  # 16 handed out in no time: as many as it may
+        assert told.pop() == {"want": MAX_BATCH}  # 16 handed out in no time: as many as it may
         for _ in range(8):
             await anext(order)
         at = order.asked_ns or 0
@@ -220,8 +235,15 @@ def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
         assert order.wanted(at + 10**9) == CLOSED_BATCH * 4
         assert order.wanted(at + 10**6) == round(8_000 * CLOSED_BATCH_S)
         # a session is long and stays where it goes; an open loop's window is the Dispatch's
-        assert FedOrder(up, [], "sessions", 4).wanted(at + 10**6) == 1
-        assert FedOrder(up, [0.0], "open_loop", 4).wanted(at + 10**6) == MAX_BATCH
+        assert FedOrder(told.append, [], "sessions", 4, 0).wanted(at + 10**6) == 1
+        assert FedOrder(told.append, [0.0], "open_loop", 4, 0).wanted(at + 10**6) == MAX_BATCH
+        # an open loop's start line: on the coordinator's clock in what it tells, on its own here
+        timed = FedOrder(told.append, [0.0], "open_loop", 4, 1_000)
+        line = asyncio.ensure_future(timed.measured_start(5_000))
+        await asyncio.sleep(0)
+        assert told.pop() == {"ready_at": 4_000}
+        timed.start_at(9_000)
+        assert await line == 10_000
 
     asyncio.run(closed_loop())
 
@@ -370,16 +392,16 @@ def _worker(k: int) -> Any:
     return ray.get_actor(f"worker-{k}", namespace=victim["namespace"])
 
 
-def _lost_with(folder: Path, k: int) -> list[Any]:
-    """Every scheduled request is in the file once, sent by a worker or lost with worker k (only
-    with it), and run.json's one fault says so: the lost records."""
+def _lost_with(folder: Path) -> int:
+    """Every scheduled request is in the file once, sent by a worker or lost with the one worker
+    run.json's one fault names (only with it), as many as it says: that worker."""
     recs = read_requests(folder)
     assert sorted(x.schedule_index for x in recs) == list(range(150))
-    lost = [x for x in recs if not x.ok]
-    assert lost and all(x.error_kind == "lost" and x.process == k for x in lost)
     (fault,) = _run_json(folder)["distributed"]["faults"]
-    assert fault["worker"] == k and fault["lost_requests"] == len(lost)
-    return lost
+    lost = [x for x in recs if not x.ok]
+    assert lost and all(x.error_kind == "lost" and x.process == fault["worker"] for x in lost)
+    assert fault["lost_requests"] == len(lost)
+    return int(fault["worker"])
 
 
 def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: Path, cluster: str) -> None:
@@ -389,8 +411,9 @@ def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: P
     assert proc.returncode == 4, err  # requests failed: the lost ones
     assert "Ray worker 1" in err and "was lost" in err
     (folder,) = (out / "rk").iterdir()
-    lost = _lost_with(folder, 1)
+    assert _lost_with(folder) == 1
     recs = read_requests(folder)
+    lost = [x for x in recs if not x.ok]
     assert any(x.ok and x.process == 1 for x in recs)  # what it reported before is kept
     assert any(x.ok and x.process != 1 and x.start_s > max(y.start_s for y in lost) for x in recs)  # went on
     meta = _run_json(folder)
@@ -405,28 +428,36 @@ def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: P
 
 def test_a_worker_whose_client_process_dies_keeps_what_it_finished(tmp_path: Path, cluster: str) -> None:
     proc, out = _sending(tmp_path, "rp", cluster)
-    actor = ray.get(_worker(0).info.remote())["pid"]
-    (client,) = [p for p in _children(actor) if b"client_process" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    client = _clients()[0]
     assert b"_raylet" not in Path(f"/proc/{client}/maps").read_bytes()  # a client without Ray in it
     os.kill(client, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 4, err
-    assert "Ray worker 0" in err and "client process ended" in err
     (folder,) = (out / "rp").iterdir()
-    _lost_with(folder, 0)
-    assert any(x.ok and x.process == 0 for x in read_requests(folder))  # what it finished before is kept
+    k = _lost_with(folder)
+    assert f"Ray worker {k}" in err and "client process ended" in err
+    assert any(x.ok and x.process == k for x in read_requests(folder))  # what it finished before is kept
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(p.name))
-            except (OSError, ValueError):
-                pass
-    return out
+def _clients() -> list[int]:
+    """The workers' client processes on this machine (a worker's actor is busy with it, and
+    answers no other call meanwhile)."""
+    return [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and b"client_process" in _read(p / "cmdline") and b"pytest" not in _read(p / "cmdline")
+    ]
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int:
+    return int(_read(Path(f"/proc/{pid}/stat")).rsplit(b")", 1)[1].split()[1])
 
 
 def test_a_record_crosses_from_a_workers_client_to_the_coordinator_intact() -> None:
@@ -476,16 +507,21 @@ def test_a_record_crosses_from_a_workers_client_to_the_coordinator_intact() -> N
 
 def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: Any) -> None:
     proc, out = _sending(tmp_path, "rn", nodes.address)
+    raylets = {n.all_processes["raylet"][0].process.pid: n for n in nodes.worker_nodes}
+    pid = _clients()[0]
+    while pid not in raylets:  # the client's actor is the node's raylet's child
+        pid = _parent(pid)
+    node = raylets[pid]
     try:
-        where = ray.get(_worker(2).info.remote())["node_id"]
-        nodes.remove_node(next(n for n in nodes.worker_nodes if n.node_id == where))
+        nodes.remove_node(node)
         _, err = proc.communicate(timeout=300)
     finally:
         nodes.add_node(num_cpus=1)  # the cluster as the other tests expect it
         nodes.wait_for_nodes()
     assert proc.returncode == 4, err
     (folder,) = (out / "rn").iterdir()
-    _lost_with(folder, 2)
+    k = _lost_with(folder)
+    assert [w["node_id"] for w in _run_json(folder)["distributed"]["workers"] if w["worker"] == k] == [node.node_id]
 
 
 def test_ctrl_c_stops_every_ray_worker_and_keeps_merged_partial_results(tmp_path: Path, cluster: str) -> None:
