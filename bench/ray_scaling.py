@@ -12,14 +12,15 @@ sharing core 1 with the server. The cluster is local (ray.cluster_utils: a head 
 CPUs, and a node per worker), started afresh for each run and let settle. "Sender CPU per
 request" is the sending processes' (or workers') own CPU time per request, without the
 coordinator's: what every further worker costs (a Ray worker's is its client process's; its
-actor, which relays, adds about 2 % of a core). "Share of a core" is what each sending process (or
-worker's client) had of a core, on average: where it has a core of its own, the rest of that core
-went to what coordinates it (a Ray worker's actor and its node's raylet). Unlike req/s, which moves
-with this host's speed (by 10-20 % within minutes here), that ratio is the same in every round
-within a percent or so: it is the steadiest figure of what a worker costs its host.
+actor, which only waits for it, and its node's raylet add about 1 % of a core). "Share of a
+core" is what each sending process (or worker's client) had of a core, on average: where it has
+a core of its own, the rest of that core went to what coordinates it (a Ray worker's actor and
+its node's raylet). Unlike req/s, which moves with this host's speed (by 10-20 % within minutes
+here), that ratio is the same in every round within a percent or so: it is the steadiest figure
+of what a worker costs its host.
 
 A ceiling is a steady rate, so each run is long (20,000 requests, 8 s at 2,500 req/s): in a run of
-a second or two, the closed loop's last batches (a Ray round trip each, while connections wait)
+a second or two, the closed loop's last batches (a round trip each, while connections wait)
 weigh several percent. But this host's speed moves within a minute, so the ratio of two such runs
 moves by 10-20 %: the bench therefore also runs one process and one Ray worker apart in PAIRS
 pairs of shorter runs in turns on one cluster, and gives the median ratios with a bootstrap

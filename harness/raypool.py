@@ -209,7 +209,9 @@ class Dispatch:
             import ray
 
             host = ray.util.get_node_ip_address()
-        server = await asyncio.start_server(self._connected, host, 0, limit=HELLO_BYTES)
+        # asyncio's own bound on a line (64 KiB); not HELLO_BYTES: a stream's reader pauses its
+        # socket at twice its limit, and a limit that small cost this actor a fifth of a core
+        server = await asyncio.start_server(self._connected, host, 0)
         self.server = server  # kept, or it would be collected and closed
         return host, server.sockets[0].getsockname()[1], self.token
 
@@ -217,9 +219,12 @@ class Dispatch:
         """A client's connection: it says who it is first (a line: token, arm, worker, and which of
         its two connections this is), and anybody else is hung up on before a byte more is read."""
         try:
-            token, arm, worker, kind = (await reader.readline()).decode("ascii").split()
+            hello = await reader.readline()
+            if len(hello) > HELLO_BYTES:
+                raise ValueError(hello[:HELLO_BYTES])
+            token, arm, worker, kind = hello.decode("ascii").split()
             n, k = int(arm), int(worker)
-        except (ValueError, OSError):  # a line too long is a ValueError too
+        except (ValueError, OSError):  # a line past asyncio's bound is a ValueError too
             writer.close()
             return
         seen = self.hung_up if kind == "records" else self.told if kind == "control" else None
