@@ -83,9 +83,11 @@ READY_TIMEOUT_S = 120.0
 # there), so that none holds many at the end; the next batch is asked for when half of one is
 # left. An open loop's: its own requests due within OPEN_WINDOW_S (wall-clock) of the first (at
 # most MAX_BATCH), the next asked for when less than half a window is left: a call may take tens
-# of milliseconds on a loaded host without a send waiting for it. Fewer, larger calls: each costs
-# about a millisecond of CPU, most of it on the worker's host (at 2,500 req/s, batches of 8x its
-# connections took a point more of its core than batches of a quarter second, measured).
+# of milliseconds on a loaded host without a send waiting for it. Sized when each batch was a Ray
+# call of about a millisecond of CPU, most of it on the worker's host (at 2,500 req/s, batches of
+# 8x its connections took a point more of its core than batches of a quarter second, measured);
+# an ask over the client's TCP connection costs far less, and the sizes still bound what a lost
+# worker takes with it.
 CLOSED_BATCH = 8
 CLOSED_BATCH_S = 0.25
 MAX_BATCH = 4096
@@ -654,7 +656,7 @@ class Cluster:
     node_ip: str  # the coordinator's
     ray_version: str
     dispatch: Any  # the Dispatch actor, beside the coordinator
-    relay: tuple[str, int, str]  # where the workers' clients send it their records, and the token they give
+    relay: tuple[str, int, str]  # where the workers' clients reach the Dispatch, and the token they give
 
     @property
     def live(self) -> list[Member]:
