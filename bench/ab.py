@@ -1,8 +1,10 @@
 """Old and new code in alternation on the same machine, as ratios in one run: the client's
 ceiling (one process, 28 connections, 256 tokens, TTFT 0) and its first-token error against the
-server's send time (256 tokens sent at once, TTFT 200 ms): in a closed loop of 28 connections,
-and with Poisson arrivals at 140 req/s (about 28 in flight; start times that do not depend on
-the client's speed). Each pair runs both trees against a fresh firehose, the old one first in
+server's send time: against bench/engine.py, which streams as an engine does (the role chunk at
+once, the first token after 200 ms, then 127 more 10 ms apart; 28 connections, the first 28
+requests left out), and against the firehose (256 tokens sent at once, TTFT 200 ms) in a closed
+loop of 28 connections and with Poisson arrivals at 140 req/s (about 28 in flight; start times
+that do not depend on the client's speed). Each pair runs both trees against a fresh firehose, the old one first in
 odd pairs and last in even ones: whichever runs second came out with a closed-loop first-token
 mean 0.01-0.07 ms higher, even with the same tree on both sides. The host's load moves both alike.
 
@@ -19,7 +21,7 @@ from pathlib import Path
 from ceiling import once
 from common import CODE, ROOT, checkout, pct
 from ttft_accuracy import run as accuracy
-from ttft_accuracy import run_open
+from ttft_accuracy import run_engine, run_open
 
 OPEN_RATE = 140.0
 
@@ -38,18 +40,22 @@ def main() -> None:
         rps: dict[str, list[float]] = {"old": [], "new": []}
         err: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
         err_open: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
+        err_engine: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
         for i in range(pairs):
             for name, tree in list(trees.items())[:: 1 if i % 2 == 0 else -1]:
                 CODE["root"] = tree
                 rps[name].append(once(n, 28, 1)["rps"])
+                _, errs = run_engine(min(n, 600))
+                err_engine[name].append((statistics.mean(errs), pct(errs, 99)))
                 _, errs = accuracy(min(n, 1500), 28, 0.0)
                 err[name].append((statistics.mean(errs), pct(errs, 99)))
                 _, errs = run_open(min(n, 1500), OPEN_RATE)
                 err_open[name].append((statistics.mean(errs), pct(errs, 99)))
             print(
                 f"pair {i + 1}: ceiling old {rps['old'][-1]:.0f} new {rps['new'][-1]:.0f} req/s "
-                f"({rps['new'][-1] / rps['old'][-1]:.3f}x); first-token error mean/p99 ms, closed loop "
-                f"{errors_of(err, -1)}, open loop {errors_of(err_open, -1)}"
+                f"({rps['new'][-1] / rps['old'][-1]:.3f}x); first-token error mean/p99 ms, engine-like "
+                f"{errors_of(err_engine, -1)}, firehose closed loop {errors_of(err, -1)}, "
+                f"open loop {errors_of(err_open, -1)}"
             )
         ratios = [b / a for a, b in zip(rps["old"], rps["new"], strict=True)]
         spread = f"{min(ratios):.3f}-{max(ratios):.3f}"

@@ -28,9 +28,10 @@ from common import CODE, ROOT, SERVER_CORE, STREAMING, Firehose, checkout, clien
 BASELINE = "4c8ab78"
 
 
-def once(n: int, conc: int, workers: int) -> dict[str, float]:
-    """One run: req/s, tok/s, client CPU, loop lag p99, and the server's share of its core."""
-    with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=0, tokens=256) as fh:
+def once(n: int, conc: int, workers: int, tls: bool = False) -> dict[str, float]:
+    """One run: req/s, tok/s, client CPU, loop lag p99, and the server's share of its core
+    (`tls`: over https)."""
+    with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=0, tokens=256, tls=tls) as fh:
         before = fh.cpu_s()
         (folder,) = kvbench_run(
             STREAMING.format(name="ceiling", requests=n, concurrency=conc),

@@ -16,7 +16,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 # The tree whose kvbench the benches run (bench/ab.py points it at an older commit in turn).
-CODE = {"root": ROOT}
+CODE: dict[str, Any] = {"root": ROOT}  # and "ca_file": the CA an https firehose's certificate is from
 
 from harness.emulator.serve import EmbeddedEmulator  # noqa: E402
 from harness.results import read_requests  # noqa: E402
@@ -97,21 +97,41 @@ def _server_start() -> None:
 
 
 class Firehose:
-    """bench/firehose.py in its own process, pinned to core 1."""
+    """bench/firehose.py in its own process, pinned to core 1 (`script="engine.py"`: the
+    engine-like server bench/engine.py instead)."""
 
     def __init__(
-        self, ttft_ms: float = 200.0, tokens: int = 256, timing_log: Path | None = None, itl_ms: float = 0.0
+        self,
+        ttft_ms: float = 200.0,
+        tokens: int = 256,
+        timing_log: Path | None = None,
+        itl_ms: float = 0.0,
+        script: str = "firehose.py",
+        tls: bool = False,
     ) -> None:
+        self.script = script
         self.args = ["--ttft-ms", str(ttft_ms), "--tokens", str(tokens), "--itl-ms", str(itl_ms)]
         if timing_log:
             self.args += ["--timing-log", str(timing_log)]
+        self.tls = tempfile.TemporaryDirectory() if tls else None
+        if self.tls is not None:  # a certificate authority of its own, trusted by kvbench_run
+            import trustme
+
+            ca = trustme.CA()
+            cert = ca.issue_cert("127.0.0.1")
+            folder = Path(self.tls.name)
+            ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+            cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
+            cert.private_key_pem.write_to_path(str(folder / "key.pem"))
+            self.args += ["--tls", str(folder / "cert.pem"), str(folder / "key.pem")]
+            CODE["ca_file"] = str(folder / "ca.pem")
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
         self.first_request_ns: int | None = None
 
     def __enter__(self) -> Firehose:
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "firehose.py"), *self.args],
+            [sys.executable, str(ROOT / "bench" / self.script), *self.args],
             stdout=subprocess.PIPE,
             text=True,
             preexec_fn=_server_start,
@@ -138,6 +158,9 @@ class Firehose:
             self.proc.wait(timeout=10)
             if self.proc.stdout:
                 self.proc.stdout.close()
+        if self.tls is not None:
+            CODE.pop("ca_file", None)
+            self.tls.cleanup()
 
 
 def kvbench_run(
@@ -149,7 +172,7 @@ def kvbench_run(
     r = subprocess.run(
         [*run_argv(out / "s.toml", base_url, out / "out"), *(extra or [])],
         cwd=CODE["root"],
-        env={**os.environ, "PYTHONPATH": str(CODE["root"])},
+        env={**os.environ, "PYTHONPATH": str(CODE["root"]), **trust()},
         capture_output=True,
         text=True,
         preexec_fn=functools.partial(pin, cores or client_cores()),
@@ -157,6 +180,11 @@ def kvbench_run(
     if r.returncode != 0:
         raise SystemExit(r.stderr[-3000:])
     return sorted(p for p in (out / "out").glob("*/*") if p.is_dir())
+
+
+def trust() -> dict[str, str]:
+    """The environment that makes kvbench trust an https firehose's certificate."""
+    return {"SSL_CERT_FILE": CODE["ca_file"]} if "ca_file" in CODE else {}
 
 
 def run_argv(scenario: Path, base_url: str, out: Path) -> list[str]:

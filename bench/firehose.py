@@ -2,7 +2,7 @@
 installed), pre-encoded SSE chunks, batched writes. It records when it sent each request's first
 token (monotonic ns, the clock kvbench uses), so a client's TTFT can be checked against it.
 
-    python bench/firehose.py --port 0 --ttft-ms 200 --tokens 256 --timing-log server.jsonl
+    python bench/firehose.py --port 0 --ttft-ms 200 --tokens 256 --timing-log server.jsonl [--tls CERT KEY]
 
 Prints "firehose listening on http://127.0.0.1:PORT/v1" when ready. Speaks just enough of
 OpenAI's API for kvbench: GET /v1/models, POST /tokenize (counts words), POST
@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import signal
+import ssl
 import sys
 import time
 
@@ -134,12 +135,18 @@ async def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--timing-log")
     ap.add_argument("--itl-ms", type=float, default=0.0, help="pace the tokens (0: as fast as possible)")
+    ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve https with this certificate")
     a = ap.parse_args()
     srv = Server(a.ttft_ms / 1e3, a.tokens, a.timing_log, a.itl_ms / 1e3)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Proto(srv), "127.0.0.1", a.port, backlog=4096)
+    ctx = None
+    if a.tls:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(*a.tls)
+    server = await loop.create_server(lambda: Proto(srv), "127.0.0.1", a.port, backlog=4096, ssl=ctx)
     port = server.sockets[0].getsockname()[1]
-    print(f"firehose listening on http://127.0.0.1:{port}/v1", flush=True)
+    scheme = "https" if ctx else "http"
+    print(f"firehose listening on {scheme}://127.0.0.1:{port}/v1", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
