@@ -20,9 +20,14 @@ _UNITS_RE = re.compile(r"\w+|[^\w\s]")
 
 
 def check_url(url: str, where: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError(f"{where}: expected an http(s) URL such as http://host:8000/v1, got {url!r}")
+    expected = f"{where}: expected an http(s) URL such as http://host:8000/v1, got {url!r}"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises for a port outside 0-65535)
+    except ValueError as e:  # an unclosed [IPv6 bracket, a port out of range
+        raise InputError(f"{expected} ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or "\0" in url:
+        raise InputError(expected)
     return url.rstrip("/")
 
 
@@ -152,8 +157,14 @@ async def usage_counter(
             body["messages"] = [{"role": "user", "content": text}]
         else:
             body["prompt"] = text
-        async with session.post(join(base, path), json=body, headers=headers) as resp:
-            data = await resp.json(content_type=None) if resp.status == 200 else {}
+        try:
+            async with session.post(join(base, path), json=body, headers=headers) as resp:
+                data = await resp.json(content_type=None) if resp.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:  # a broken answer too (ClientResponseError)
+            why = getattr(e, "message", None) or str(e) or type(e).__name__
+            raise EndpointError(f"calibrating prompt lengths at {redact(base)}{path}: {why}") from None
+        except ValueError:
+            raise EndpointError(f"{redact(base)}{path} did not answer the calibration request with JSON") from None
         n = (data.get("usage") or {}).get("prompt_tokens") if isinstance(data, dict) else None
         if not isinstance(n, int):
             raise EndpointError(

@@ -6,6 +6,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import os
 from enum import IntEnum
 from pathlib import Path
 
@@ -53,12 +54,15 @@ class FilesError(KvbenchError):
 
 
 def write_file(path: Path, text: str) -> Path:
-    """Write a whole output file; a failure (full disk, size limit) is a FilesError naming it, and
-    leaves no partial file behind."""
+    """Write a whole output file at once: to a temporary file beside it, then renamed over it, so
+    that a reader never finds it half written. A failure (full disk, size limit) is a FilesError
+    naming the file, and leaves neither a partial file nor the temporary one behind."""
+    tmp = path.with_name(path.name + ".tmp")
     try:
-        path.write_text(text, encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
     except OSError as e:
-        path.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise files_error(e, str(path)) from None
     return path
 
@@ -72,3 +76,26 @@ class EndpointError(KvbenchError):
     """The endpoint cannot be used: unreachable, unauthorised, unknown model, failed hook."""
 
     exit_code = ExitCode.ENDPOINT
+
+
+# The largest input text file kvbench reads whole (scenario, gate rules, baseline): far above any
+# real one, and a bound on what a device or a runaway file can cost (`validate /dev/zero`).
+MAX_INPUT_BYTES = 16 << 20
+
+
+def read_input(path: Path, what: str) -> str:
+    """A whole input text file, at most MAX_INPUT_BYTES; InputError naming it otherwise."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_INPUT_BYTES + 1)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such {what}") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputError(f"{path}: larger than {MAX_INPUT_BYTES >> 20} MiB: not a {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: the {what} is not UTF-8 text: {e}") from None
+

@@ -237,7 +237,7 @@ class PromptBuilder:
     def __init__(
         self, count: Counter, seed: int, tolerance: float, run_salt: int, cache: PromptCache | None = None
     ) -> None:
-        self._count = count
+        self.count = count
         self.cache = cache
         self.seed = seed
         self.tolerance = tolerance
@@ -262,7 +262,7 @@ class PromptBuilder:
         self, prompt_id: str, target: int, shared: str = "", key: str | None = None, header: str | None = None
     ) -> Prompt:
         if not self.template_tokens:
-            self.template_tokens = await self._count("")
+            self.template_tokens = await self.count("")
         head = shared + (f"[kvbench prompt {prompt_id}] " if header is None else header)
         words = body_words(self.seed, key or prompt_id, max(16, int(target / self._ratio * 1.1)))
         reuse = self.reuse_lead("shared-prefix" if shared or header == "" else prompt_id)
@@ -275,10 +275,10 @@ class PromptBuilder:
             k, filler = known
             while k > len(words):
                 words += body_words(self.seed, f"{key or prompt_id}/{len(words)}", len(words))
-            if await self._count(text(k, filler)) == target:
+            if await self.count(text(k, filler)) == target:
                 return Prompt(prompt_id, reuse, text(k, filler)[len(reuse) :], target, target)
 
-        base = await self._count(text(0))
+        base = await self.count(text(0))
         if base > target:
             raise EndpointError(
                 f"prompt {prompt_id}: the fixed parts alone are {base} tokens, more than the target {target}"
@@ -289,7 +289,7 @@ class PromptBuilder:
         for _ in range(_MAX_ROUNDS):
             while k > len(words):
                 words += body_words(self.seed, f"{key or prompt_id}/{len(words)}", len(words))
-            n = await self._count(text(k))
+            n = await self.count(text(k))
             if k > 0 and n > base:
                 self._ratio = (n - base) / k
             if best is None or abs(n - target) < best[0]:
@@ -305,7 +305,7 @@ class PromptBuilder:
             # Words with punctuation cost two tokens, so a target can fall between two word
             # counts: close the gap with short filler words, usually one token each.
             kb, nb = below
-            n = await self._count(text(kb, target - nb))
+            n = await self.count(text(kb, target - nb))
             if abs(n - target) < best[0]:
                 best = (abs(n - target), kb, target - nb, n)
         _, k, filler, counted = best
@@ -377,12 +377,12 @@ class BlockPrompts:
         # The opening's own cost, from the difference of two lengths: alone, the lead's trailing
         # space would count as a token that a following word takes into its own.
         ref = [VOCAB[0]]
-        n8 = await self.builder._count(lead_text + " ".join(ref * 8))
-        n16 = await self.builder._count(lead_text + " ".join(ref * 16))
+        n8 = await self.builder.count(lead_text + " ".join(ref * 8))
+        n16 = await self.builder.count(lead_text + " ".join(ref * 16))
         self.fixed = n8 - (n16 - n8)
-        self.builder.template_tokens = self.builder.template_tokens or await self.builder._count("")
+        self.builder.template_tokens = self.builder.template_tokens or await self.builder.count("")
         for word in dict.fromkeys(VOCAB):
-            n = await self.builder._count(lead_text + " ".join([word] * 8))
+            n = await self.builder.count(lead_text + " ".join([word] * 8))
             self.cost[word] = max(1, round((n - self.fixed) / 8))
         cheapest, self._dearest = min(self.cost.values()), max(self.cost.values())
         self._filler = [w for w, c in self.cost.items() if c == cheapest]

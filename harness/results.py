@@ -26,7 +26,7 @@ from typing import IO, Any
 import orjson
 
 from harness import __version__
-from harness.errors import InputError, files_error
+from harness.errors import InputError, files_error, write_file
 
 SCHEMA_VERSION = 1
 
@@ -271,13 +271,7 @@ class RunWriter:
                 self._requests.close()
 
     def _write_meta(self) -> None:
-        tmp = self.folder / "run.json.tmp"
-        try:
-            tmp.write_text(json.dumps(self.meta, indent=2, default=str) + "\n", encoding="utf-8")
-            os.replace(tmp, self.folder / RUN)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise files_error(e, str(self.folder / RUN)) from None
+        write_file(self.folder / RUN, json.dumps(self.meta, indent=2, default=str) + "\n")
 
 
 REQUESTS = "requests.jsonl"
@@ -420,6 +414,9 @@ _RUN_JSON: dict[str, Any] = {
 }
 
 
+_REQUIRED = ("run_id", "scenario_name", "arm", "status", "scenario")
+
+
 def _check_types(value: Any, spec: Any, where: str) -> None:
     """Raise InputError naming the first key of `value` that is not of the type `spec` says."""
     if value is None:
@@ -444,6 +441,11 @@ def read_run(folder: Path, itl: bool = True) -> RunResult:
         version = meta.get("schema_version") if isinstance(meta, dict) else None
         raise InputError(f"{folder / RUN}: schema_version {version!r}, expected {SCHEMA_VERSION}")
     _check_types(meta, _RUN_JSON, str(folder / RUN))
+    for key in _REQUIRED:  # written when the run starts: every run.json kvbench wrote has them
+        if meta.get(key) is None:
+            raise InputError(f"{folder / RUN}: {key}: missing; is this a run.json kvbench wrote?")
+    if not (meta["scenario"].get("workload") or {}).get("kind"):
+        raise InputError(f"{folder / RUN}: scenario.workload.kind: missing; is this a run.json kvbench wrote?")
     skipped: list[str] = []
     records = read_requests(folder, itl, skipped) if (folder / REQUESTS).exists() else []
     run = RunResult(folder, meta, records, skipped=skipped)

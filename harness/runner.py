@@ -35,7 +35,7 @@ from harness.selfcheck import LoopMonitor
 from harness.traffic import make_driver
 from harness.traffic.base import TrafficDriver, TrafficResult
 from harness.units import human_bandwidth
-from harness.wire.client import StreamingClient
+from harness.wire.client import StreamingClient, client_for
 from harness.workers import WorkerPool
 from harness.workloads.base import OPEN_LOOP_CONNECTIONS, ArmSpec, Load, Plan, Sender
 
@@ -137,9 +137,7 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
     outcomes: list[Outcome] = []
     ep = t.scenario.endpoint
     async with contextlib.AsyncExitStack() as stack:
-        client = await stack.enter_async_context(
-            StreamingClient(connections(t.scenario), ep.timeouts, t.headers, t.emulated, ep.max_line_bytes)
-        )
+        client = await stack.enter_async_context(client_for(connections(t.scenario), ep, t.headers, t.emulated))
         session = await open_session(t, client)
         if (d := t.distributed) is not None:
             console.print(f"Joining the Ray cluster at {d.address} ...", markup=False)
@@ -313,17 +311,19 @@ class ArmLifecycle:
         sender = self._sender(writer)
         interrupted = False
         try:
-            await self._measure(sender, writer)
-        except asyncio.CancelledError:
-            interrupted = True
+            try:
+                await self._measure(sender, writer)
+            except asyncio.CancelledError:
+                interrupted = True
+            return await self._finish(sender, writer, interrupted)
         except BaseException as e:
             self.progress.stop()
             writer.meta.update(sender.info)
-            # run.json says "failed" if it can still be written (a full disk may refuse that too)
+            # run.json says so if it can still be written (a full disk may refuse that too)
+            status = "interrupted" if isinstance(e, asyncio.CancelledError | KeyboardInterrupt) else "failed"
             with contextlib.suppress(FilesError):
-                writer.finish("failed", ended=_now(), error=f"{type(e).__name__}: {e}", warnings=sender.warnings)
+                writer.finish(status, ended=_now(), error=f"{type(e).__name__}: {e}", warnings=sender.warnings)
             raise
-        return await self._finish(sender, writer, interrupted)
 
     def _sender(self, writer: RunWriter) -> Sender:
         t, arm, session = self.t, self.arm, self.session
@@ -390,8 +390,7 @@ class ArmLifecycle:
         finally:
             self.progress.stop()
             own = monitor.stop()
-            own["stamping"] = self.session.client.stamping
-            own["connections"] = self.session.client.connections
+            own.update(self.session.client.health())
             self.health = self.health or own
             if sampler is not None:
                 sampler.cancel()
@@ -429,9 +428,8 @@ class ArmLifecycle:
         health = self.health or {}
         writer.meta["client_health"] = health
         writer.meta.update(sender.info)
-        for w in (health.get("warning"), self.session.client.stamping_warning):
-            if w and w not in sender.warnings:
-                sender.warn(w)
+        if (w := health.get("warning")) and w not in sender.warnings:
+            sender.warn(w)
         if self.t.emulated and isinstance(writer.meta.get("emulator"), dict):
             writer.meta["emulator"]["lateness"] = late = await self._emulator_lateness("GET")
             if (warning := selfcheck.emulator_warning(late)) is not None:
@@ -441,6 +439,9 @@ class ArmLifecycle:
             if sender.scraper is None:
                 self.scraper.record("run", self.before, await self.scraper.snapshot(), records)
             writer.meta["server_metrics"] = _finish_metrics(self.scraper, writer.folder, sender)
+        if resent := sum(r.retried for r in records):  # the server saw these ids twice
+            health["resent"] = resent
+            sender.warn(f"{resent} requests were sent a second time, the first refused at once (see `retried`)")
         slo = self.t.scenario.slo
         summary = stats.summary(records, self.kind.name, slo.limits() if slo else None)
         if "schedule_lag" in summary:

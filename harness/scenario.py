@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal, NoReturn
 
 from harness import reference
-from harness.errors import InputError
+from harness.errors import InputError, read_input
 from harness.wire.sse import MAX_LINE_BYTES
 
 SCHEMA_VERSION = 1
@@ -47,6 +47,10 @@ class EndpointCfg:
     send_cache_salt: Literal["auto", "always", "never"] = "auto"
     timeouts: Timeouts = Timeouts()
     max_line_bytes: int = MAX_LINE_BYTES  # the longest SSE line (or event) a response may send
+    # token chunks one response may carry; 0: twice the request's max_tokens and 64 more
+    max_response_tokens: int = 0
+    # who sends the streams: kvbench's own transport, or aiohttp's client (an escape hatch)
+    transport: Literal["kvbench", "aiohttp"] = "kvbench"
 
 
 @dataclass(frozen=True)
@@ -320,7 +324,10 @@ class _Table:
 
     def get(self, k: str) -> Any:
         self.used.add(k)
-        return self.data.get(k)
+        v = self.data.get(k)
+        if any(isinstance(x, str) and "\0" in x for x in (v if isinstance(v, list) else [v])):
+            self.fail(k, "expected text without NUL bytes (no path, argument or name holds one)", v)
+        return v
 
     def has(self, k: str) -> bool:
         return k in self.data
@@ -401,12 +408,7 @@ class _Table:
 
 def load(path: str | Path) -> Scenario:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such scenario file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{p}: cannot read: {e}") from None
+    text = read_input(p, "scenario file")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -480,6 +482,13 @@ def _endpoint(t: _Table) -> EndpointCfg:
         model=t.text("model"),
         send_cache_salt=t.text("send_cache_salt", EndpointCfg.send_cache_salt, ("auto", "always", "never")),
         max_line_bytes=_size(t, "max_line_bytes", EndpointCfg.max_line_bytes),
+        max_response_tokens=t.integer(
+            "max_response_tokens",
+            EndpointCfg.max_response_tokens,
+            minimum=0,
+            what="an integer number of token chunks (0: twice max_tokens and 64 more)",
+        ),
+        transport=t.text("transport", EndpointCfg.transport, ("kvbench", "aiohttp")),
         timeouts=timeouts,
     )
     t.done()

@@ -15,6 +15,7 @@ from harness import metrics
 from harness.checks import HIGH_COLD_HIT_RATIO, LOW_WARM_HIT_RATIO
 from harness.clock import ModelClock
 from harness.endpoint import redact
+from harness.errors import write_file
 from harness.results import RequestRecord
 
 
@@ -125,9 +126,7 @@ class Scraper:
     def write(self, folder: Path) -> tuple[dict[str, Any], list[str]]:
         doc, warnings = self.summary()
         doc["warnings"] = warnings
-        (folder / "metrics.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        write_file(folder / "metrics.json", json.dumps(doc, indent=1) + "\n")
         if self.timeline:
-            with (folder / "metrics-timeline.jsonl").open("w", encoding="utf-8") as f:
-                for row in self.timeline:
-                    f.write(json.dumps(row) + "\n")
+            write_file(folder / "metrics-timeline.jsonl", "".join(json.dumps(row) + "\n" for row in self.timeline))
         return doc, warnings

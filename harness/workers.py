@@ -27,8 +27,7 @@ from harness.progress import RunProgress
 from harness.prompts import PromptBuilder
 from harness.results import RequestRecord, RunWriter, read_requests
 from harness.selfcheck import LoopMonitor
-from harness.wire import seam
-from harness.wire.client import KEPT_ALIVE, ONE_PER_REQUEST, StreamingClient
+from harness.wire.client import KEPT_ALIVE, ONE_PER_REQUEST, client_for
 from harness.workloads.base import ArmSpec, Plan, Schedule, Sender
 
 # The ids a worker process gives its requests start at index x ID_STRIDE, unique until merged.
@@ -144,9 +143,7 @@ async def send_share(
 
     quiet = RunProgress(Console(file=open(os.devnull, "w"), force_terminal=False))  # noqa: SIM115
     sc = job.spec.scenario
-    async with StreamingClient(
-        job.connections, sc.endpoint.timeouts, job.headers, job.send_clock, sc.endpoint.max_line_bytes
-    ) as client:
+    async with client_for(job.connections, sc.endpoint, job.headers, job.send_clock) as client:
         sender = Sender(
             spec=job.spec,
             client=client,
@@ -165,11 +162,10 @@ async def send_share(
         drive = workloads.get(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
         await aio.until_done_or_stopped(drive, stop)
         health = monitor.stop()
-    health["stamping"] = client.stamping
-    health["connections"] = client.connections
+    health.update(client.health())
     return {
         "client_health": health,
-        "warnings": sender.warnings + ([client.stamping_warning] if client.stamping_warning else []),
+        "warnings": sender.warnings,
         "aborted": sender.aborted,
         "interrupted": stop.is_set(),
     }
@@ -298,10 +294,9 @@ def combine_health(healths: list[dict[str, Any]], n: int) -> dict[str, Any]:
         return max(vals) if vals else None
 
     warnings = [h["warning"] for h in healths if h["warning"]]
-    stamping = {h.get("stamping") for h in healths}
     return {
         "processes": n,
-        "stamping": seam.PARSE_TIME if seam.PARSE_TIME in stamping else seam.SOCKET_READ,
+        **{k: healths[0][k] for k in ("transport", "transport_reason", "stamping") if k in healths[0]},
         "connections": ONE_PER_REQUEST if any(h.get("connections") == ONE_PER_REQUEST for h in healths) else KEPT_ALIVE,
         "loop_lag_ms": {
             "p50": worst("loop_lag_ms", "p50"),

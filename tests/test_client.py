@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import os
 import random
 import re
 import resource
@@ -13,17 +14,13 @@ import threading
 import time
 from pathlib import Path
 
-import aiohttp
 import pytest
-from aiohttp.base_protocol import BaseProtocol
-from hypothesis import given
-from hypothesis import strategies as st
 
 from harness import aio
 from harness.scenario import Timeouts
-from harness.wire import seam
-from harness.wire.arrivals import merge_chunks, take
 from harness.wire.client import OTHER_FILES, Exchange, StreamingClient, reserve_descriptors
+from harness.wire.connection import Habit
+from harness.wire.sse import SSEDecoder, SSEEvent, SSELimitError
 from harness.wire.turns import DUE, SEND_HOLD_NS, SEND_MARGIN_NS, SLICE_NS, TURNS, Turns
 from tests.servers import ThreadedServer
 
@@ -176,90 +173,6 @@ def test_parsing_turns_let_the_loop_poll_and_every_stream_finishes() -> None:
     assert turns >= work_ns / SLICE_NS / 4, turns  # ~one turn per slice; one per stream burst without turns
 
 
-@given(
-    sizes=st.lists(st.integers(1, 50), max_size=20),
-    unstamped=st.integers(0, 30),
-    reads=st.lists(st.integers(1, 80), max_size=30),
-)
-def test_take_splits_reads_into_stamped_pieces(sizes: list[int], unstamped: int, reads: list[int]) -> None:
-    """Every byte read gets the stamp of the arrival it came in (oldest first), pieces keep the
-    byte order, a read may end inside an arrival, and bytes without a stamp count as `now`."""
-    arrivals = [(t, n) for t, n in enumerate(sizes)]
-    per_byte = [t for t, n in arrivals for _ in range(n)] + [-1] * unstamped
-    total = len(per_byte)
-    got: list[int] = []
-    left = list(arrivals)
-    for size in reads:
-        size = min(size, total - len(got))
-        if size == 0:
-            break
-        pieces = take(left, size, -1)
-        assert sum(n for _, n in pieces) == size and all(n > 0 for _, n in pieces)
-        got += [t for t, n in pieces for _ in range(n)]
-    assert got == per_byte[: len(got)]
-
-
-def test_the_seam_finds_every_aiohttp_internal_it_uses() -> None:
-    """On the aiohttp pyproject allows, bytes are stamped at socket reads; the check itself sees
-    a connector without the internals as one."""
-
-    async def go() -> str:
-        async with StreamingClient(1, Timeouts(), {}) as client:
-            return client.stamping
-
-    assert seam.missing_handler_internals() == ()
-    assert seam.missing_reader_internals() == ()
-    assert aio.run(go()) == seam.SOCKET_READ
-    assert seam.missing_connector_internals(object()) == ("TCPConnector._factory", "TCPConnector._loop")
-
-
-def test_without_the_internals_the_client_stamps_at_parse_time_and_says_so(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """What a future aiohttp without ResponseHandler._payload gets: a working client whose
-    records are stamped when parsed, and a warning naming what is missing."""
-    monkeypatch.setattr(seam, "missing_handler_internals", lambda: ("ResponseHandler._payload",))
-    server = HeldBackServer({"r1": 3})
-
-    async def go() -> tuple[Exchange, StreamingClient]:
-        async with StreamingClient(1, Timeouts(), {}) as client:
-            task = asyncio.ensure_future(client.stream(server.url, b"{}", "r1"))
-            await asyncio.to_thread(server.answered.acquire)
-            server.go.set()
-            return await task, client
-
-    try:
-        ex, client = aio.run(go())
-    finally:
-        server.close()
-    assert ex.ok and ex.state.first_token_ns is not None and len(ex.state.token_chunk_ns) == 3
-    assert client.stamping == seam.PARSE_TIME
-    assert client.stamping_warning and "ResponseHandler._payload" in client.stamping_warning
-
-
-@given(st.lists(st.lists(st.binary(min_size=1, max_size=20), max_size=12), max_size=12), st.data())
-def test_merged_chunks_read_as_aiohttp_reads_them(reads: list[list[bytes]], data: st.DataObject) -> None:
-    """Reads of HTTP chunks, each read's chunks merged into one piece, the reader taking what is
-    there now and then: the body it reads is the body sent, each read adds one piece at most, and
-    no chunk boundary is kept."""
-    loop = asyncio.new_event_loop()
-    try:
-        body = aiohttp.StreamReader(BaseProtocol(loop), limit=1 << 16, loop=loop)
-        got = b""
-        for read in reads:
-            pieces = len(body._buffer)
-            for c in read:  # what aiohttp's parser does for each chunk of a read
-                body.begin_http_chunk_receiving()
-                body.feed_data(c)
-                body.end_http_chunk_receiving()
-            merge_chunks(body, pieces)
-            assert len(body._buffer) <= pieces + 1 and not body._http_chunk_splits
-            if data.draw(st.booleans()):
-                got += body.read_nowait(data.draw(st.sampled_from([-1, 1, 7])))
-        got += body.read_nowait(-1)
-    finally:
-        loop.close()
-    assert got == b"".join(c for read in reads for c in read)
-
-
 def test_a_timed_send_holds_parsing_back_until_it_is_written() -> None:
     """From SEND_MARGIN_NS before a timed send's time, parsing gives the loop back; once the send
     is written it goes on; a send that never is holds it back for SEND_HOLD_NS at most."""
@@ -296,7 +209,7 @@ def test_an_open_loop_can_open_its_connections_ahead() -> None:
                 await asyncio.sleep(0.01)
             accepted = server.accepted
             exs = await asyncio.gather(*(client.stream(server.url, b"{}", f"r{k}") for k in range(5)))
-            client.habit.closes_after_response = True
+            client.backend.pool.habit.state = Habit.CLOSES  # type: ignore[attr-defined]
             assert await client.open_idle(server.url, 5) == 0
             return opened, exs, accepted
 
@@ -401,24 +314,24 @@ def seen(ex: Exchange) -> tuple[object, ...]:
     [f"{p.name}:{how}" for p in sorted(GOLDEN.glob("*.sse")) for how in ("event", "anywhere", "length", "close")]
     + list(ANSWERS),
 )
-def test_the_direct_exchange_says_what_aiohttp_says(case: str) -> None:
-    """kvbench's own HTTP exchange (direct.py) and aiohttp's give the same exchanges: golden
-    transcripts framed four ways, and failures."""
+def test_kvbench_transport_says_what_aiohttp_says(case: str) -> None:
+    """kvbench's own transport and aiohttp's client give the same exchanges: golden transcripts
+    framed four ways, and failures."""
     name, _, how = case.partition(":")
     answer, close = framed((GOLDEN / name).read_bytes(), how, random.Random(name)) if how else ANSWERS[name]
     server = OneAnswerServer(answer, close)
 
-    async def go(direct: bool) -> list[tuple[object, ...]]:
+    async def go(transport: str) -> list[tuple[object, ...]]:
         timeouts = Timeouts(first_token_s=10, idle_s=10, total_s=10)
-        async with StreamingClient(2, timeouts, {}, direct_http=direct) as client:
+        async with StreamingClient(2, timeouts, {}, transport=transport) as client:  # type: ignore[arg-type]
             return [seen(await client.stream(server.url, b"{}", f"r{i}", answer=[])) for i in range(3)]
 
     try:
-        direct, via_aiohttp = aio.run(go(True)), aio.run(go(False))
+        own, via_aiohttp = aio.run(go("kvbench")), aio.run(go("aiohttp"))
     finally:
         server.close()
-    assert direct == via_aiohttp
-    assert len(set(direct)) == 1  # the connection's reuse (or not) changes nothing
+    assert own == via_aiohttp
+    assert len(set(own)) == 1  # the connection's reuse (or not) changes nothing
 
 
 class ScriptServer(ThreadedServer):
@@ -455,8 +368,8 @@ SCRIPTS = {  # first_token_s 0.3, idle_s 0.2, total_s 0.8
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
-@pytest.mark.parametrize("direct", [True, False], ids=["direct", "aiohttp"])
-def test_each_timeout_names_its_limit(name: str, direct: bool) -> None:
+@pytest.mark.parametrize("transport", ["kvbench", "aiohttp"])
+def test_each_timeout_names_its_limit(name: str, transport: str) -> None:
     """idle_s, first_token_s and total_s, each reached alone, on either path; a stream whose first
     token is in time may go on past first_token_s."""
     steps, error = SCRIPTS[name]
@@ -464,7 +377,7 @@ def test_each_timeout_names_its_limit(name: str, direct: bool) -> None:
 
     async def go() -> Exchange:
         timeouts = Timeouts(first_token_s=0.3, idle_s=0.2, total_s=0.8)
-        async with StreamingClient(1, timeouts, {}, direct_http=direct) as client:
+        async with StreamingClient(1, timeouts, {}, transport=transport) as client:  # type: ignore[arg-type]
             return await client.stream(server.url, b"{}", "r")
 
     try:
@@ -473,3 +386,163 @@ def test_each_timeout_names_its_limit(name: str, direct: bool) -> None:
         server.close()
     assert ex.error == error
     assert ex.ok or ex.error_kind == "timeout"
+
+
+# --- hostile servers on the wire (issue 30, cases 1-3 and 5; issue 29's strict framing) ---------
+
+
+def test_an_endless_event_of_empty_data_lines_is_bounded() -> None:
+    """Empty `data:` lines count toward an event's size (a byte each, for the line's end): an
+    event made of them ends at max_line_bytes, and each read adds only its own lines."""
+    decoder = SSEDecoder(max_line_bytes=1000)
+    with pytest.raises(SSELimitError, match="event"):
+        for _ in range(1000):
+            decoder.feed(b"data:\n" * 10)
+    decoder = SSEDecoder(max_line_bytes=1000)
+    assert decoder.feed(b"data:\n" * 900 + b"\n") == [SSEEvent(b"\n" * 899)]
+
+
+class FloodServer(ThreadedServer):
+    """Answers every request on a connection with HEAD + ROLE, then `body` for ever (until the
+    client closes), or `answer` once when given."""
+
+    def __init__(self, body: bytes, answer: bytes | None = None) -> None:
+        self.body, self.answer = body, answer
+        super().__init__()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            raw = b""
+            while True:
+                while b"\r\n\r\n" not in raw:
+                    got = conn.recv(65536)
+                    if not got:
+                        return
+                    raw += got
+                raw = raw.partition(b"\r\n\r\n")[2][2:]  # the test's body is b"{}"
+                if self.answer is not None:
+                    conn.sendall(self.answer)
+                    continue
+                conn.sendall(HEAD + ROLE)
+                while True:
+                    conn.sendall(self.body * 64)
+
+
+def stream_once(url: str, max_tokens: int = 0, transport: str = "kvbench", n: int = 1) -> list[Exchange]:
+    async def go() -> list[Exchange]:
+        timeouts = Timeouts(first_token_s=30, idle_s=30, total_s=60)
+        async with StreamingClient(1, timeouts, {}, transport=transport) as client:  # type: ignore[arg-type]
+            return [await client.stream(url, b"{}", f"r{i}", max_tokens=max_tokens) for i in range(n)]
+
+    return aio.run(go())
+
+
+@pytest.mark.parametrize("transport", ["kvbench", "aiohttp"])
+def test_a_token_flood_past_max_tokens_fails_as_too_long(transport: str) -> None:
+    """A server that never stops sending tokens: the request fails once the response carries more
+    than twice its max_tokens and 64 more (client.token_limit), whatever the total timeout."""
+    server = FloodServer(TOKEN)
+    try:
+        (ex,) = stream_once(server.url, max_tokens=16, transport=transport)
+    finally:
+        server.close()
+    assert ex.error_kind == "too_long" and "max_response_tokens" in (ex.error or "")
+    assert 2 * 16 + 64 < len(ex.state.token_chunk_ns) <= 2 * 16 + 64 + 64 * 64  # (a read's worth beyond)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "HTTP/1.1 200 OK\r\nContent-Length: \u00b2\r\n\r\nab".encode(),
+        "HTTP/1.1 \u00b200 OK\r\nContent-Length: 2\r\n\r\nab".encode(),
+        b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nContent-Length: 4\r\n\r\ndata: [DONE]\n\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" + TOKEN + DONE,
+        b"HTTP/1.1 200 OK\r\nX-Evil: a\x00b\r\n" + HEAD.split(b"\r\n", 1)[1] + TOKEN + DONE,
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n" + HEAD + TOKEN + DONE,
+        # a body longer than declared: a whole answer, then bytes no request asked for
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(b"data: x\n\ndata: [DONE]\n\n"), b"data: x\n\n")
+        + b"data: [DONE]\n\nEXTRA",
+    ],
+    ids=["unicode-length", "unicode-status", "huge-length", "two-lengths", "length+chunked", "nul", "101", "longer"],
+)
+def test_broken_framing_is_a_protocol_error_never_a_success(answer: bytes) -> None:
+    """What llhttp refuses (and bytes after the declared end) fails each request as `protocol`,
+    also when the server keeps the connection open for the next one."""
+    server = FloodServer(b"", answer)
+    try:
+        got = stream_once(server.url, n=2)
+    finally:
+        server.close()
+    assert [ex.error_kind for ex in got] == ["protocol", "protocol"], [ex.error for ex in got]
+
+
+def test_one_flooding_connection_does_not_starve_the_others() -> None:
+    """The backlog hands each connection at most RELEASE_BYTES in turn: a connection that always
+    has reads held (a flood) gives way to the others after each slice."""
+    from harness.wire.connection import RELEASE_BYTES, Backlog
+
+    released: list[str] = []
+
+    class Held:
+        def __init__(self, name: str, reads: int) -> None:
+            self.name, self.held = name, [b"x" * RELEASE_BYTES] * reads
+
+        def release_one(self) -> None:
+            self.held.pop()
+            released.append(self.name)
+
+    async def main() -> None:
+        backlog = Backlog(asyncio.get_running_loop())
+        flood, quiet = Held("flood", 10_000), Held("quiet", 2)
+        backlog.add(flood)  # type: ignore[arg-type]
+        backlog.add(quiet)  # type: ignore[arg-type]
+        while flood.held or quiet.held:
+            await asyncio.sleep(0)
+
+    aio.run(main())
+    assert released.index("quiet") <= 1 and released.count("quiet") == 2
+    assert [i for i, n in enumerate(released) if n == "quiet"][1] <= 3  # one slice of the flood between
+
+
+def test_https_streams_through_the_same_transport_with_the_same_stamps(tmp_path: Path) -> None:
+    """A local TLS server with a self-signed certificate made here (trusted through SSL_CERT_FILE):
+    the stream goes through kvbench's own transport, stamped at socket reads, with the same
+    records as over http."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    cert.configure_cert(ctx)
+
+    class TLSServer(OneAnswerServer):
+        def _one(self, conn: socket.socket) -> None:
+            with contextlib.suppress(OSError):
+                super()._one(ctx.wrap_socket(conn, server_side=True))
+
+    plain = OneAnswerServer(HEAD + ROLE + TOKEN * 5 + DONE, close=False)
+    secure = TLSServer(HEAD + ROLE + TOKEN * 5 + DONE, close=False)
+
+    async def go(url: str) -> tuple[list[tuple[object, ...]], dict[str, str]]:
+        async with StreamingClient(2, Timeouts(first_token_s=10, idle_s=10, total_s=10), {}) as client:
+            return [seen(await client.stream(url, b"{}", f"r{i}", answer=[])) for i in range(3)], client.health()
+
+    old = os.environ.get("SSL_CERT_FILE")
+    os.environ["SSL_CERT_FILE"] = str(ca_file)
+    try:
+        over_http, _ = aio.run(go(plain.url))
+        over_https, health = aio.run(go(secure.url.replace("http://", "https://")))
+    finally:
+        plain.close()
+        secure.close()
+        if old is None:
+            os.environ.pop("SSL_CERT_FILE")
+        else:
+            os.environ["SSL_CERT_FILE"] = old
+    assert over_https == over_http and over_https[0][0] is True
+    assert health["transport"] == "kvbench" and health["stamping"] == "socket-read"

@@ -568,7 +568,7 @@ def test_the_emulator_says_when_it_falls_behind_its_model(tmp_path: Path) -> Non
         report.unlink()
 
 
-# --- defect 2: a request is sent again only when it provably never reached the server ---------
+# --- defect 2 (and issue 30, case 4): a request is never sent twice ----------------------------
 
 BODY = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\ndata: [DONE]\n\n'
 ANSWER = HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
@@ -578,6 +578,8 @@ class CountingServer(ThreadedServer):
     """Counts the requests it reads. "drop": closes each connection once it has read a request,
     before any answer. "close-after-one": answers the first request of each connection (kept
     alive), then closes the connection 0.1 s later, as servers close idle connections.
+    "drop-second": answers the first request of each connection (kept alive), reads the second and
+    closes at once, unanswered: a fault right after a kept-alive OK.
     "close-after-each": the same 20 ms after its answer, unasked, as the pinned llama.cpp ends each
     streamed response (at once: the 20 ms make the race certain). "keep": answers every request
     of a connection (`accepted` counts the connections)."""
@@ -610,9 +612,15 @@ class CountingServer(ThreadedServer):
             if self.mode in ("close-after-one", "close-after-each"):
                 conn.sendall(ANSWER)
                 time.sleep(0.1 if self.mode == "close-after-one" else 0.02)
+            elif self.mode == "drop-second":
+                conn.sendall(ANSWER)
+                raw = b""
+                while b"\r\n\r\n" not in raw and (got := conn.recv(65536)):
+                    raw += got
+                self.requests += b"\r\n\r\n" in raw
 
 
-def exchanges(server: CountingServer, n: int, pause_s: float) -> list[Any]:
+def exchanges(server: CountingServer, n: int, pause_s: float, awake_s: float = 0.0) -> list[Any]:
     from harness import aio
     from harness.scenario import Timeouts
     from harness.wire.client import StreamingClient
@@ -623,8 +631,9 @@ def exchanges(server: CountingServer, n: int, pause_s: float) -> list[Any]:
             for i in range(n):
                 out.append(await client.stream(server.url, b"{}", f"r{i}"))
                 # blocking: the server's EOF arrives but the loop does not read it before the next
-                # request takes the connection from the pool (the race a resend exists for)
+                # request takes the connection from the pool
                 time.sleep(pause_s)
+                await asyncio.sleep(awake_s)  # the loop runs: a kept-alive connection proves itself
         return out
 
     try:
@@ -652,40 +661,48 @@ def test_lateness_within_the_loops_timer_granularity_is_not_falling_behind() -> 
 def test_a_request_the_server_read_is_never_sent_again() -> None:
     server = CountingServer("drop")
     got = exchanges(server, 4, 0.0)
-    assert [(x.ok, x.attempts, x.retried) for x in got] == [(False, 1, False)] * 4
+    assert [x.ok for x in got] == [False] * 4
     assert server.requests == 4  # not 8, nor 9 each
 
 
-def test_a_kept_alive_connection_the_server_had_closed_is_replaced_once() -> None:
+def test_a_kept_alive_connection_the_server_had_closed_is_never_written_on() -> None:
     server = CountingServer("close-after-one")
-    got = exchanges(server, 3, 0.3)  # each later request finds its connection closed by then
+    got = exchanges(server, 3, 0.3, 0.1)  # each later request finds its connection closed by then
     assert [x.ok for x in got] == [True, True, True]
-    assert [x.attempts for x in got] == [1, 2, 2] and [x.retried for x in got] == [False, True, True]
-    assert server.requests == 3  # the closed connections never read the resent requests
+    assert not any(x.reused for x in got)  # the closed one was dropped before anything was written
+    assert server.requests == 3 and server.accepted == 3
 
 
 def test_a_server_that_closes_each_connection_after_its_answer_gets_one_per_request() -> None:
     server = CountingServer("close-after-each")
-    got = exchanges(server, 5, 0.0)  # the next request goes out before the server's close
-    assert [x.ok for x in got] == [True] * 5
-    # the second was written on a connection the server was closing and never read: sent again;
-    # once that close was seen (before the resend), each request asked for a connection of its own
-    assert [x.attempts for x in got] == [1, 2, 1, 1, 1]
-    assert server.requests == 5 and server.asked_close == 4
+    got = exchanges(server, 6, 0.03)  # the next request comes before the loop has read the close
+    assert [x.ok for x in got] == [True] * 6
+    # no request went on a used connection before one had proved to stay open after its answer:
+    # each got a new one, and once the server's close after an answer was seen, asked for it
+    assert not any(x.reused for x in got)
+    assert server.requests == 6 and server.accepted == 6 and server.asked_close >= 4
+
+
+def test_a_fault_after_a_kept_alive_answer_is_a_failed_request_not_a_resend() -> None:
+    server = CountingServer("drop-second")
+    got = exchanges(server, 4, 0.0, 0.1)  # the connection proves it stays open, then fails
+    assert [(x.ok, x.reused) for x in got] == [(True, False), (False, True)] * 2
+    assert server.requests == 4  # one request per record: nothing sent twice
+    assert server.asked_close == 0  # nor did one failure make every later request close its connection
 
 
 def test_an_idle_connection_is_not_reused_once_the_server_may_have_closed_it() -> None:
     from harness import aio
     from harness.scenario import Timeouts
-    from harness.wire.arrivals import KEEPALIVE_S
     from harness.wire.client import StreamingClient
+    from harness.wire.connection import KEEPALIVE_S
 
     server = CountingServer("keep")
 
     async def go() -> list[Any]:
         out = []
         async with StreamingClient(1, Timeouts(first_token_s=10, idle_s=10, total_s=10), {}) as client:
-            for i, pause in enumerate((0.2, KEEPALIVE_S + 0.5, 0.0)):
+            for i, pause in enumerate((0.2, KEEPALIVE_S + 0.5, 0.1)):
                 out.append(await client.stream(server.url, b"{}", f"r{i}"))
                 await asyncio.sleep(pause)
         return out
@@ -713,3 +730,119 @@ def test_a_time_scale_beyond_what_the_scenario_keeps_is_capped(tmp_path: Path) -
     bad = write_scenario(tmp_path / "b.toml", sc.read_text().split("\n", 1)[1].replace("5.0", "9.0"))
     r = kvbench("validate", str(bad))
     assert r.returncode == 2 and "emulator.time_scale: expected at most max_time_scale (8)" in r.stderr
+
+
+# --- issue 29: the control plane's errors are clear messages with exit 3 ------------------------
+
+
+class BrokenCalibrationServer(ThreadedServer):
+    """Serves /v1/models, has no /tokenize, and answers the length calibration (a non-streamed
+    chat completion) with two different Content-Length headers."""
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            raw = b""
+            while True:
+                while b"\r\n\r\n" not in raw:
+                    got = conn.recv(65536)
+                    if not got:
+                        return
+                    raw += got
+                head, _, raw = raw.partition(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                n = int(length.group(1)) if length else 0
+                while len(raw) < n:
+                    raw += conn.recv(65536)
+                raw = raw[n:]
+                path = head.split(b" ", 2)[1]
+                if path == b"/v1/models":
+                    body = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                elif path == b"/v1/chat/completions":
+                    body = b'{"usage":{"prompt_tokens":400}}'
+                    two = b"Content-Length: 3\r\nContent-Length: %d" % len(body)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\n%s\r\n\r\n%s" % (two, body))
+                else:
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+
+
+def test_a_broken_answer_to_the_length_calibration_is_a_clear_error(tmp_path: Path) -> None:
+    server = BrokenCalibrationServer()
+    sc = write_scenario(tmp_path / "s.toml", 'name = "calib"\n[workload]\nkind = "sweep"\nlengths = [500]\n')
+    try:
+        base = server.url.removesuffix("/chat/completions")
+        r = kvbench("run", str(sc), "--endpoint", base, "--out", str(tmp_path / "o"), timeout=60)
+    finally:
+        server.close()
+    assert r.returncode == 3, r.stderr
+    assert "calibrating prompt lengths" in r.stderr and "Traceback" not in r.stderr
+
+
+# --- issue 30, cases 6-9: side files on a full disk, NUL bytes, foreign run.json, odd CLI values -
+
+
+def test_a_side_file_on_a_full_disk_names_itself_and_marks_the_run(tmp_path: Path) -> None:
+    """metrics.json and its timeline are written whole or not at all, the error names the file,
+    and run.json says the run failed (it said `running` before)."""
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        'name = "side"\n[endpoint]\nmax_tokens = 2\n[metrics]\ninterval_s = 0.02\n[workload]\nkind = "sweep"\n'
+        "lengths = [5000, 6000, 7000]\n[emulator]\ntime_scale = 1.0\n",
+    )
+    r = limited(["run", str(sc), "--out", str(tmp_path / "out")], 16, tmp_path)
+    no_traceback(r)
+    assert r.returncode == 5 and "metrics-timeline.jsonl: File too large" in r.stderr, r.stderr
+    (folder,) = (tmp_path / "out" / "side").iterdir()
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "failed" and "metrics-timeline.jsonl" in meta["error"]
+    assert not (folder / "metrics-timeline.jsonl").exists() and not list(folder.glob("*.tmp"))
+    json.loads((folder / "metrics.json").read_text())  # whole
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        'name = "nul"\n[workload]\nkind = "trace"\npath = "a\\u0000b.jsonl"\n',
+        'name = "nul"\n[prompts]\nsource = "file"\npath = "p\\u0000.jsonl"\n[workload]\nkind = "closed_loop"\n'
+        "requests = 2\nconcurrency = 1\npool = 1\nprompt_tokens = 10\n",
+        'name = "nul"\n[workload]\nkind = "sweep"\nlengths = [10]\n[traffic]\ntool = "command"\n'
+        'command = ["echo", "a\\u0000b"]\n',
+    ],
+    ids=["workload.path", "prompts.path", "traffic.command"],
+)
+def test_nul_bytes_in_a_scenario_are_refused_by_key(body: str, tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "s.toml", body)
+    for command in ("validate", "run"):
+        r = kvbench(command, str(sc), "--out", str(tmp_path / "o")) if command == "run" else kvbench(command, str(sc))
+        no_traceback(r)
+        assert r.returncode == 2 and "NUL" in r.stderr, r.stderr
+
+
+def test_report_on_a_run_json_kvbench_did_not_write(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "run.json").write_text('{"schema_version": 1}')
+    for command in (("report", str(folder), "-o", str(tmp_path / "r.html")), ("gate", str(folder))):
+        r = kvbench(*command)
+        no_traceback(r)
+        assert r.returncode == 2 and "run_id: missing" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("run", "SCENARIO", "--endpoint", "http://127.0.0.1:99999/v1"), "Port out of range"),
+        (("run", "SCENARIO", "--endpoint", "http://127.0.0.1:-1/v1"), "Port"),
+        (("run", "SCENARIO", "--endpoint", "http://[::1/v1"), "IPv6"),
+        (("gate", "RUN", "--rules", "/dev/zero"), "/dev/zero: larger than 16 MiB: not a rules file"),
+        (("validate", "/dev/zero"), "/dev/zero: larger than 16 MiB: not a scenario file"),
+        (("emulator", "--port", "99999"), "--port: expected a TCP port"),
+    ],
+    ids=["port-99999", "port-minus-1", "open-bracket", "rules-dev-zero", "validate-dev-zero", "emulator-port"],
+)
+def test_odd_cli_values_are_clear_errors(args: tuple[str, ...], says: str, tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "s.toml", 'name = "odd"\n[workload]\nkind = "sweep"\nlengths = [10]\n')
+    run = next((GOLDEN / "smoke").iterdir())
+    r = kvbench(*({"SCENARIO": str(sc), "RUN": str(run)}.get(a, a) for a in args), timeout=60)
+    no_traceback(r)
+    assert r.returncode == 2 and says in r.stderr, r.stderr

@@ -119,3 +119,19 @@ def test_every_workload_kind_is_one_module_behind_the_interface() -> None:
         module = Path(HARNESS / "workloads" / f"{name}.py")
         assert module.exists(), name
         assert kind.name == name and callable(kind.plan) and callable(kind.drive)
+
+
+def test_no_code_reaches_a_private_attribute_of_another_object() -> None:
+    """No `x._name` where x is not self or cls: another package's privates would tie kvbench to
+    its internals and pin its version (issue 29: aiohttp's once did). In harness/ as a whole, the
+    wire package included."""
+    allowed = {("os", "_exit")}  # the standard library's documented way out of a forked child
+    found = []
+    for path, tree in modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = node.value.id if isinstance(node.value, ast.Name) else None
+                if owner in ("self", "cls") or (owner, node.attr) in allowed:
+                    continue
+                found.append(f"{path}:{node.lineno}: .{node.attr}")
+    assert found == []

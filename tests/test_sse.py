@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.wire.client import Exchange
-from harness.wire.direct import Response
-from harness.wire.h1 import ResponseParser
+from harness.wire.http1 import ResponseParser
+from harness.wire.response import Response
 from harness.wire.sse import MAX_LINE_BYTES, Run, SSEDecoder, SSEEvent, SSELimitError
 from harness.wire.stream import CHUNKED_TEXT_MAX, StreamState, chunk_tokens
 
@@ -355,10 +355,10 @@ def test_a_template_is_never_learnt_from_an_event_of_several_lines() -> None:
     assert str(seen(reads, True)["error"]).startswith("malformed SSE data")
 
 
-def direct_and_full(chunks: list[bytes], reads_at: list[int], upper: bool = False) -> tuple[dict[str, object], ...]:
-    """The state direct.Response gives for a body sent as these HTTP chunks and read in pieces
-    cut at `reads_at`, and the state the body's bytes each read completes give, parsed event by
-    event."""
+def fast_and_full(chunks: list[bytes], reads_at: list[int], upper: bool = False) -> tuple[dict[str, object], ...]:
+    """The state response.Response gives for a body sent as these HTTP chunks and read in pieces
+    cut at `reads_at` (runs of whole token chunks taken above llhttp), and the state the body's
+    bytes each read completes give, every chunk parsed by llhttp, parsed event by event."""
     size = b"%X" if upper else b"%x"
     raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     raw += b"".join(size % len(c) + b"\r\n" + c + b"\r\n" for c in chunks) + b"0\r\n\r\n"
@@ -370,7 +370,7 @@ def direct_and_full(chunks: list[bytes], reads_at: list[int], upper: bool = Fals
     response = Response(ex, MAX_LINE_BYTES)
     for t, r in enumerate(reads):
         response.feed(t, r)
-        if response.ended():  # as direct.Reader stops
+        if response.ended():  # as transport.Reader stops
             break
 
     ref = StreamState(fast=False, answer=[])
@@ -394,10 +394,11 @@ def direct_and_full(chunks: list[bytes], reads_at: list[int], upper: bool = Fals
 
 @settings(max_examples=300, deadline=None)
 @given(streams(), st.data())
-def test_the_direct_reader_gives_what_parsing_every_chunk_gives(events: list[bytes], data: st.DataObject) -> None:
+def test_the_fast_path_gives_what_parsing_every_chunk_gives(events: list[bytes], data: st.DataObject) -> None:
     """A stream as HTTP chunks (one event each, as engines send them, or cut anywhere; sizes in
-    either case), read by direct.Response, which takes runs of whole token chunks from the raw
-    bytes: the same state, read for read, as the body each read completes parsed event by event."""
+    either case), read by response.Response, which takes runs of whole token chunks from the raw
+    bytes above llhttp: the same state, read for read, as the body each read completes parsed
+    event by event."""
     body = b"".join(events)
     if data.draw(st.booleans()):
         chunks = events
@@ -405,12 +406,12 @@ def test_the_direct_reader_gives_what_parsing_every_chunk_gives(events: list[byt
         cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=12))))
         chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True) if b > a]
     reads_at = data.draw(st.lists(st.integers(0, len(body) * 2), max_size=16))
-    direct, full = direct_and_full(chunks, reads_at, data.draw(st.booleans()))
-    assert direct == full
+    fast, full = fast_and_full(chunks, reads_at, data.draw(st.booleans()))
+    assert fast == full
 
 
 @pytest.mark.parametrize("upper", [False, True])
-def test_the_direct_reader_on_a_firehose(upper: bool) -> None:
+def test_the_fast_path_on_a_firehose(upper: bool) -> None:
     """An engine's stream, an event per chunk, written 32 chunks at a time and read as written
     or cut anywhere: the same state as parsing every chunk."""
     role = sse_event(vllm_chunk({"role": "assistant", "content": ""}))
@@ -422,8 +423,8 @@ def test_the_direct_reader_on_a_firehose(upper: bool) -> None:
     as_written = [head + sum(lengths[: 2 + 32 * k]) for k in range(9)]
     rng = random.Random(7)
     for reads_at in (as_written, [rng.randrange(50_000) for _ in range(40)]):
-        direct, full = direct_and_full(chunks, reads_at, upper)
-        assert direct == full and len(full["token_chunk_ns"]) == 256  # type: ignore[arg-type]
+        fast, full = fast_and_full(chunks, reads_at, upper)
+        assert fast == full and len(full["token_chunk_ns"]) == 256  # type: ignore[arg-type]
 
 
 def test_a_chunked_run_checks_every_chunk_size() -> None:

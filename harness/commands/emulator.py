@@ -46,6 +46,8 @@ def main(o: EmulatorOptions) -> int:
         with_capacities(profiles()[o.profile], capacities)
     except ValueError as e:
         raise InputError(f"--capacity-blocks: {e}") from None
+    if not 0 <= o.port <= 65535:
+        raise InputError(f"--port: expected a TCP port from 0 (any free one) to 65535, got {o.port}")
     check_scale(o.time_scale, "--time-scale")
     check_scale(o.slowdown, "--slowdown")
     key = None

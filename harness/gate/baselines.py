@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness import __version__, stats
-from harness.errors import InputError, write_file
+from harness.errors import InputError, read_input, write_file
 from harness.gate import figures
 from harness.gate.figures import Figures
 from harness.results import RunResult
@@ -110,11 +110,10 @@ def save(runs: list[RunResult], path: Path) -> Path:
 
 
 def load(path: Path) -> tuple[dict[str, Any], Figures]:
+    text = read_input(path, "baseline file")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such baseline file") from None
-    except (OSError, ValueError) as e:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
         raise InputError(f"{path}: not a readable baseline: {e}") from None
     if not isinstance(doc, dict) or doc.get("kind") != "kvbench-baseline":
         raise InputError(f"{path}: not a kvbench baseline (make one with `kvbench baseline save`)")

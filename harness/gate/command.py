@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.errors import ExitCode, InputError, write_file
+from harness.errors import ExitCode, InputError, read_input, write_file
 from harness.gate import baselines, figures, output
 from harness.gate.rules import Rules, merge, parse_rules
 from harness.gate.verdicts import evaluate
@@ -21,11 +21,10 @@ STEP_SUMMARY_LIMIT = 1 << 20
 
 
 def load_rules_file(path: Path) -> Rules:
+    text = read_input(path, "rules file")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such rules file") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: cannot read rules: {e}") from None
     except RecursionError:
         raise InputError(f"{path}: cannot read rules: tables or arrays nested too deeply") from None

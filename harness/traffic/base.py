@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.clock import ModelClock
-from harness.errors import InputError
+from harness.errors import InputError, write_file
 from harness.scenario import TrafficCfg, check_traffic_directory
 from harness.units import human_bandwidth
 
@@ -104,10 +104,8 @@ class TrafficResult:
             "warnings": self.warnings,
             "note": self.note,
         }
-        (folder / "traffic.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        with (folder / "traffic.jsonl").open("w", encoding="utf-8") as f:
-            for row in self.timeline:
-                f.write(json.dumps(row) + "\n")
+        write_file(folder / "traffic.json", json.dumps(doc, indent=1) + "\n")
+        write_file(folder / "traffic.jsonl", "".join(json.dumps(row) + "\n" for row in self.timeline))
 
 
 class TrafficDriver(Protocol):

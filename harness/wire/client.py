@@ -1,13 +1,11 @@
-"""The streaming HTTP client: thin I/O around `sse.SSEDecoder` and `stream.StreamState`.
+"""The streaming HTTP client: one request in, one `Exchange` out, with monotonic stamps.
 
-One shared aiohttp session whose connector is sized for the run's concurrency, and whose
-connections stamp each socket read with `time.perf_counter_ns()` as the loop takes it, before
-any parsing (arrivals.py). A streamed request to an `http://` endpoint is written and read by
-kvbench itself on one of those connections (direct.py: the response parsed where each stamped
-read is released, a slice at a time, turns.py). Through aiohttp (https, or an aiohttp without
-the internals seam.py names) the response is read with `iter_any()` (no line or chunk limits),
-split back into the pieces that arrived together, and SSE decoding takes turns with the other
-streams.
+One transport serves every streamed request of a client, http and https alike: kvbench's own
+(transport.py over connection.py: each socket read stamped with `time.perf_counter_ns()` as the
+loop takes it, before any parsing; HTTP/1.1 framing by llhttp), or, as an escape hatch for a
+server that path cannot talk to, aiohttp's public client API (via_aiohttp.py, stamped when
+parsed). Either raises the same errors, which become the record's error and kind here, in one
+place, with the one set of timeouts (connect_s, first_token_s, idle_s, total_s).
 """
 
 from __future__ import annotations
@@ -16,18 +14,22 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
 import aiohttp
-import yarl
-from aiohttp.http_exceptions import HttpProcessingError
 
-from harness.scenario import Timeouts
-from harness.wire import direct, seam
-from harness.wire.arrivals import SENDING, FramingError, Habit, StampedHandler, connector, take
-from harness.wire.sse import MAX_LINE_BYTES, SSEDecoder, SSELimitError
+from harness.scenario import EndpointCfg, Timeouts
+from harness.wire.connection import KEPT_ALIVE, ONE_PER_REQUEST, TransportError
+from harness.wire.sse import MAX_LINE_BYTES
 from harness.wire.stream import StreamState
-from harness.wire.turns import TURNS
+from harness.wire.transport import Backend, Kvbench
+
+TRANSPORTS = ("kvbench", "aiohttp")
+__all__ = ["KEPT_ALIVE", "ONE_PER_REQUEST", "TRANSPORTS", "Exchange", "StreamingClient", "client_for", "token_limit"]
+# A response may carry this many token chunks beyond twice its max_tokens before it is cut as
+# too long (a server flooding tokens must not take the client's memory): engines send one chunk
+# per token at most, and max_tokens bounds the tokens.
+TOKEN_SLACK = 64
 
 
 @dataclass
@@ -47,21 +49,14 @@ class Exchange:
     error: str | None = None
     error_kind: str | None = None  # "connect", "http", "timeout", "stream", "empty", "protocol"
     reused: bool = False  # sent on a kept-alive connection
-    closed_before_send: bool = False  # ... which the server had closed before it was written
-    closed_after_response: bool = False  # ... or was closing after its previous response
-    attempts: int = 1
-    retried: bool = False
-    written: bool = False  # the body's first chunk has gone to the socket (start_ns is its time)
+    written: bool = False  # the request has gone to the socket (start_ns is its time)
+    resent: bool = False  # a second request of the same id, the first refused (workloads.base.Sender)
+    token_limit: int = 1 << 20  # token chunks the response may carry (token_limit below)
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
-
-# client_health.connections: requests reuse kept-alive connections, or (a server that closes each
-# connection after its response) each opens its own
-KEPT_ALIVE, ONE_PER_REQUEST = "kept alive", "one per request"
-FEED_BYTES = 8192  # bytes decoded into SSE events at once, between two looks at the turn's budget
 
 
 # Open files a client process keeps for other things than its connections (logs, results, pipes).
@@ -95,24 +90,10 @@ def reserve_descriptors(connections: int) -> None:
         os.close(fd)
 
 
-async def _on_headers_sent(
-    _session: aiohttp.ClientSession, ctx: Any, _params: aiohttp.TraceRequestHeadersSentParams
-) -> None:
-    if isinstance(ctx.trace_request_ctx, Exchange):  # other calls on the session carry none
-        ctx.trace_request_ctx.start_ns = time.perf_counter_ns()
-
-
-async def _on_chunk_sent(
-    _session: aiohttp.ClientSession, ctx: Any, _params: aiohttp.TraceRequestChunkSentParams
-) -> None:
-    # aiohttp holds the headers back and writes them with the body's first chunk, which (before
-    # Python 3.12) it writes from a task of its own, a loop turn after the headers' trace: the
-    # request leaves now.
-    ex = ctx.trace_request_ctx
-    if isinstance(ex, Exchange) and not ex.written:
-        ex.written = True
-        ex.start_ns = time.perf_counter_ns()
-        TURNS.written()
+def token_limit(max_tokens: int, configured: int = 0) -> int:
+    """The token chunks a response with this max_tokens may carry: `configured`
+    ([endpoint] max_response_tokens) when set, else twice max_tokens and TOKEN_SLACK more."""
+    return configured or 2 * max_tokens + TOKEN_SLACK
 
 
 class StreamingClient:
@@ -123,61 +104,63 @@ class StreamingClient:
         headers: dict[str, str],
         send_clock: bool = False,
         max_line_bytes: int = MAX_LINE_BYTES,
-        direct_http: bool = True,
+        transport: Literal["kvbench", "aiohttp"] = "kvbench",
+        max_response_tokens: int = 0,
     ) -> None:
         self.timeouts = timeouts
-        self.max_line_bytes = max_line_bytes
-        self.send_clock = send_clock  # tell the embedded emulator when each request left (see its _arrival)
-        # http:// streams go through direct.py (False: all through aiohttp, as https always do)
-        self.direct_http = direct_http
-        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
-        # The default connector caps at 100 connections; size it for the run instead.
-        trace = aiohttp.TraceConfig()
-        trace.on_request_headers_sent.append(_on_headers_sent)
-        trace.on_request_chunk_sent.append(_on_chunk_sent)
-        self.habit = Habit()
+        self.max_response_tokens = max_response_tokens
         reserve_descriptors(concurrency + 4)
-        conn, gone = connector(concurrency + 4, self.habit)
-        self.connector = conn
-        self._targets: dict[str, direct.Target | None] = {}
-        # Where response bytes are stamped (seam.py): at socket reads, unless aiohttp changed.
-        self.stamping = seam.PARSE_TIME if gone else seam.SOCKET_READ
-        self.stamping_warning = seam.warning(gone) if gone else None
-        self.session = aiohttp.ClientSession(
-            connector=conn,
-            trace_configs=[trace],
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s),
-            read_bufsize=1 << 20,
-            auto_decompress=False,
+        # send_clock: tell the embedded emulator when each request left (see its _arrival)
+        args = (concurrency + 4, timeouts.connect_s, timeouts.idle_s, max_line_bytes, send_clock)
+        if transport == "aiohttp":
+            from harness.wire.via_aiohttp import Aiohttp  # aiohttp's client is loaded only for it
+
+            self.backend: Backend = Aiohttp(*args)
+        else:
+            self.backend = Kvbench(*args)
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
+        self.backend.headers = self.headers
+        self._control: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The control plane's session (models, tokenize, calibration, metrics, hooks, engine
+        steps): aiohttp's public client, opened when first asked for."""
+        if self._control is None:
+            t = self.timeouts
+            self._control = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s, sock_read=t.idle_s)
+            )
+        return self._control
+
+    def health(self) -> dict[str, str]:
+        """client_health: which transport sent the streams and why, where the time of a response
+        byte is taken, and what the client learnt of the server's connections."""
+        why = (
+            '[endpoint] transport = "aiohttp" in the scenario'
+            if self.backend.name == "aiohttp"
+            else "the default (kvbench's own, stamped at socket reads)"
         )
+        return {
+            "transport": self.backend.name,
+            "transport_reason": why,
+            "stamping": self.backend.stamping,
+            "connections": self.backend.connections,
+        }
 
     async def close(self) -> None:
-        await self.session.close()
+        await self.backend.close()
+        if self._control is not None:
+            await self._control.close()
 
     async def open_idle(self, url: str, n: int) -> int:
-        """Have at least `n` connections to `url`'s server idle in the pool (at most the pool's
-        size), without sending anything on them. An open loop does this before its measured part,
-        so that a request sent on time does not wait for a new connection as well: in uvloop a
-        connect takes a hop through its thread pool (which can wait milliseconds for a busy core),
-        and more open sockets can grow the descriptor table. Returns how many connections were
-        taken; none for a server that closes each connection after its response, or where
-        aiohttp's (public, but low-level) connector API has changed."""
-        if n <= 0 or self.habit.closes_after_response:
-            return 0
-        conn = self.session.connector
-        assert conn is not None
-        try:
-            req = aiohttp.ClientRequest("GET", yarl.URL(url), loop=asyncio.get_running_loop(), session=self.session)
-            got = await asyncio.gather(
-                *(conn.connect(req, [], self.session.timeout) for _ in range(min(n, conn.limit or n))),
-                return_exceptions=True,
-            )
-        except (TypeError, AttributeError):  # a changed API: connections open as requests need them
-            return 0
-        held = [c for c in got if isinstance(c, aiohttp.connector.Connection)]
-        for c in held:
-            c.release()  # back to the pool, idle and unused
-        return len(held)
+        """Have up to `n` connections to `url`'s server open and idle, without sending anything on
+        them (at most the pool's room). An open loop does this before its measured part, so that
+        a request sent on time does not wait for a new connection as well: in uvloop a connect
+        takes a hop through its thread pool (which can wait milliseconds for a busy core), and
+        more open sockets can grow the descriptor table. Returns how many were opened; none for
+        a server that closes each connection after its response, or through aiohttp."""
+        return await self.backend.open_idle(url, n)
 
     async def __aenter__(self) -> StreamingClient:
         return self
@@ -185,177 +168,45 @@ class StreamingClient:
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
 
-    @property
-    def connections(self) -> str:
-        """client_health.connections: how requests found their connections."""
-        return ONE_PER_REQUEST if self.habit.closes_after_response else KEPT_ALIVE
-
-    async def stream(self, url: str, body: bytes, request_id: str, answer: list[str] | None = None) -> Exchange:
-        """One request. It is sent a second time only when it never reached the server: it
-        failed to connect on a kept-alive connection whose EOF from the server was already
-        there when the request was written (servers close idle connections after a few
-        seconds), or that the server was closing, unasked, right after its previous response
-        (arrivals.CLOSE_AFTER_RESPONSE_NS). Then once more, on a new connection, and the record
-        says so. Anything else, including a server that closes a connection after it has read
-        the request, is a failed request: a resend would hide it, and a "cold" request could
-        find the KV its first attempt built. `answer`, when given, gets the visible text of the
-        response (in pieces)."""
-        ex = await self._attempt(url, body, request_id, answer)
-        if ex.error_kind == "connect" and (ex.closed_before_send or ex.closed_after_response):
-            ex = await self._attempt(url, body, request_id, answer)  # once: a new connection is not stale
-            ex.attempts, ex.retried = 2, True
-        return ex
-
-    async def _attempt(self, url: str, body: bytes, request_id: str, answer: list[str] | None) -> Exchange:
+    async def stream(
+        self, url: str, body: bytes, request_id: str, answer: list[str] | None = None, max_tokens: int = 0
+    ) -> Exchange:
+        """One request, sent once: whatever happens after it is written, it is the server's,
+        and a failed request is recorded as failed (a resend would hide the failure, and a
+        "cold" request could find the KV its first attempt built). `answer`, when given, gets the
+        visible text of the response (in pieces); `max_tokens`, the request's, bounds the token
+        chunks the response may carry (token_limit)."""
         t = self.timeouts
-        loop = asyncio.get_running_loop()
-        total_deadline = loop.time() + t.total_s
         ex = Exchange(start_ns=time.perf_counter_ns())
+        if max_tokens or self.max_response_tokens:
+            ex.token_limit = token_limit(max_tokens, self.max_response_tokens)
         if answer is not None:  # the answer's text is kept (sessions with real history)
             answer.clear()
             ex.state.answer = answer
-        sending = SENDING.set(ex)
+        first_token_by = ex.start_ns + int(t.first_token_s * 1e9) if t.first_token_s < t.total_s else None
         try:
-            target = self._target(url)
-            if target is not None:  # the first token's deadline is the reader's (direct.py)
-                first_token_by = ex.start_ns + int(t.first_token_s * 1e9) if t.first_token_s < t.total_s else None
-                async with asyncio.timeout(t.total_s):
-                    await self._direct(target, body, request_id, ex, first_token_by)
-            else:
-                async with asyncio.timeout(min(t.first_token_s, t.total_s)) as deadline:
-                    await self._via_aiohttp(url, body, request_id, ex, deadline, total_deadline)
-        # aiohttp's own timeouts are TimeoutErrors too: they must be told apart first.
-        except aiohttp.ConnectionTimeoutError:
-            ex.error, ex.error_kind = f"timeout: no connection within {t.connect_s:g} s (connect_s)", "connect"
-        except aiohttp.ServerTimeoutError:
-            ex.error, ex.error_kind = f"timeout: no data for {t.idle_s:g} s (idle_s)", "timeout"
+            async with asyncio.timeout(t.total_s):
+                await self.backend.exchange(url, body, request_id, ex, first_token_by)
+            if ex.error is None:
+                _verdict(ex)
+        except TransportError as e:
+            ex.error, ex.error_kind = str(e), e.kind
         except TimeoutError:
             if ex.state.first_token_ns is None and t.first_token_s < t.total_s:
                 ex.error = f"timeout: no first token within {t.first_token_s:g} s (first_token_s)"
             else:
                 ex.error = f"timeout: stream not finished within {t.total_s:g} s (total_s)"
             ex.error_kind = "timeout"
-        # the server's HTTP (or SSE) broke its own rules (aiohttp's pure-Python parser raises its own errors)
-        except (FramingError, SSELimitError, aiohttp.ClientResponseError, HttpProcessingError) as e:
-            ex.error, ex.error_kind = f"protocol: {e}", "protocol"
-        except aiohttp.ClientConnectorError as e:
-            ex.error, ex.error_kind = f"connection failed: {e}", "connect"
-        except (aiohttp.ClientError, ConnectionError) as e:
-            ex.error, ex.error_kind = f"{type(e).__name__}: {e}", "connect" if ex.http_status is None else "stream"
         finally:
             ex.end_ns = time.perf_counter_ns()
-            SENDING.reset(sending)
         return ex
 
-    def _target(self, url: str) -> direct.Target | None:
-        """The URL made ready for the direct exchange; None where aiohttp sends (https, or an
-        aiohttp without the internals for stamping)."""
-        try:
-            return self._targets[url]
-        except KeyError:
-            pass
-        found = None
-        if self.direct_http and self.stamping == seam.SOCKET_READ and yarl.URL(url).scheme == "http":
-            found = direct.target(url, self.headers, self.session)
-        self._targets[url] = found
-        return found
 
-    async def _direct(
-        self, target: direct.Target, body: bytes, request_id: str, ex: Exchange, first_token_by: int | None
-    ) -> None:
-        """One exchange written and read by kvbench itself (direct.py), on a pooled connection."""
-        try:
-            conn = await self.connector.connect(target.request, [], self.session.timeout)
-        except TimeoutError as e:  # the connector's own (connect_s); the request's deadline cancels instead
-            raise aiohttp.ConnectionTimeoutError(f"connection timeout to {target.request.url}") from e
-        handler = conn.protocol
-        assert isinstance(handler, StampedHandler)  # the connector's factory (else no target)
-        reader = direct.Reader(ex, handler, self.max_line_bytes, self.timeouts.idle_s, first_token_by)
-        handler.begin(ex)
-        reuse = False
-        try:
-            if first_token_by is not None and time.perf_counter_ns() >= first_token_by:
-                raise TimeoutError  # waited for a connection past the first token's time: not sent
-            transport = handler.transport
-            if transport is None or transport.is_closing():
-                raise aiohttp.ServerDisconnectedError("the connection closed before the request was written")
-            handler.reader = reader
-            closing = self.habit.closes_after_response
-            data = target.encode(body, request_id, closing, ex.start_ns if self.send_clock else None)
-            ex.start_ns, ex.written = time.perf_counter_ns(), True
-            TURNS.written()
-            transport.write(data)
-            reader.start()
-            await reader.finished
-            if reader.failure is not None:
-                raise reader.failure
-            reuse = reader.response.reusable() and not self.habit.closes_after_response
-        finally:
-            handler.reader = None
-            reader.stop()
-            if reuse:
-                conn.release()
-            else:
-                conn.close()
-        if reader.response.error_body is not None:
-            ex.error, ex.error_kind = f"HTTP {ex.http_status}: {reader.response.error_text()}", "http"
-        else:
-            _verdict(ex)
-
-    async def _via_aiohttp(
-        self, url: str, body: bytes, request_id: str, ex: Exchange, deadline: asyncio.Timeout, total_deadline: float
-    ) -> None:
-        headers = {**self.headers, "X-Request-Id": request_id}
-        if self.habit.closes_after_response:  # its connections end with each response anyway
-            headers["Connection"] = "close"
-        if self.send_clock:
-            headers[seam.SENT_HEADER] = str(ex.start_ns)
-        async with self.session.post(url, data=body, headers=headers, trace_request_ctx=ex) as resp:
-            ex.headers_ns = time.perf_counter_ns()
-            ex.http_status = resp.status
-            if resp.status != 200:
-                text = (await resp.content.read(65536)).decode("utf-8", "replace")
-                ex.error, ex.error_kind = f"HTTP {resp.status}: {text.strip()[:1000]}", "http"
-                return
-            await self._read(resp, ex, deadline, total_deadline)  # leaving the block on an error closes the connection
-
-    async def _read(
-        self, resp: aiohttp.ClientResponse, ex: Exchange, deadline: asyncio.Timeout, total_deadline: float
-    ) -> None:
-        state = ex.state
-        decoder = SSEDecoder(self.max_line_bytes, skip=state.run_end)
-        rescheduled = False
-        # The response's protocol, not resp.connection: aiohttp lets go of the connection as soon
-        # as the whole body is in, which for a short answer is before this line.
-        handler = getattr(resp, "_protocol", None)
-        if isinstance(handler, StampedHandler):
-            arrivals = handler.arrivals_of(resp.content)
-        else:
-            arrivals = []  # no stamps: `take` stamps the bytes as they are read here
-            if self.stamping == seam.SOCKET_READ:
-                self.stamping = seam.PARSE_TIME
-                self.stamping_warning = seam.warning(("ClientResponse._protocol",))
-        async for chunk in resp.content.iter_any():
-            # iter_any hands over everything received since the last read: split it back into
-            # the pieces the socket delivered, each with the time it arrived.
-            pos = 0
-            for t, n in take(arrivals, len(chunk), time.perf_counter_ns()):
-                state.on_bytes(t)
-                for cut in range(pos, pos + n, FEED_BYTES):  # a piece can be 256 KB: split the work
-                    events = decoder.feed(chunk[cut : min(cut + FEED_BYTES, pos + n)])
-                    if events:
-                        if TURNS.spent():
-                            await TURNS.wait()
-                        state.on_events(events, t)
-                pos += n
-            if state.first_token_ns is not None and not rescheduled:
-                deadline.reschedule(total_deadline)
-                rescheduled = True
-            if state.done or state.error:
-                break
-        else:
-            state.on_events(decoder.close(), time.perf_counter_ns())
-        _verdict(ex)
+def client_for(connections: int, ep: EndpointCfg, headers: dict[str, str], send_clock: bool) -> StreamingClient:
+    """The streaming client of a run (or of one of its processes) with `connections` at once."""
+    return StreamingClient(
+        connections, ep.timeouts, headers, send_clock, ep.max_line_bytes, ep.transport, ep.max_response_tokens
+    )
 
 
 def _verdict(ex: Exchange) -> None:

@@ -47,7 +47,18 @@ Skip = Callable[[bytes, int], tuple[int, int]]
 
 
 class SSEDecoder:
-    __slots__ = ("_buf", "_data", "_event", "_has_data", "_id", "_pending", "_pending_len", "max_line_bytes", "skip")
+    __slots__ = (
+        "_buf",
+        "_data",
+        "_data_len",
+        "_event",
+        "_has_data",
+        "_id",
+        "_pending",
+        "_pending_len",
+        "max_line_bytes",
+        "skip",
+    )
 
     def __init__(self, max_line_bytes: int = MAX_LINE_BYTES, skip: Skip | None = None) -> None:
         self.max_line_bytes = max_line_bytes
@@ -56,6 +67,7 @@ class SSEDecoder:
         self._pending: list[bytes] = []  # an unfinished line that outgrew one piece
         self._pending_len = 0
         self._data: list[bytes] = []
+        self._data_len = 0  # the event's data so far, a byte for each line's end included
         self._event: str | None = None
         self._id: str | None = None
         self._has_data = False
@@ -122,19 +134,21 @@ class SSEDecoder:
             # The common case inline (one call per line costs more than the work it does).
             if line[:6] == b"data: ":
                 self._data.append(line[6:])
+                self._data_len += len(line) - 5
                 self._has_data = True
             elif not line and self._has_data and self._event is None:
                 data = self._data
                 out.append(SSEEvent(data[0] if len(data) == 1 else b"\n".join(data), None, self._id))
                 self._data = []
+                self._data_len = 0
                 self._has_data = False
             else:
                 self._line(line, out)
-        if len(self._data) > 1 and sum(map(len, self._data)) > self.max_line_bytes:
+        if self._data_len > self.max_line_bytes:  # (empty `data:` lines count a byte each)
             self._too_long("event")
 
     def _too_long(self, what: str) -> None:
-        self._buf, self._pending, self._pending_len, self._data = b"", [], 0, []
+        self._buf, self._pending, self._pending_len, self._data, self._data_len = b"", [], 0, [], 0
         raise SSELimitError(f"an SSE {what} of more than {self.max_line_bytes:,} bytes (max_line_bytes)")
 
     def close(self) -> list[SSEEvent | Run]:
@@ -152,6 +166,7 @@ class SSEDecoder:
             if self._has_data:
                 out.append(SSEEvent(b"\n".join(self._data), self._event, self._id))
             self._data = []
+            self._data_len = 0
             self._event = None
             self._has_data = False
             return
@@ -162,6 +177,7 @@ class SSEDecoder:
             value = value[1:]
         if field == b"data":
             self._data.append(value)
+            self._data_len += len(value) + 1
             self._has_data = True
         elif field == b"event":
             self._event = value.decode("utf-8", "replace")

@@ -161,8 +161,8 @@ class ArmSpec:
             error=ex.error,
             error_kind=ex.error_kind,
             http_status=ex.http_status,
-            retried=ex.retried,
-            attempts=ex.attempts,
+            retried=ex.resent,
+            attempts=2 if ex.resent else None,
             **extra,
         )
 
@@ -223,9 +223,12 @@ class Sender:
         try:
             text, out = prompt.text(lead_text), prompt.max_tokens
             body = spec.body(text, self._salt(salt), out, engine_fields)
-            ex = await self.client.stream(spec.url, body, request_id, answer)
-            if self._salt_refused(salt, ex):
-                ex = await self.client.stream(spec.url, spec.body(text, None, out, engine_fields), request_id, answer)
+            limit = out or spec.scenario.endpoint.max_tokens
+            ex = await self.client.stream(spec.url, body, request_id, answer, limit)
+            if self._salt_refused(salt, ex):  # refused at once (HTTP 400): sent again without it
+                body = spec.body(text, None, out, engine_fields)
+                ex = await self.client.stream(spec.url, body, request_id, answer, limit)
+                ex.resent = True
         finally:
             self.in_flight -= 1
         record = spec.record(seq, ex, prompt, phase, **extra)

@@ -1,0 +1,213 @@
+"""The streaming transport behind `StreamingClient`: kvbench's own (`Kvbench`: connection.py's
+pool, a request written in one piece, its response read where the backlog releases each stamped
+read, one task wake-up per request), for http and https alike. via_aiohttp.py has the same
+interface on aiohttp's public client API, as an escape hatch (`[endpoint] transport`).
+
+A transport fills in an `Exchange` and raises what went wrong: connection.TransportError (its
+`kind` is the record's error kind) or TimeoutError (the first token's or the total deadline);
+client.py turns both into the record's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from harness.wire import http1
+from harness.wire.connection import (
+    BrokenFraming,
+    Connection,
+    CutShort,
+    Disconnected,
+    IdleTimeout,
+    Origin,
+    Pool,
+    TransportError,
+)
+from harness.wire.request import Target
+from harness.wire.response import Response, TooManyTokens
+from harness.wire.sse import SSELimitError
+from harness.wire.turns import TURNS
+
+if TYPE_CHECKING:
+    from harness.wire.client import Exchange
+
+# client_health.stamping: where the time of a response byte is taken
+SOCKET_READ = "socket-read"
+PARSE_TIME = "parse-time"
+
+
+class TooLong(TransportError):
+    """The response went on past what it may carry."""
+
+    kind = "too_long"
+
+
+class Backend(Protocol):
+    """What StreamingClient needs of a transport."""
+
+    name: str  # client_health.transport
+    stamping: str  # client_health.stamping
+
+    @property
+    def connections(self) -> str: ...
+
+    async def exchange(self, url: str, body: bytes, request_id: str, ex: Exchange, first_token_by: int | None) -> None:
+        """Send one request and read its response into `ex` (`first_token_by`: perf_counter_ns
+        by which the first token is due, None: only the total deadline, the caller's)."""
+
+    async def open_idle(self, url: str, n: int) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+class Reader:
+    """Reads one response on its connection (`conn.reader`): fed each stamped read as the backlog
+    releases it, and at the connection's end. `finished` resolves when the exchange is over (the
+    stream's end, [DONE], an error, a timeout); `failure` then says why it failed, if it did."""
+
+    __slots__ = ("conn", "ex", "failure", "finished", "first_token_by", "idle_ns", "loop", "response", "timer")
+
+    def __init__(self, ex: Exchange, conn: Connection, response: Response, idle_s: float, first_token_by: int | None):
+        self.ex, self.conn, self.response = ex, conn, response
+        self.loop = asyncio.get_running_loop()
+        self.finished: asyncio.Future[None] = self.loop.create_future()
+        self.failure: TransportError | None = None
+        self.idle_ns = int(idle_s * 1e9)
+        self.first_token_by = first_token_by
+        self.timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """The request is written: the timer (no data for idle_s, no first token in time) runs."""
+        self._check()
+
+    def feed(self, t: int, data: bytes) -> None:
+        response = self.response
+        try:
+            response.feed(t, data)
+        except http1.ProtocolError as e:
+            self._end(BrokenFraming(f"protocol: broken HTTP framing: {e}"))
+            return
+        except SSELimitError as e:
+            self._end(BrokenFraming(f"protocol: {e}"))
+            return
+        except TooManyTokens as e:
+            self._end(TooLong(f"too long: {e}"))
+            return
+        # After [DONE], the body's end is read on from the reads already in, so that the
+        # connection can be reused; if it is not there yet, the connection is closed.
+        if not self.finished.done() and response.ended() and (response.parser.done or not self.conn.held):
+            self._end(None)
+
+    def eof(self) -> None:
+        """The server ended the connection (its held reads were fed first)."""
+        if self.finished.done():
+            return
+        try:
+            self.response.parser.eof()
+        except http1.ProtocolError as e:
+            self._lost(str(e))
+            return
+        self.feed(self.conn.last_read_ns, b"")  # a body that ran to the connection's end is complete
+
+    def lost(self, exc: BaseException | None) -> None:
+        if not self.finished.done():
+            self._lost(f"connection lost: {exc}" if exc else "the server closed the connection")
+
+    def _lost(self, why: str) -> None:
+        if self.ex.http_status is None:  # no answer at all
+            self._end(Disconnected(f"no answer: {why}"))
+        else:
+            self._end(CutShort(f"response cut short: {why}"))
+
+    def _check(self) -> None:
+        """Fail the exchange once its server has been quiet for idle_s, or its first token is
+        late; else look again when either could next be true. One timer, moved only when it
+        fires: nothing is done for it per read."""
+        now = time.perf_counter_ns()
+        left = self.idle_ns - (now - max(self.conn.last_read_ns, self.ex.start_ns))
+        if left <= 0:
+            self._end(IdleTimeout(f"timeout: no data for {self.idle_ns / 1e9:g} s (idle_s)"))
+            return
+        if self.first_token_by is not None and self.ex.state.first_token_ns is None:
+            if now >= self.first_token_by:
+                self._end(None, TimeoutError())
+                return
+            left = min(left, self.first_token_by - now)
+        self.timer = self.loop.call_later(left / 1e9, self._check)
+
+    def _end(self, failure: TransportError | None, timeout: TimeoutError | None = None) -> None:
+        if not self.finished.done():
+            self.failure = failure
+            self.response.over = True
+            if timeout is not None:
+                self.finished.set_exception(timeout)
+            else:
+                self.finished.set_result(None)
+        self.stop()
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+class Kvbench:
+    """kvbench's own transport: see connection.py."""
+
+    name = "kvbench"
+    stamping = SOCKET_READ
+
+    def __init__(
+        self, limit: int, connect_s: float, idle_s: float, max_line_bytes: int, send_clock: bool
+    ) -> None:
+        self.pool = Pool(limit, connect_s)
+        self.idle_s, self.max_line_bytes = idle_s, max_line_bytes
+        self.send_clock = send_clock
+        self.headers: dict[str, str] = {}
+        self._targets: dict[str, Target] = {}
+
+    @property
+    def connections(self) -> str:
+        return self.pool.habit.connections
+
+    def _target(self, url: str) -> Target:
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = Target.of(url, self.headers)
+        return target
+
+    async def exchange(self, url: str, body: bytes, request_id: str, ex: Exchange, first_token_by: int | None) -> None:
+        target = self._target(url)
+        conn = await self.pool.acquire(target.origin)
+        ex.reused = conn.served > 0
+        response = Response(ex, self.max_line_bytes)
+        reader = Reader(ex, conn, response, self.idle_s, first_token_by)
+        reusable = False
+        try:
+            if first_token_by is not None and time.perf_counter_ns() >= first_token_by:
+                raise TimeoutError  # waited for a connection past the first token's time: not sent
+            conn.reader = reader
+            closing = self.pool.habit.closes_after_response
+            data = target.encode(body, request_id, closing, ex.start_ns if self.send_clock else None)
+            ex.start_ns, ex.written = time.perf_counter_ns(), True
+            TURNS.written()
+            conn.write(data)
+            reader.start()
+            await reader.finished
+            if reader.failure is not None:
+                raise reader.failure
+            reusable = response.reusable()
+        finally:
+            reader.stop()
+            response.parser.close()
+            self.pool.release(conn, reusable)
+        if response.error_body is not None:
+            ex.error, ex.error_kind = f"HTTP {ex.http_status}: {response.error_text()}", "http"
+
+    async def open_idle(self, url: str, n: int) -> int:
+        return await self.pool.open_idle(Origin.of(url), n) if n > 0 else 0
+
+    async def close(self) -> None:
+        self.pool.close()
