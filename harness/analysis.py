@@ -105,8 +105,8 @@ def restores(records: Records) -> dict[str, Any] | None:
                 "bytes": int(np.median([r.restore_bytes or 0 for r in g])),
                 "restore_s_p50": float(np.median(secs)),
                 "gb_per_s_p50": float(np.median(rates)) / 1e9 if rates else None,
-                "warm_ttft_s_p50": stats.percentile(stats.values(g, "ttft_s"), 50),
-                "with_restore_s_p50": float(np.median([(r.ttft_s or 0.0) + (r.restore_s or 0.0) for r in g])),
+                "warm_ttft_s_p50": stats.percentile(stats.values(g, "request_ttft_s"), 50),
+                "with_restore_s_p50": stats.percentile(stats.values(g, "ttft_s"), 50),
             }
         )
     per_token = [(r.restore_bytes or 0) / r.restore_tokens for r in done if r.restore_tokens]

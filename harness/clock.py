@@ -16,11 +16,15 @@ from dataclasses import dataclass, replace
 
 from harness.errors import InputError
 
+# The fastest time scale accepted: far beyond what any emulated test keeps (the shipped ones keep
+# at most 50), and small enough that model times stay ordinary numbers.
+MAX_TIME_SCALE = 10_000.0
+
 
 def check_scale(x: float, where: str) -> float:
-    """A time scale as given by a user: a finite number > 0."""
-    if not math.isfinite(x) or x <= 0:
-        raise InputError(f"{where}: expected a number > 0, got {x}")
+    """A time scale as given by a user: a finite number > 0, at most MAX_TIME_SCALE."""
+    if not math.isfinite(x) or x <= 0 or x > MAX_TIME_SCALE:
+        raise InputError(f"{where}: expected a number > 0 and at most {MAX_TIME_SCALE:,g}, got {x}")
     return x
 
 

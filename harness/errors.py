@@ -99,3 +99,28 @@ def read_input(path: Path, what: str) -> str:
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: the {what} is not UTF-8 text: {e}") from None
 
+
+REDACTED = "[redacted]"
+SECRET_MIN_CHARS = 4  # shorter header values ("1", "on") are no secret, and would mangle any text
+
+
+class Redactor:
+    """Takes the secrets kvbench was given (the API key, `--header` values) out of text that came
+    from a server before it is written or shown: a server may echo a request's headers back in an
+    error body."""
+
+    def __init__(self, headers: dict[str, str] | None = None) -> None:
+        found = set()
+        for value in (headers or {}).values():
+            found.add(value.strip())
+            scheme, _, token = value.strip().partition(" ")
+            if scheme.lower() in ("bearer", "basic", "token") and token:
+                found.add(token.strip())
+        self.secrets = tuple(sorted((v for v in found if len(v) >= SECRET_MIN_CHARS), key=len, reverse=True))
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        return text
+

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness.clock import ModelClock
-from harness.stats import percentile
+from harness.stats import RESTORE_NOTE, percentile
 
 RECENT = 200  # requests the live TTFT median is taken over
 REFRESH_S = 0.1  # terminal display
@@ -124,6 +124,8 @@ def show_summary(console: Console, scenario: str, arm: str, kind: str, s: dict[s
                 f"{row['cold_n']}/{row['warm_n']}",
             )
         console.print(t)
+        if s.get("ttft_includes_restore"):
+            console.print(f"  {RESTORE_NOTE}", markup=False)
         return
     ttft = s["ttft_s"]
     console.print(
@@ -131,6 +133,8 @@ def show_summary(console: Console, scenario: str, arm: str, kind: str, s: dict[s
         f"{_fmt(s['req_per_s'], 3)} req/s, TTFT p50 {_fmt(ttft['p50'])} s, p99 {_fmt(ttft['p99'])} s, "
         f"duration {_fmt(s['duration_s'], 2)} s{unit}"
     )
+    if s.get("ttft_includes_restore"):
+        console.print(f"  {RESTORE_NOTE}", markup=False)
     if kind in ("trace", "sessions") and s.get("cached_share") is not None:
         possible = s.get("possible_cached_share")
         line = f"  prompt tokens served from cache: {s['cached_share']:.1%}"

@@ -321,8 +321,9 @@ class ArmLifecycle:
             writer.meta.update(sender.info)
             # run.json says so if it can still be written (a full disk may refuse that too)
             status = "interrupted" if isinstance(e, asyncio.CancelledError | KeyboardInterrupt) else "failed"
+            error = self.session.client.redact(f"{type(e).__name__}: {e}")
             with contextlib.suppress(FilesError):
-                writer.finish(status, ended=_now(), error=f"{type(e).__name__}: {e}", warnings=sender.warnings)
+                writer.finish(status, ended=_now(), error=error, warnings=sender.warnings)
             raise
 
     def _sender(self, writer: RunWriter) -> Sender:

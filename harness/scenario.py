@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal, NoReturn
 
 from harness import reference
+from harness.clock import MAX_TIME_SCALE
 from harness.errors import InputError, read_input
 from harness.wire.sse import MAX_LINE_BYTES
 
@@ -371,7 +372,9 @@ class _Table:
             self.fail(k, f"expected {what} >= {minimum}", v)
         return int(v)
 
-    def number(self, k: str, default: float, minimum: float | None = None, positive: bool = False) -> float:
+    def number(
+        self, k: str, default: float, minimum: float | None = None, positive: bool = False, maximum: float | None = None
+    ) -> float:
         v = self.get(k)
         if v is None:
             return default
@@ -383,6 +386,8 @@ class _Table:
             self.fail(k, "expected a number > 0", v)
         if minimum is not None and v < minimum:
             self.fail(k, f"expected a number >= {minimum}", v)
+        if maximum is not None and v > maximum:
+            self.fail(k, f"expected a number <= {maximum:,g}", v)
         return float(v)
 
     def flag(self, k: str, default: bool) -> bool:
@@ -774,8 +779,8 @@ def _hook(t: _Table) -> Hook:
 def _emulator(t: _Table) -> EmulatorCfg:
     cfg = EmulatorCfg(
         profile=t.text("profile", EmulatorCfg.profile, EMULATOR_PROFILES),
-        time_scale=t.number("time_scale", EmulatorCfg.time_scale, positive=True),
-        max_time_scale=t.number("max_time_scale", 0.0, positive=True) or None,
+        time_scale=t.number("time_scale", EmulatorCfg.time_scale, positive=True, maximum=MAX_TIME_SCALE),
+        max_time_scale=t.number("max_time_scale", 0.0, positive=True, maximum=MAX_TIME_SCALE) or None,
         capacity_blocks=_capacities(t.sub("capacity_blocks")),
     )
     t.done()
@@ -899,17 +904,23 @@ def _traffic(t: _Table) -> TrafficCfg:
 
 # Competing traffic never writes under these (nor at "/"): they are the system, not storage.
 SYSTEM_PATHS = tuple(map(PurePosixPath, ("/dev", "/proc", "/sys", "/boot", "/etc", "/bin", "/sbin", "/usr", "/lib")))
-# Characters a traffic directory may not hold: control characters would start new lines (and so
-# new options) in fio's job file, ":" separates several directories and "$" expands variables.
-_JOB_FILE_UNSAFE = re.compile(r"[\x00-\x1f\x7f:$]")
+# The characters a traffic directory may hold, and no others: it goes into fio's job file, where a
+# line break starts a new option, ";" and "#" start a comment (fio would cut the path there and
+# write into the folder before it), ":" separates several directories and "$" expands variables.
+_JOB_FILE_SAFE = re.compile(r"[A-Za-z0-9/._+@%=-]+")
 
 
 def check_traffic_directory(directory: str, where: str, remote: bool = False) -> PurePosixPath:
     """The rules every use of traffic.directory applies (validate, run, fio's client hosts):
     text that is safe in a job file, absolute where it is used on other hosts, not a system path.
     Returns the path, normalised (a local run resolves links too, in traffic/base.py)."""
-    if _JOB_FILE_UNSAFE.search(directory):
-        raise InputError(f"{where}: refusing {directory!r}: control characters, ':' and '$' are not allowed")
+    if not _JOB_FILE_SAFE.fullmatch(directory):
+        raise InputError(
+            f"{where}: refusing {directory!r}: expected letters, digits and / . _ + @ % = - only "
+            "(it goes into fio's job file, where ; and # start a comment)"
+        )
+    if directory.startswith("//"):  # POSIX leaves a leading "//" to the system: not normalised away
+        raise InputError(f"{where}: refusing {directory!r}: a path starting with //")
     path = PurePosixPath(directory)
     if remote and not path.is_absolute():
         raise InputError(f"{where}: {directory!r}: expected an absolute path (it is used on the fio client hosts)")

@@ -144,3 +144,25 @@ def test_mann_whitney_detects_a_shift_and_not_noise() -> None:
 def test_summary_of_nothing() -> None:
     s = stats.summary([], "closed_loop")
     assert (s["requests"], s["completed"], s["req_per_s"], s["ttft_s"]["p50"]) == (0, 0, None, None)
+
+
+def test_a_restore_before_the_request_is_part_of_its_ttft() -> None:
+    """Issue 37: 9.376 s cold against 0.017 s warm plus a 0.031 s restore is a speedup of
+    9.376 / 0.048 (195x), not 9.376 / 0.017 (552x); the request alone stays available, the
+    restore table's "with restore" column is the same figure, and a closed loop's span and
+    latency start at the restore."""
+    cold = [rec(phase="cold", ttft_s=9.376, e2e_s=9.4)] * 3
+    warm = [rec(phase="warm", ttft_s=0.017, e2e_s=0.02, restore_s=0.031, restore_bytes=16_600_000)] * 3
+    (row,) = stats.sweep_rows(cold + warm)
+    assert row["warm_ttft_p50_s"] == pytest.approx(0.048) and row["speedup"] == pytest.approx(9.376 / 0.048)
+    assert row["warm_request_ttft_p50_s"] == pytest.approx(0.017)
+    rows = analysis.restores(cold + warm)["rows"]  # type: ignore[index]
+    assert rows[0]["with_restore_s_p50"] == row["warm_ttft_p50_s"] and rows[0]["warm_ttft_s_p50"] == 0.017
+    s = stats.summary(warm, "sweep")
+    assert s["ttft_includes_restore"] is True and s["request_ttft_s"]["p50"] == pytest.approx(0.017)
+    assert s["ttft_s"]["p50"] == pytest.approx(0.048)
+    assert "ttft_includes_restore" not in stats.summary(cold, "sweep")
+    loop = [rec(phase="run", start_s=1.0 + i, ttft_s=0.1, e2e_s=0.2, restore_s=0.5) for i in range(3)]
+    t = stats.throughput(loop)
+    assert t.duration_s == pytest.approx(3.2 - 0.5)  # from the first restore's start to the last end
+    assert stats.values(loop, "e2e_s").tolist() == pytest.approx([0.7] * 3)

@@ -846,3 +846,97 @@ def test_odd_cli_values_are_clear_errors(args: tuple[str, ...], says: str, tmp_p
     r = kvbench(*({"SCENARIO": str(sc), "RUN": str(run)}.get(a, a) for a in args), timeout=60)
     no_traceback(r)
     assert r.returncode == 2 and says in r.stderr, r.stderr
+
+
+# --- issue 30, case 13: a server that echoes the key back --------------------------------------
+
+KEY = "sk-test-0123456789abcdef"
+HEADER_VALUE = "tenant-secret-42"
+
+
+class EchoServer(ThreadedServer):
+    """Serves /v1/models and /tokenize; answers every completion with HTTP 401 whose body quotes
+    the request's headers, the key among them (as some gateways do)."""
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            raw = b""
+            while True:
+                while b"\r\n\r\n" not in raw:
+                    got = conn.recv(65536)
+                    if not got:
+                        return
+                    raw += got
+                head, _, raw = raw.partition(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                n = int(length.group(1)) if length else 0
+                while len(raw) < n:
+                    raw += conn.recv(65536)
+                body, raw = raw[:n], raw[n:]
+                path = head.split(b" ", 2)[1]
+                if path == b"/v1/models":
+                    out = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
+                    status = b"200 OK"
+                elif path == b"/tokenize":
+                    out = b'{"count": %d}' % (body.count(b" ") + 1)
+                    status = b"200 OK"
+                else:
+                    out = json.dumps({"error": {"message": "bad request: " + head.decode()}}).encode()
+                    status = b"401 Unauthorized"
+                conn.sendall(b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s" % (status, len(out), out))
+
+
+def test_a_key_a_server_echoes_back_is_never_written_or_shown(tmp_path: Path) -> None:
+    server = EchoServer()
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        'name = "echo"\n[metrics]\nenabled = false\n[workload]\nkind = "sweep"\nlengths = [50]\n',
+    )
+    try:
+        base = server.url.removesuffix("/chat/completions")
+        r = kvbench(
+            "run",
+            str(sc),
+            "--endpoint",
+            base,
+            "--out",
+            str(tmp_path / "o"),
+            "--header",
+            f"X-Tenant: {HEADER_VALUE}",
+            env={"OPENAI_API_KEY": KEY},
+        )
+    finally:
+        server.close()
+    no_traceback(r)
+    (folder,) = (tmp_path / "o" / "echo").iterdir()
+    written = "".join(p.read_text() for p in folder.iterdir()) + r.stdout + r.stderr
+    assert "HTTP 401" in (folder / "requests.jsonl").read_text()  # the error is kept ...
+    assert "[redacted]" in written and KEY not in written and HEADER_VALUE not in written  # ... not the secrets
+
+
+# --- issue 30, case 14: infinities and absurd scales --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rules", "says"),
+    [
+        ('[gate.thresholds]\n"ttft_s" = ["p50 < 1e999"]\n', "expected a finite number"),
+        ('[gate.thresholds]\n"ttft_s{length=\u00b2}" = ["p50 < 1"]\n', "length must be an integer"),
+        ('[gate.thresholds]\n"ttft_s" = ["p50 < \u00b2"]\n', "expected"),
+    ],
+    ids=["infinity", "unicode-length", "unicode-number"],
+)
+def test_gate_rules_with_infinities_or_unicode_digits_are_refused(rules: str, says: str, tmp_path: Path) -> None:
+    (tmp_path / "rules.toml").write_text(rules, encoding="utf-8")
+    r = kvbench("gate", str(next((GOLDEN / "smoke").iterdir())), "--rules", str(tmp_path / "rules.toml"))
+    no_traceback(r)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+
+
+def test_an_absurd_time_scale_is_refused(tmp_path: Path) -> None:
+    body = 'name = "fast"\n[workload]\nkind = "sweep"\nlengths = [10]\n[emulator]\ntime_scale = 1e308\n'
+    sc = write_scenario(tmp_path / "s.toml", body)
+    r = kvbench("validate", str(sc))
+    assert r.returncode == 2 and "emulator.time_scale: expected a number <= 10,000" in r.stderr, r.stderr
+    r = kvbench("emulator", "--time-scale", "1e308")
+    assert r.returncode == 2 and "--time-scale: expected a number > 0 and at most 10,000" in r.stderr, r.stderr

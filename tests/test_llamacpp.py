@@ -292,6 +292,39 @@ def test_warm_requests_come_back_from_host_memory_and_from_disk(
     assert llama.slot_dir is not None and not list(llama.slot_dir.iterdir())  # its slot files are gone
 
 
+def test_a_disk_arm_headlines_ttft_with_its_restore(tier_runs: tuple[Path, str], tmp_path: Path) -> None:
+    """Issue 37: the disk arm's warm TTFT and speedup include the restore kvbench performed before
+    each warm request, in run.json, the terminal, the report, the gate, and as the restore
+    table's "with restore" column; the request alone stays under its own name."""
+    import numpy as np
+
+    from harness.analysis import restores
+    from harness.gate.figures import run_level
+    from harness.stats import RESTORE_NOTE
+
+    out, stderr = tier_runs
+    folder = arm_folders(out, "llama-tiers")["disk"]
+    records = read_requests(folder)
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["summary"]["ttft_includes_restore"] is True
+    (run,) = load_runs([folder])
+    gate = run_level(run)
+    table = {row["length"]: row for row in restores(records)["rows"]}  # type: ignore[index]
+    for row in meta["summary"]["by_length"]:
+        at = [x for x in records if x.target_tokens == row["length"] and x.ok]
+        cold = float(np.median([x.ttft_s for x in at if x.phase == "cold"]))
+        warm = [x for x in at if x.phase == "warm"]
+        whole = float(np.median([(x.ttft_s or 0) + (x.restore_s or 0) for x in warm]))
+        assert row["warm_ttft_p50_s"] == pytest.approx(whole) and row["speedup"] == pytest.approx(cold / whole)
+        assert row["warm_request_ttft_p50_s"] == pytest.approx(float(np.median([x.ttft_s for x in warm])))
+        assert table[row["length"]]["with_restore_s_p50"] == pytest.approx(whole)
+        assert gate[("speedup", row["length"])] == pytest.approx(cold / whole)
+        assert f"{row['speedup']:.1f}x" in stderr  # the terminal's table
+    assert RESTORE_NOTE in " ".join(stderr.split())
+    html = render(load_runs([folder]), tmp_path / "r.html").read_text()
+    assert "Warm TTFT here includes the restore" in html and "(restore included)" in html
+
+
 def test_real_tier_runs_in_a_real_browser(tier_runs: tuple[Path, str], tmp_path: Path, browser: str) -> None:
     out, _ = tier_runs
     page = render(load_runs([out / "llama-tiers"]), tmp_path / "r.html")

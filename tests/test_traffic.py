@@ -289,10 +289,15 @@ time_scale = 10.0
 @pytest.mark.parametrize(
     ("directory", "extra", "message"),
     [
-        ("/mnt/x\nexec_prerun=touch /tmp/owned", "", "control characters, ':' and '$' are not allowed"),
-        ("/mnt/x\ndirectory=/usr", "", "control characters"),
-        ("/mnt/a:/etc", "", "':' and '$'"),
-        ("/mnt/${HOME}", "", "'$'"),
+        ("/mnt/x\nexec_prerun=touch /tmp/owned", "", "expected letters, digits and / . _ + @ % = - only"),
+        ("/mnt/x\ndirectory=/usr", "", "expected letters, digits"),
+        ("/mnt/a:/etc", "", "expected letters, digits"),
+        ("/mnt/${HOME}", "", "expected letters, digits"),
+        # fio reads ";" and "#" as the start of a comment: it would write into the folder before them
+        ("/etc;x", "", "; and # start a comment"),
+        ("victim/;x", "", "; and # start a comment"),
+        ("/etc#x", "", "; and # start a comment"),
+        ("//etc", "", "a path starting with //"),
         ("/", "", "a system path"),
         ("/etc", 'clients = ["h1"]', "a system path"),
         ("/mnt/../usr/lib", "", "a system path"),

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from harness import aio, endpoint, scenario
 from harness.clock import ModelClock, check_scale
-from harness.errors import InputError
+from harness.errors import InputError, KvbenchError, Redactor
 
 if TYPE_CHECKING:
     from harness.engines.llamacpp import Started
@@ -105,14 +105,20 @@ def distributed(opts: RunOptions, sc: scenario.Scenario) -> scenario.Distributed
     return replace(cfg, address=opts.ray or cfg.address, workers=opts.workers or cfg.workers)
 
 
+def _secret_headers(opts: RunOptions) -> dict[str, str]:
+    """The headers every request carries: the user's, and the API key's."""
+    headers = parse_headers(opts.headers)
+    if key := _api_key(opts.api_key_env):
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
 def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
     """Returns the exit code and the result folders written."""
     from harness.runner import Target, run_arms
 
     sc = _with_timeouts(scenario.load(opts.scenario), opts.timeouts)
-    headers = parse_headers(opts.headers)
-    if key := _api_key(opts.api_key_env):
-        headers["Authorization"] = f"Bearer {key}"
+    headers = _secret_headers(opts)
     arms = tuple(sc.arm(name) for name in opts.arms) if opts.arms else sc.arms
     url = opts.endpoint or os.environ.get("OPENAI_BASE_URL") or sc.endpoint.url
     engine = sc.engine if url is None else None  # --endpoint: an engine someone else started
@@ -213,7 +219,13 @@ def _engine(cfg: scenario.EngineCfg | None, where: str, console: Console) -> Ite
 
 
 def main(opts: RunOptions, console: Console) -> int:
-    code, folders = run(opts, console)
+    try:
+        code, folders = run(opts, console)
+    except KvbenchError as e:  # its text may quote a server that echoed the key back
+        redact = Redactor(_secret_headers(opts))
+        if (text := redact(str(e))) != str(e):
+            raise type(e)(text) from None
+        raise
     if opts.report and folders:
         from harness.report.build import render
         from harness.results import load_runs

@@ -4,7 +4,8 @@ Grammar of a rule (documented in docs/ci.md):
 
     rule       ::= key "=" ( threshold-list | regression-table )
     key        ::= metric [ "{" selector { "," selector } "}" ]
-    metric     ::= "ttft_s" | "first_byte_s" | "first_content_s" | "e2e_s" | "itl_s" | "tpot_s"  (per request)
+    metric     ::= "ttft_s" | "request_ttft_s" | "first_byte_s" | "first_content_s" | "e2e_s" | "itl_s"
+                 | "tpot_s"                                                            (per request)
                  | "req_per_s" | "steady_req_per_s" | "output_tokens_per_s" | "speedup" | "error_rate"
                  | "goodput_req_per_s" | "slo_share_met"                    (per run; open loop: per rate)
                  | "capacity_at_slo"                                        (per open-loop arm)
@@ -54,8 +55,10 @@ OPS: dict[str, Callable[[float, float], bool]] = {
 }
 
 _KEY_RE = re.compile(r"^\s*([a-z][a-z0-9_]*)\s*(?:\{([^{}]*)\})?\s*$")
-_THRESHOLD_RE = re.compile(r"^\s*([a-z0-9]+)\s*(<=|>=|==|!=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
-_LIMIT_RE = re.compile(r"^\s*([+-])\s*(\d+\.?\d*|\.\d+)\s*%\s*$")
+_THRESHOLD_RE = re.compile(
+    r"^\s*([a-z0-9]+)\s*(<=|>=|==|!=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$", re.ASCII
+)
+_LIMIT_RE = re.compile(r"^\s*([+-])\s*(\d+\.?\d*|\.\d+)\s*%\s*$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ def parse_key(key: str, where: str) -> tuple[str, Selector]:
         if name in found:
             raise InputError(f"{where}: rule {key!r}: selector {name!r} given twice")
         if name == "length":
-            if not value.isdigit():
+            if not (value.isascii() and value.isdigit()):
                 raise InputError(f"{where}: rule {key!r}: length must be an integer number of tokens, got {value!r}")
             found[name] = int(value)
         elif name == "rate":
@@ -170,7 +173,9 @@ def parse_rules(table: dict[str, Any], where: str) -> Rules:
             if not m:
                 raise InputError(f"{where}: rule {key!r}: {e!r}: expected 'aggregate op number', e.g. 'p99 < 1.0'")
             _check_aggregate(metric, m.group(1), key, where)
-            thresholds.append(Threshold(key, metric, sel, m.group(1), m.group(2), float(m.group(3)), e.strip()))
+            if not math.isfinite(limit := float(m.group(3))):
+                raise InputError(f"{where}: rule {key!r}: {e.strip()!r}: expected a finite number")
+            thresholds.append(Threshold(key, metric, sel, m.group(1), m.group(2), limit, e.strip()))
     regressions: list[Regression] = []
     raw_r = table.get("regression") or {}
     if not isinstance(raw_r, dict):

@@ -226,7 +226,8 @@ def cards(
         last = sweeps[0]["rows"][-1]
         out.append(
             {
-                "title": f"TTFT speedup at {last['length']:,} tokens",
+                "title": f"TTFT speedup at {last['length']:,} tokens"
+                + (" (restore included)" if sweeps[0].get("restores") else ""),
                 "value": f"{last['speedup']:.1f}x",
                 "published": None,
             }

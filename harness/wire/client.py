@@ -18,6 +18,7 @@ from typing import Literal
 
 import aiohttp
 
+from harness.errors import Redactor
 from harness.scenario import EndpointCfg, Timeouts
 from harness.wire.connection import KEPT_ALIVE, ONE_PER_REQUEST, TransportError
 from harness.wire.sse import MAX_LINE_BYTES
@@ -118,6 +119,7 @@ class StreamingClient:
             self.backend: Backend = Aiohttp(*args)
         else:
             self.backend = Kvbench(*args)
+        self.redact = Redactor(headers)  # the key and header values, out of what servers send back
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
         self.backend.headers = self.headers
         self._control: aiohttp.ClientSession | None = None
@@ -199,6 +201,8 @@ class StreamingClient:
             ex.error_kind = "timeout"
         finally:
             ex.end_ns = time.perf_counter_ns()
+            if ex.error:
+                ex.error = self.redact(ex.error)
         return ex
 
 

@@ -192,6 +192,7 @@ class Sender:
     info: dict[str, Any] = field(default_factory=dict)  # what the workload learnt, for run.json
 
     def warn(self, text: str) -> None:
+        text = self.client.redact(text)
         self.warnings.append(text)
         self.progress.console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
 
