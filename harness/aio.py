@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -108,3 +108,21 @@ async def until_done_or_stopped(job: Coroutine[Any, Any, T], stop: asyncio.Event
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     return task
+
+
+async def unless_stopped(job: Awaitable[T], stop: asyncio.Event) -> T:
+    """`job`'s result, unless `stop` is set first: then it is cancelled at once (nothing of it is
+    in flight at a server: preparation, such as sizing prompts) and CancelledError raised."""
+    task = asyncio.ensure_future(job)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise asyncio.CancelledError
+    return task.result()
+

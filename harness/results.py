@@ -261,9 +261,14 @@ class RunWriter:
             tmp.unlink(missing_ok=True)
             raise files_error(e, str(path)) from None
 
-    def finish(self, status: str, **extra: Any) -> None:
+    def finish(self, status: str, keep_open: bool = False, **extra: Any) -> None:
+        """Write run.json with its final status (`keep_open`: a status said early, on a signal;
+        the arm's records still come, and finish is called again)."""
         self.meta.update(extra)
         self.meta["status"] = status
+        if keep_open:
+            self._write_meta()
+            return
         try:
             self._write_meta()
         finally:

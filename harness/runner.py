@@ -90,6 +90,7 @@ class RunState:
     stamp: str = ""
     plans: dict[str, Plan] = field(default_factory=dict)  # by load: settled once, shared by the arms
     cluster: raypool.Cluster | None = None  # --ray: the workers, started once for every arm
+    writer: RunWriter | None = None  # the arm's whose run.json says `running` now
 
     def prior(self) -> Plan | None:
         """A plan already made (at another load), whose prompts a new one reuses."""
@@ -132,7 +133,7 @@ async def open_session(t: Target, client: StreamingClient) -> Session:
 async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
     """Every arm in turn; returns the exit code and the result folders written."""
     state = RunState(stamp=utc_stamp(datetime.now(UTC)))
-    _on_sigint(state.stop, console)
+    _on_sigint(state, console)
     progress = RunProgress(console)
     outcomes: list[Outcome] = []
     ep = t.scenario.endpoint
@@ -167,17 +168,21 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
     return ExitCode.OK, folders
 
 
-def _on_sigint(stop: asyncio.Event, console: Console) -> None:
+def _on_sigint(state: RunState, console: Console) -> None:
     """First Ctrl-C (or SIGTERM, as `timeout`, CI cancellation and `docker stop` send): no new
     requests, in-flight ones get aio.GRACE_S. Second: stop at once. Either way the results are
-    kept and marked interrupted."""
+    kept and marked interrupted: run.json says so at once, before the grace period (`docker stop`
+    sends SIGKILL 10 s after SIGTERM), and again with the figures once the arm has drained."""
     main_task = asyncio.current_task()
     presses = 0
 
     def handler() -> None:
         nonlocal presses
         presses += 1
-        stop.set()
+        state.stop.set()
+        if state.writer is not None:
+            with contextlib.suppress(FilesError):
+                state.writer.finish("interrupted", ended=_now(), keep_open=True)
         if presses == 1:
             console.print(
                 "[yellow]Interrupted:[/] no new requests; in-flight ones get a few seconds "
@@ -310,6 +315,7 @@ class ArmLifecycle:
         writer = RunWriter(folder, self._meta(hook))
         sender = self._sender(writer)
         interrupted = False
+        self.state.writer = writer
         try:
             try:
                 await self._measure(sender, writer)
@@ -325,6 +331,8 @@ class ArmLifecycle:
             with contextlib.suppress(FilesError):
                 writer.finish(status, ended=_now(), error=error, warnings=sender.warnings)
             raise
+        finally:
+            self.state.writer = None
 
     def _sender(self, writer: RunWriter) -> Sender:
         t, arm, session = self.t, self.arm, self.session
@@ -350,8 +358,9 @@ class ArmLifecycle:
         sender.block, source = await self._block_size()
         writer.meta["warm_rule"] = checks.warm_rule(sender.block, source)
         key = self.load.label if self.load is not None else ""
-        if key not in self.state.plans:
-            self.state.plans[key] = await self.kind.plan(sender, self.state.prior())
+        if key not in self.state.plans:  # (sizing prompts can take a while: a stop ends it at once)
+            planning = self.kind.plan(sender, self.state.prior())
+            self.state.plans[key] = await aio.unless_stopped(planning, self.state.stop)
         plan = self.state.plans[key]
         writer.meta.update(plan.info)
         if self.traffic_on and sc.traffic is not None:

@@ -35,6 +35,10 @@ class Timeouts:
     first_token_s: float = 900.0
     idle_s: float = 300.0
     total_s: float = 3600.0
+    # A request that has heard nothing for liveness_s makes the client ask the server's
+    # /models; no answer within liveness_probe_s, and the server is dead (0: never ask).
+    liveness_s: float = 30.0
+    liveness_probe_s: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -474,6 +478,8 @@ def _endpoint(t: _Table) -> EndpointCfg:
         first_token_s=tt.number("first_token_s", Timeouts.first_token_s, positive=True),
         idle_s=tt.number("idle_s", Timeouts.idle_s, positive=True),
         total_s=tt.number("total_s", Timeouts.total_s, positive=True),
+        liveness_s=tt.number("liveness_s", Timeouts.liveness_s, minimum=0.0),
+        liveness_probe_s=tt.number("liveness_probe_s", Timeouts.liveness_probe_s, positive=True),
     )
     tt.done()
     cfg = EndpointCfg(

@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,3 +73,13 @@ def interrupt(
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=90)
     return proc.returncode, err
+
+
+def other_warnings(meta: dict[str, Any]) -> list[str]:
+    """A run's warnings but the emulator's report of its own lateness, which a busy machine can
+    cause (and which must then agree with run.json's emulator.lateness: checked here)."""
+    from harness.selfcheck import emulator_warning
+
+    late = emulator_warning((meta.get("emulator") or {}).get("lateness"))
+    return [w for w in meta["warnings"] if w != late]
+

@@ -388,9 +388,8 @@ def test_sigterm_keeps_the_results_and_stops_the_emulator(tmp_path: Path) -> Non
     assert "Traceback" not in err
     (folder,) = tmp_path.glob("*/*/run.json")
     assert json.loads(folder.read_text())["status"] == "interrupted"
-    deadline = time.monotonic() + 3  # the emulator leaves when its stdin closes
-    while emulator_pids() - before and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # kvbench waits for its emulator, which leaves when its stdin closes, its streams in flight
+    # given a second (emulator.serve.SHUTDOWN_S): gone by the time kvbench is
     assert emulator_pids() - before == set()
 
 
@@ -940,3 +939,144 @@ def test_an_absurd_time_scale_is_refused(tmp_path: Path) -> None:
     assert r.returncode == 2 and "emulator.time_scale: expected a number <= 10,000" in r.stderr, r.stderr
     r = kvbench("emulator", "--time-scale", "1e308")
     assert r.returncode == 2 and "--time-scale: expected a number > 0 and at most 10,000" in r.stderr, r.stderr
+
+
+# --- issue 30, case 12: SIGTERM while prompts are sized, and SIGKILL after it -------------------
+
+
+def sizing_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+    """A run whose arm spends its first seconds sizing long prompts against the emulator's
+    /tokenize (no prompt cache); returns once its run.json says `running`."""
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        'name = "sizing"\n[workload]\nkind = "sweep"\nlengths = [120000, 125000, 130000]\nrepetitions = 4\n',
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(sc), "--out", str(tmp_path / "o")],
+        cwd=ROOT,
+        env=user_env(KVBENCH_PROMPT_CACHE="off"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((tmp_path / "o").glob("*/*/run.json")):
+        time.sleep(0.05)
+    (meta,) = (tmp_path / "o").glob("*/*/run.json")
+    return proc, meta
+
+
+def test_sigterm_while_prompts_are_sized_stops_at_once(tmp_path: Path) -> None:
+    proc, meta = sizing_run(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert json.loads(meta.read_text())["status"] == "interrupted"
+    assert read_requests(meta.parent) == []  # the sizing stopped: nothing was sent
+
+
+def test_sigkill_after_sigterm_leaves_run_json_interrupted(tmp_path: Path) -> None:
+    """What `docker stop` does: SIGTERM, then SIGKILL before the grace period is over. run.json
+    says `interrupted` from the moment the signal is handled."""
+    proc, meta = sizing_run(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and json.loads(meta.read_text())["status"] == "running":
+        time.sleep(0.01)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert json.loads(meta.read_text())["status"] == "interrupted"
+
+
+# --- issue 30, case 11: a server that is not alive is given up in about a minute ----------------
+
+
+class FreezingServer(ThreadedServer):
+    """Answers /v1/models and /tokenize; a completion gets its headers after `prefill_s` and then
+    a whole answer, unless `frozen`: then nothing more is answered at all, models included (as a
+    SIGSTOPped process, whose kernel still accepts connections)."""
+
+    def __init__(self, prefill_s: float) -> None:
+        self.prefill_s, self.frozen, self.completions = prefill_s, False, 0
+        super().__init__()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            raw = b""
+            while True:
+                while b"\r\n\r\n" not in raw:
+                    got = conn.recv(65536)
+                    if not got:
+                        return
+                    raw += got
+                head, _, raw = raw.partition(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                n = int(length.group(1)) if length else 0
+                while len(raw) < n:
+                    raw += conn.recv(65536)
+                body, raw = raw[:n], raw[n:]
+                if self.frozen:
+                    conn.recv(1)  # never answers; until the client goes
+                    return
+                path = head.split(b" ", 2)[1]
+                if path.endswith(b"/models"):
+                    out = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(out), out))
+                elif path == b"/tokenize":
+                    out = b'{"count": %d}' % (body.count(b" ") + 1)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(out), out))
+                else:
+                    self.completions += 1
+                    time.sleep(self.prefill_s)  # silent: no byte until the first token
+                    conn.sendall(ANSWER)
+
+
+def test_a_frozen_server_is_given_up_by_its_liveness_probe(tmp_path: Path) -> None:
+    server = FreezingServer(prefill_s=0.0)
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        'name = "frozen"\n[metrics]\nenabled = false\n[endpoint.timeouts]\nliveness_s = 1.0\nliveness_probe_s = 1.0\n'
+        '[workload]\nkind = "closed_loop"\nrequests = 50\nconcurrency = 1\npool = 1\nprompt_tokens = 50\n',
+    )
+    base = server.url.removesuffix("/chat/completions")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(sc), "--endpoint", base, "--out", str(tmp_path / "o")],
+        cwd=ROOT,
+        env=user_env(KVBENCH_PROMPT_CACHE="off"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while server.completions < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.frozen = True  # the process stops: nothing answered from now on
+    try:
+        _, err = proc.communicate(timeout=120)  # with the default idle_s it would wait 300 s a request
+    finally:
+        server.close()
+    assert "Traceback" not in err
+    (folder,) = (tmp_path / "o" / "frozen").iterdir()
+    meta = json.loads((folder / "run.json").read_text())
+    failed = [r for r in read_requests(folder) if not r.ok]
+    assert proc.returncode == 4 and meta["status"] == "failed" and "liveness_probe_s" in meta["error"], err
+    assert len(failed) == 1 and failed[0].error_kind == "timeout" and "it is not alive" in (failed[0].error or "")
+
+
+def test_a_long_prefill_of_a_live_server_is_not_cut_by_the_liveness_probe(tmp_path: Path) -> None:
+    server = FreezingServer(prefill_s=2.5)  # silent for 2.5 s, answering its liveness probes
+    sc = write_scenario(
+        tmp_path / "s.toml",
+        'name = "slow"\n[metrics]\nenabled = false\n[endpoint.timeouts]\nliveness_s = 0.5\nliveness_probe_s = 1.0\n'
+        '[workload]\nkind = "sweep"\nlengths = [50]\n',
+    )
+    try:
+        base = server.url.removesuffix("/chat/completions")
+        r = kvbench(
+            "run", str(sc), "--endpoint", base, "--out", str(tmp_path / "o"), env={"KVBENCH_PROMPT_CACHE": "off"}
+        )
+    finally:
+        server.close()
+    assert r.returncode == 0, r.stderr
+    (folder,) = (tmp_path / "o" / "slow").iterdir()
+    assert [x.ok for x in read_requests(folder)] == [True, True]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.emulator.serve import EmbeddedEmulator
 from harness.results import read_requests
-from tests.conftest import arm_folders, interrupt, kvbench, write_scenario
+from tests.conftest import arm_folders, interrupt, kvbench, other_warnings, write_scenario
 
 
 def test_smoke_sweep_on_the_embedded_emulator(tmp_path: Path) -> None:
@@ -19,7 +19,7 @@ def test_smoke_sweep_on_the_embedded_emulator(tmp_path: Path) -> None:
     meta = json.loads((folder / "run.json").read_text())
     assert meta["status"] == "completed" and meta["emulated"] is True
     assert meta["time_scale"] == 10.0 and "model time" in meta["times"]
-    assert meta["prompt_counting"] == "server /tokenize (vllm format)" and meta["warnings"] == []
+    assert meta["prompt_counting"] == "server /tokenize (vllm format)" and other_warnings(meta) == []
     recs = read_requests(folder)
     assert len(recs) == 2 * 2 * 3 == meta["summary"]["requests"]
     for rec in recs:
@@ -73,9 +73,10 @@ def test_closed_loop_28_workers_bust_never_hits(tmp_path: Path) -> None:
 
 
 def test_client_first_token_matches_server_send_time(tmp_path: Path) -> None:
-    """At 28 connections on loopback the client's first-token stamp follows the server's own send
-    time closely. (How closely is measured by bench/ttft_accuracy.py; this checks the causality
-    and that nothing adds whole scheduling quanta.)"""
+    """At 28 connections on loopback the client's first-token stamp never comes before the
+    server's own send time, stamped as the emulator hands the bytes to its transport, on the same
+    monotonic clock: the records' times are rounded to 0.1 us, two of them add up to 0.2 us. (How
+    closely it follows is measured by bench/ttft_accuracy.py, not here: that is a duration.)"""
     log = tmp_path / "server.jsonl"
     sc = write_scenario(tmp_path / "closed.toml", CLOSED.replace("time_scale = 20.0", "time_scale = 1.0"))
     with EmbeddedEmulator("redbooks-g4", 20.0, timing_log=log) as emu:
@@ -95,8 +96,7 @@ def test_client_first_token_matches_server_send_time(tmp_path: Path) -> None:
         assert s["prompt_tokens"] == rec.prompt_tokens and s["cached_tokens"] == rec.cached_tokens
     diffs.sort()
     assert len(diffs) == 84
-    assert diffs[0] > -1.0  # never before the server sent it (clock rounding aside)
-    assert diffs[len(diffs) // 2] < 20.0
+    assert diffs[0] >= -0.0002  # never before the server sent it, the records' rounding aside
 
 
 def test_api_key_and_header_values_never_reach_results(tmp_path: Path) -> None:

@@ -25,6 +25,9 @@ from harness.errors import EndpointError
 READY_PREFIX = "kvbench emulator listening on "
 
 
+SHUTDOWN_S = 1.0
+
+
 async def serve(
     host: str,
     port: int,
@@ -38,7 +41,9 @@ async def serve(
 ) -> None:
     model = with_capacities(get_profile(profile), capacity_blocks or {})
     emu = Emulator(model, time_scale, api_key=api_key, timing_log=timing_log, slowdown=slowdown)
-    runner = web.AppRunner(emu.app(), access_log=None, handle_signals=False)
+    # On a stop, streams in flight get SHUTDOWN_S and no more (aiohttp's default waits 60 s for
+    # them): the client has gone, or is going, and waits for this process to end.
+    runner = web.AppRunner(emu.app(), access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()

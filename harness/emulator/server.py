@@ -335,10 +335,11 @@ class Emulator:
                 t = prefill.first_token_at + i * self.engine.wall(self.profile.itl_s)
                 if i:
                     await sleep_until(t)
+                if i == 0:  # stamped as its bytes go to the transport: resp.write hands them over before it yields
+                    first_token_ns = time.perf_counter_ns()
                 if resp is not None:
                     await resp.write(out.token_chunk(i))
                 if i == 0:
-                    first_token_ns = time.perf_counter_ns()
                     self.counters.observe_ttft((time.perf_counter() - arrived) * self.engine.scale)
                     late = max(0.0, first_token_ns / 1e9 - prefill.first_token_at) * self.engine.scale
                     self.late.append((late, (prefill.first_token_at - arrived) * self.engine.scale))

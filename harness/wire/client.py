@@ -21,6 +21,7 @@ import aiohttp
 from harness.errors import Redactor
 from harness.scenario import EndpointCfg, Timeouts
 from harness.wire.connection import KEPT_ALIVE, ONE_PER_REQUEST, TransportError
+from harness.wire.liveness import Liveness
 from harness.wire.sse import MAX_LINE_BYTES
 from harness.wire.stream import StreamState
 from harness.wire.transport import Backend, Kvbench
@@ -51,6 +52,8 @@ class Exchange:
     error_kind: str | None = None  # "connect", "http", "timeout", "stream", "empty", "protocol"
     reused: bool = False  # sent on a kept-alive connection
     written: bool = False  # the request has gone to the socket (start_ns is its time)
+    last_read_ns: int = 0  # the last byte the server sent for it (liveness.py)
+    dead: str | None = None  # the server failed a liveness probe while this waited (liveness.py)
     resent: bool = False  # a second request of the same id, the first refused (workloads.base.Sender)
     token_limit: int = 1 << 20  # token chunks the response may carry (token_limit below)
 
@@ -123,6 +126,15 @@ class StreamingClient:
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
         self.backend.headers = self.headers
         self._control: aiohttp.ClientSession | None = None
+        self.liveness = Liveness(timeouts.liveness_s, timeouts.liveness_probe_s, self._probe)
+
+    async def _probe(self, url: str, within_s: float) -> bool:
+        """One liveness question (liveness.py): any HTTP answer of `url` within `within_s`?"""
+        try:
+            async with self.session.get(url, headers=self.headers, timeout=aiohttp.ClientTimeout(total=within_s)):
+                return True
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -130,8 +142,11 @@ class StreamingClient:
         steps): aiohttp's public client, opened when first asked for."""
         if self._control is None:
             t = self.timeouts
+            # its answers come at once (no prefill to wait for, but a calibration's 2K tokens): a
+            # server silent for the liveness window is not alive (the longer steps set their own)
+            quiet = min(t.idle_s, t.liveness_s + t.liveness_probe_s) if t.liveness_s else t.idle_s
             self._control = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s, sock_read=t.idle_s)
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s, sock_read=quiet)
             )
         return self._control
 
@@ -151,6 +166,7 @@ class StreamingClient:
         }
 
     async def close(self) -> None:
+        await self.liveness.close()
         await self.backend.close()
         if self._control is not None:
             await self._control.close()
@@ -187,14 +203,17 @@ class StreamingClient:
             ex.state.answer = answer
         first_token_by = ex.start_ns + int(t.first_token_s * 1e9) if t.first_token_s < t.total_s else None
         try:
-            async with asyncio.timeout(t.total_s):
-                await self.backend.exchange(url, body, request_id, ex, first_token_by)
+            async with asyncio.timeout(t.total_s) as deadline:
+                with self.liveness.watching(url, ex, deadline):
+                    await self.backend.exchange(url, body, request_id, ex, first_token_by)
             if ex.error is None:
                 _verdict(ex)
         except TransportError as e:
             ex.error, ex.error_kind = str(e), e.kind
         except TimeoutError:
-            if ex.state.first_token_ns is None and t.first_token_s < t.total_s:
+            if ex.dead is not None:
+                ex.error = ex.dead
+            elif ex.state.first_token_ns is None and t.first_token_s < t.total_s:
                 ex.error = f"timeout: no first token within {t.first_token_s:g} s (first_token_s)"
             else:
                 ex.error = f"timeout: stream not finished within {t.total_s:g} s (total_s)"

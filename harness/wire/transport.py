@@ -84,6 +84,7 @@ class Reader:
 
     def feed(self, t: int, data: bytes) -> None:
         response = self.response
+        self.ex.last_read_ns = t
         try:
             response.feed(t, data)
         except http1.ProtocolError as e:

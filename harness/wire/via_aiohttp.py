@@ -72,7 +72,7 @@ class Aiohttp:
     ) -> None:
         try:
             async with self.session.post(url, data=body, headers=headers, trace_request_ctx=ex) as resp:
-                ex.headers_ns = time.perf_counter_ns()
+                ex.headers_ns = ex.last_read_ns = time.perf_counter_ns()
                 ex.http_status = resp.status
                 if resp.status != 200:
                     text = (await resp.content.read(65536)).decode("utf-8", "replace")
@@ -99,7 +99,7 @@ class Aiohttp:
         state = ex.state
         decoder = SSEDecoder(self.max_line_bytes, skip=state.run_end)
         async for chunk in resp.content.iter_any():
-            t = time.perf_counter_ns()
+            t = ex.last_read_ns = time.perf_counter_ns()
             state.on_bytes(t)
             for cut in range(0, len(chunk), FEED_BYTES):  # a read can be 1 MB: split the work
                 events = decoder.feed(chunk[cut : cut + FEED_BYTES])

@@ -261,7 +261,11 @@ class Sender:
 
     def _count_dead(self, ex: Exchange) -> None:
         """A dead or hung endpoint stops the arm: it would otherwise take every remaining request
-        into its timeout, hours with the default ones."""
+        into its timeout, hours with the default ones. One that failed a liveness probe is dead."""
+        if ex.dead is not None and not self.aborted:
+            self.aborted = ex.dead
+            self.stop.set()
+            return
         if ex.error_kind not in DEAD_KINDS:
             self.dead_streak, self.dead_kinds = 0, set()
             return
