@@ -180,6 +180,28 @@ def report(
 
 @app.command()
 @_handled
+def export(
+    results: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Run folders, scenario result folders (all arms of the newest run) or a results root.",
+            show_default=False,
+        ),
+    ],
+    fmt: Annotated[str, typer.Option("--format", help="csv, parquet (kvbench[parquet]) or jsonl.")] = "csv",
+    table: Annotated[
+        str, typer.Option(help="requests (one row each), summary (one per arm and rate) or by_length (sweeps).")
+    ] = "requests",
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="File to write (default: stdout).")] = None,
+) -> int:
+    """Write a result's table as CSV, Parquet or JSON lines, for a spreadsheet or a notebook."""
+    from harness.commands import export as command
+
+    return command.main(results, fmt, table, output)
+
+
+@app.command()
+@_handled
 def compare(
     base: Annotated[Path, typer.Argument(help="Baseline run or scenario result folder.", show_default=False)],
     candidate: Annotated[Path, typer.Argument(help="Candidate run or scenario result folder.", show_default=False)],

@@ -1,0 +1,73 @@
+"""`kvbench export RESULT... --format csv|parquet|jsonl [-o FILE]`: a result's table on disk (or
+on standard output), for spreadsheets, notebooks and dashboards: the frames of harness/frames.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.errors import ExitCode, InputError, files_error, write_file
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+FORMATS = ("csv", "parquet", "jsonl")
+TABLES = ("requests", "summary", "by_length")
+
+
+def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
+    from rich.markup import escape
+
+    from harness import frames
+    from harness.progress import stderr_console
+
+    if fmt not in FORMATS:
+        raise InputError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+    if table not in TABLES:
+        raise InputError(f"--table: expected one of {', '.join(TABLES)}, got {table!r}")
+    if fmt == "parquet" and output is None:
+        raise InputError("--format parquet: give the file to write with -o (Parquet is binary)")
+    runs = frames.load(results)
+    if warning := frames.warning(runs):
+        stderr_console().print(f"[yellow]warning:[/] {escape(warning)}")
+    frame = getattr(runs, table)()
+    if fmt == "parquet":
+        assert output is not None
+        write_parquet(frame, output)
+    else:
+        text = to_csv(frame) if fmt == "csv" else frame.to_json(orient="records", lines=True)
+        if output is None:
+            sys.stdout.write(text)
+        else:
+            write_file(output, text)
+    if output is not None:
+        print(output)
+    return ExitCode.OK
+
+
+def to_csv(frame: pd.DataFrame) -> str:
+    """CSV, with list cells (a request's `itl_s`) as JSON text: one cell each."""
+    out = frame.copy()
+    for col in out.columns:
+        if out[col].map(lambda v: isinstance(v, list)).any():
+            out[col] = out[col].map(json.dumps)
+    return str(out.to_csv(index=False))
+
+
+def write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise InputError(
+            "--format parquet needs pyarrow: pip install 'kvbench[parquet]' (or use --format csv or jsonl)"
+        ) from None
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise files_error(e, str(path)) from None

@@ -1,0 +1,139 @@
+"""Results as pandas DataFrames, for notebooks, spreadsheets and dashboards: `harness.load(paths)`
+and `kvbench export`. The only module that imports pandas (the run path never loads it).
+
+Every figure comes from the statistics core (stats.py), as run.json's summary, the report and the
+gate take theirs, so the same run gives the same numbers here. Definitions as there: `ttft_s` and
+`e2e_s` include the restore kvbench performed before a request where it did one (`restore_s`),
+`request_ttft_s` is the request alone.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness import capacity, stats
+from harness.errors import InputError
+from harness.results import RunResult, load_runs, skipped_warning
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# What each row says of the run it came from, before the record's own fields
+RUN_COLUMNS = ("run_id", "scenario", "arm", "kind", "load", "rate", "emulated", "status", "folder")
+QUANTILES = ("mean", "p50", "p90", "p99")
+
+
+def _paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Folders as given, globs expanded (a pattern that matches nothing is an error)."""
+    given = [paths] if isinstance(paths, str | Path) else list(paths)
+    out: list[Path] = []
+    for p in map(str, given):
+        if any(c in p for c in "*?["):
+            found = sorted(glob.glob(p))
+            if not found:
+                raise InputError(f"{p}: no result folder matches")
+            out += map(Path, found)
+        else:
+            out.append(Path(p))
+    return out
+
+
+@dataclass
+class Runs:
+    """Result folders read back (each one arm, or one rate of an open loop's arm)."""
+
+    runs: list[RunResult]
+
+    @property
+    def skipped(self) -> list[str]:
+        """Lines of requests.jsonl left out (damaged or cut short): file, line and why."""
+        return [line for r in self.runs for line in r.skipped]
+
+    def requests(self) -> pd.DataFrame:
+        """One row per request: the run's identity (RUN_COLUMNS), then every field of its record
+        (times in seconds since the arm's start, `itl_s` a list), with `ttft_s` and `e2e_s` as the
+        statistics core defines them, `request_ttft_s` the request alone, `tpot_s` and `lag_s`."""
+        import pandas as pd
+
+        rows = []
+        for run in self.runs:
+            ident = _identity(run)
+            for r in run.records:
+                d = r.as_dict()
+                d["request_ttft_s"] = r.ttft_s
+                for metric in stats.WITH_RESTORE:
+                    if d[metric] is not None:
+                        d[metric] += r.restore_s or 0.0
+                d["tpot_s"], d["lag_s"] = r.tpot_s, r.lag_s
+                rows.append({**ident, **d})
+        return pd.DataFrame(rows, columns=[*RUN_COLUMNS, *_record_columns()])
+
+    def summary(self) -> pd.DataFrame:
+        """One row per arm (and per rate): the figures of run.json's summary and the report,
+        from stats.summary; per-request metrics flattened as `<metric>_<mean|p50|p90|p99>`."""
+        import pandas as pd
+
+        rows = []
+        for run in self.runs:
+            slo = capacity.slo_of(run)
+            s = stats.summary(run.records, run.kind, slo[0] if slo else None)
+            row: dict[str, Any] = {**_identity(run), **{k: s[k] for k in ("requests", "completed", "failed")}}
+            for metric in ("ttft_s", "request_ttft_s", "e2e_s", "tpot_s"):
+                if isinstance(s.get(metric), dict):
+                    row.update({f"{metric}_{q}": s[metric][q] for q in QUANTILES})
+            for k in ("req_per_s", "steady_req_per_s", "output_tokens_per_s", "duration_s", "cached_share"):
+                if k in s:
+                    row[k] = s[k]
+            if isinstance(slo := s.get("slo"), dict):
+                row["goodput_req_per_s"], row["slo_share_met"] = slo.get("goodput_req_per_s"), slo.get("share_met")
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def by_length(self) -> pd.DataFrame:
+        """Sweeps: one row per arm and prompt length, cold and warm TTFT medians and the speedup
+        (stats.sweep_rows, as the report's table and the gate's `speedup`)."""
+        import pandas as pd
+
+        rows = [
+            {**_identity(run), **row}
+            for run in self.runs
+            if run.kind == "sweep"
+            for row in stats.sweep_rows(run.records)
+        ]
+        return pd.DataFrame(rows)
+
+
+def load(paths: str | Path | Iterable[str | Path]) -> Runs:
+    """Result folders (a run's arm folder, a scenario's results folder: the newest run of it, a
+    results root), or glob patterns of them."""
+    return Runs(load_runs(_paths(paths)))
+
+
+def _identity(run: RunResult) -> dict[str, Any]:
+    m = run.meta
+    return {
+        "run_id": m.get("run_id"),
+        "scenario": m.get("scenario_name"),
+        "arm": run.arm,
+        "kind": run.kind,
+        "load": run.load.get("mode"),
+        "rate": run.rate,
+        "emulated": m.get("emulated"),
+        "status": m.get("status"),
+        "folder": str(run.folder),
+    }
+
+
+def _record_columns() -> list[str]:
+    from harness.results import RequestRecord
+
+    fields = [f for f in RequestRecord.__dataclass_fields__ if f not in RUN_COLUMNS]  # (its arm is the run's)
+    return [*fields, "request_ttft_s", "tpot_s", "lag_s"]
+
+
+def warning(runs: Runs) -> str | None:
+    return skipped_warning(runs.runs)

@@ -1,0 +1,95 @@
+"""Results as DataFrames (`harness.load`) and on disk (`kvbench export`): the same figures as
+run.json, the report and the gate; exports that read back equal; damaged lines skipped and
+counted; pandas never loaded on the run path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import load, stats
+from harness.commands.export import to_csv
+from harness.gate import figures
+from harness.report.build import build_context
+from harness.results import load_runs
+from tests.conftest import ROOT, kvbench
+
+GOLDEN = Path(__file__).parent / "golden" / "runs"
+
+
+def test_per_arm_figures_equal_run_json_the_report_and_the_gate() -> None:
+    runs = load(GOLDEN / "golden-loop")
+    summary = runs.summary().set_index("arm")
+    ctx = build_context(load_runs([GOLDEN / "golden-loop"]))
+    report = {x["label"].split("/")[1]: x for x in ctx["loops"]}
+    gate = figures.of_runs(load_runs([GOLDEN / "golden-loop"])).run_values
+    for run in runs.runs:
+        row, s = summary.loc[run.arm], run.meta["summary"]
+        assert row["completed"] == s["completed"] and row["req_per_s"] == s["req_per_s"]
+        for q in ("p50", "p90", "p99"):
+            assert row[f"ttft_s_{q}"] == s["ttft_s"][q] == report[run.arm]["ttft"][q]
+        assert row["req_per_s"] == report[run.arm]["cl"].req_per_s == gate[(run.arm, "req_per_s", None, None)][0]
+
+
+def test_one_row_per_request_with_its_run() -> None:
+    runs = load([GOLDEN / "smoke", str(GOLDEN / "golden-loop")])
+    frame = runs.requests()
+    assert len(frame) == sum(len(r.records) for r in runs.runs)
+    assert {"run_id", "scenario", "arm", "kind", "ttft_s", "request_ttft_s", "cached_tokens", "itl_s"} <= set(frame)
+    first = runs.runs[0].records[0]
+    row = frame.iloc[0]
+    assert row["ttft_s"] == first.ttft_s and row["arm"] == first.arm and row["itl_s"] == first.itl_s
+    by_length = runs.by_length()
+    sweep = next(r for r in runs.runs if r.kind == "sweep")
+    assert by_length["speedup"].tolist()[: len(stats.sweep_rows(sweep.records))] == [
+        r["speedup"] for r in stats.sweep_rows(sweep.records)
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "jsonl"])
+def test_exports_read_back_equal_the_frame(fmt: str, tmp_path: Path) -> None:
+    out = tmp_path / f"requests.{fmt}"
+    r = kvbench("export", str(GOLDEN / "golden-loop"), "--format", fmt, "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    frame = load(GOLDEN / "golden-loop").requests()
+    if fmt == "csv":
+        back = pd.read_csv(out, engine="python")  # (the C parser may round the last bit of a float)
+        back["itl_s"] = back["itl_s"].map(json.loads)
+        assert out.read_text() == to_csv(frame)
+    elif fmt == "parquet":
+        back = pd.read_parquet(out)
+        back["itl_s"] = back["itl_s"].map(list)
+    else:
+        back = pd.read_json(out, lines=True, precise_float=True)
+    for col in ("id", "arm", "ttft_s", "e2e_s", "ok", "cached_tokens", "itl_s"):
+        assert back[col].tolist() == frame[col].tolist(), col
+
+
+def test_damaged_lines_are_skipped_and_counted(tmp_path: Path) -> None:
+    run = next((GOLDEN / "smoke").iterdir())
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
+    with (copy / "requests.jsonl").open("a") as f:
+        f.write('{"id": "cut sh')
+    runs = load(copy)
+    assert len(runs.requests()) == len(load(run).requests()) and len(runs.skipped) == 1
+    r = kvbench("export", str(copy), "--format", "jsonl")
+    assert r.returncode == 0 and "requests.jsonl:" in r.stderr and len(r.stdout.splitlines()) == len(runs.requests())
+
+
+def test_parquet_without_a_file_and_bad_formats_are_clear_errors() -> None:
+    for args in (("--format", "parquet"), ("--format", "xlsx"), ("--table", "nope")):
+        r = kvbench("export", str(GOLDEN / "smoke"), *args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_run_path_never_loads_pandas() -> None:
+    code = "import sys, harness.cli, harness.runner, harness.commands.run; print('pandas' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"
