@@ -18,7 +18,7 @@ from harness.errors import InputError
 
 # The fastest time scale accepted: far beyond what any emulated test keeps (the shipped ones keep
 # at most 50), and small enough that model times stay ordinary numbers.
-MAX_TIME_SCALE = 10_000.0
+MAX_TIME_SCALE = 1_000.0
 
 
 def check_scale(x: float, where: str) -> float:

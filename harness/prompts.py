@@ -205,7 +205,7 @@ class PromptCache:
         self.sizes[key] = [words, filler]
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")  # (runs side by side share the cache)
             tmp.write_text(json.dumps(self.sizes), encoding="utf-8")
             os.replace(tmp, self.path)
         except OSError:
