@@ -11,6 +11,7 @@ client really had: on a 2-core machine the second worker shares core 1 with the 
 CPU use is measured during the run and subtracted.
 
     python bench/ceiling.py [requests] [workers] [--against REV|none]   # defaults 4000, cores
+    python bench/ceiling.py https [requests]   # this tree over http and https in alternation
 """
 
 from __future__ import annotations
@@ -78,8 +79,25 @@ def against(n: int, rev: str) -> None:
     print(f"  this tree / {rev}: {ratios[1]:.2f}x (pairs {ratios[0]:.2f}-{ratios[-1]:.2f})")
 
 
+def https(n: int) -> None:
+    """This tree over http and over https (TLS on the same path), in alternation: both rows and
+    the ratio."""
+    runs: dict[str, list[dict[str, float]]] = {"http": [], "https": []}
+    for _ in range(3):
+        for scheme in runs:
+            runs[scheme].append(once(n, 28, 1, tls=scheme == "https"))
+    for scheme, rs in runs.items():
+        row("1", 28, rs, scheme)
+    ratios = sorted(b["rps"] / a["rps"] for a, b in zip(runs["http"], runs["https"], strict=True))
+    print(f"  https / http: {ratios[1]:.2f}x (pairs {ratios[0]:.2f}-{ratios[-1]:.2f})")
+
+
 def main() -> None:
     args = sys.argv[1:]
+    if args[:1] == ["https"]:  # python bench/ceiling.py https [requests]
+        print("processes  connections  req/s (median, min-max of 3)  tok/s (median)  client CPU  loop lag p99 ms")
+        https(int(args[1]) if len(args) > 1 else 4000)
+        return
     rev = BASELINE
     if "--against" in args:
         i = args.index("--against")
