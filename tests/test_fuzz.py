@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -92,6 +93,7 @@ def test_random_gate_rules(text: str, scenario: str) -> None:
         cli("gate", str(GOLDEN / scenario), "--rules", str(rules), "--json", str(Path(tmp) / "g.json"))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.dictionaries(st.sampled_from(["schema_version", "scenario", "arm", "status", "summary", "run_id"]), values),

@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import ROOT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", [["ruff", "check", "."], ["mypy"]], ids=["ruff", "mypy"])
 def test_clean(cmd: list[str]) -> None:
     if shutil.which(cmd[0]) is None:

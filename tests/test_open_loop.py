@@ -156,6 +156,7 @@ def run_open(tmp_path: Path, body: str, *args: str, timeout: float = 300) -> tup
     return r.returncode, r.stdout + r.stderr, tmp_path / "out"
 
 
+@pytest.mark.slow
 def test_open_loop_on_the_emulator_keeps_its_schedule_over_worker_processes(tmp_path: Path) -> None:
     code, out, res = run_open(
         tmp_path,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from harness.results import read_requests
 from harness.workers import deal
 from tests.conftest import interrupt, kvbench, write_scenario
@@ -55,6 +57,7 @@ def test_workers_need_a_closed_loop() -> None:
     assert r.returncode == 2 and "--workers" in r.stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_with_workers_keeps_merged_partial_results(tmp_path: Path) -> None:
     sc = write_scenario(tmp_path / "w.toml", LOOP.format(requests=400, tokens=20000, scale=1.0))
 
