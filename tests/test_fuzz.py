@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -71,7 +72,9 @@ def cli(*args: str) -> None:
         assert isinstance(result.exception, SystemExit), repr(result.exception)
 
 
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+# Examples per fuzzer: 60 keeps the suite short; KVBENCH_FUZZ_EXAMPLES=3000 (say) explores further
+EXAMPLES = int(os.environ.get("KVBENCH_FUZZ_EXAMPLES", "60"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FUZZ
@@ -94,7 +97,7 @@ def test_random_gate_rules(text: str, scenario: str) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES * 2 // 3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.dictionaries(st.sampled_from(["schema_version", "scenario", "arm", "status", "summary", "run_id"]), values),
     st.lists(st.one_of(values.map(json.dumps), st.text(max_size=30)), max_size=5),
@@ -113,3 +116,41 @@ def test_random_result_folders(meta: dict[str, Any], extra_lines: list[str], rec
         cli("compare", str(folder), str(folder))
         cli("baseline", "save", str(folder), "-o", str(Path(tmp) / "b.json"))
         cli("gate", str(folder), "--baseline", str(Path(tmp) / "b.json"))
+
+
+odd = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(
+        ["-1", "0", "1e308", "nan", "inf", "99999", "\u00b2", "http://[::1/v1", "http://127.0.0.1:99999/v1"]
+    ),
+    st.integers(-(10**6), 10**6).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+)
+RUN_OPTIONS = ["--time-scale", "--timeout-connect", "--timeout-first-token", "--timeout-idle", "--timeout-total"]
+
+
+@FUZZ
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([*RUN_OPTIONS, "--header", "--workers", "--arm", "--endpoint"]), odd), max_size=4
+    )
+)
+def test_random_cli_values_for_run(options: list[tuple[str, str]]) -> None:
+    """Odd values for run's options: a documented exit code, never a traceback. Whatever is
+    valid goes to a closed port of this machine (127.0.0.1:9), so nothing runs or leaves it."""
+    args = ["run", "scenarios/smoke.toml", "--endpoint", "http://127.0.0.1:9/v1"]
+    for flag, value in options:
+        if flag == "--endpoint" and not value.startswith("http://[::1") and "99999" not in value:
+            continue  # only the malformed ones: a valid URL could name another host
+        args += [flag, value]
+    with tempfile.TemporaryDirectory() as tmp:
+        cli(*args, "--out", tmp)
+
+
+@FUZZ
+@given(st.sampled_from(["csv", "jsonl", "parquet", "xlsx", ""]), st.sampled_from(["requests", "summary", "x"]), odd)
+def test_random_cli_values_for_export_and_trace(fmt: str, table: str, value: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cli("export", str(GOLDEN / "smoke"), "--format", fmt, "--table", table, "-o", str(Path(tmp) / "x"))
+        cli("trace", "inspect", "scenarios/traces/mooncake-sample.jsonl", "--block-tokens", value)
+        cli("trace", "inspect", "scenarios/traces/mooncake-sample.jsonl", "--lru-blocks", value)

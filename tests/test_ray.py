@@ -451,6 +451,20 @@ def _clients() -> list[int]:
     ]
 
 
+def _node_of_a_client(raylets: dict[int, Any]) -> Any:
+    """The node of a worker's client process: its actor is the node's raylet's child. (A client
+    of an earlier arm or test that is ending has no raylet above it any more: passed over.)"""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for pid in _clients():
+            while pid > 1 and pid not in raylets:
+                pid = _parent(pid)
+            if pid in raylets:
+                return raylets[pid]
+        time.sleep(0.1)
+    raise AssertionError("no worker's client process under a raylet")
+
+
 def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
@@ -459,7 +473,9 @@ def _read(path: Path) -> bytes:
 
 
 def _parent(pid: int) -> int:
-    return int(_read(Path(f"/proc/{pid}/stat")).rsplit(b")", 1)[1].split()[1])
+    """Its parent's pid; 0 once it is gone."""
+    stat = _read(Path(f"/proc/{pid}/stat")).rsplit(b")", 1)
+    return int(stat[1].split()[1]) if len(stat) == 2 else 0
 
 
 def test_a_record_crosses_from_a_workers_client_to_the_coordinator_intact() -> None:
@@ -510,10 +526,7 @@ def test_a_record_crosses_from_a_workers_client_to_the_coordinator_intact() -> N
 def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: Any) -> None:
     proc, out = _sending(tmp_path, "rn", nodes.address)
     raylets = {n.all_processes["raylet"][0].process.pid: n for n in nodes.worker_nodes}
-    pid = _clients()[0]
-    while pid not in raylets:  # the client's actor is the node's raylet's child
-        pid = _parent(pid)
-    node = raylets[pid]
+    node = _node_of_a_client(raylets)
     try:
         nodes.remove_node(node)
         _, err = proc.communicate(timeout=300)

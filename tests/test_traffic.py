@@ -104,15 +104,16 @@ def test_achieved_below_90_percent_is_flagged() -> None:
     assert res.check() is None
 
 
-def fio_processes() -> list[str]:
-    """Command lines of running fio processes started by kvbench (from /proc: no width limits)."""
+def fio_processes(under: Path) -> list[str]:
+    """Command lines of running fio processes started by kvbench for a run under `under` (its job
+    file is there: other tests' fio, run beside this one, are not this one's), from /proc."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             args = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith(b"traffic-fio.job") for a in args):
+        if any(a.endswith(b"traffic-fio.job") and str(under).encode() in a for a in args):
             found.append(b" ".join(args).decode(errors="replace"))
     return found
 
@@ -159,7 +160,7 @@ def test_real_local_traffic_beside_an_emulator_run(tmp_path: Path, tool: str) ->
     meta = json.loads((folder / "run.json").read_text())
     assert meta["traffic"]["achieved_bytes_per_s"] == pytest.approx(doc["achieved_bytes_per_s"])
     assert not storage.exists()  # kvbench created it, so it removed it
-    assert fio_processes() == []
+    assert fio_processes(tmp_path) == []
 
 
 @needs_fio
@@ -232,16 +233,16 @@ def test_ctrl_c_stops_fio_and_cleans_up(tmp_path: Path) -> None:
         text=True,
     )
     deadline = time.monotonic() + 60
-    while not fio_processes() and time.monotonic() < deadline:
+    while not fio_processes(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2)
-    if not fio_processes():
+    if not fio_processes(tmp_path):
         proc.kill()
         pytest.fail(f"fio never started: {proc.communicate()[1][-2000:]}")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert fio_processes() == [] and not storage.exists()
+    assert fio_processes(tmp_path) == [] and not storage.exists()
     (folder,) = (tmp_path / "out" / "io").iterdir()
     assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
     assert (folder / "traffic.json").exists()
