@@ -46,6 +46,7 @@ KEEPALIVE_S = 4.0
 # A connection that stays open this long after a complete response proves the server keeps
 # connections alive; one closed sooner, that it closes each after its response.
 CLOSE_AFTER_RESPONSE_S = 0.05
+CLOSE_WAIT_S = 2.0
 # What poll says of a connection the server has closed or reset (Linux); elsewhere a peek tells
 _HANGUP = (select.POLLRDHUP | select.POLLHUP | select.POLLERR) if hasattr(select, "POLLRDHUP") else 0
 
@@ -278,6 +279,7 @@ class Pool:
         self.probation: set[Connection] = set()  # used, not yet proven to stay open (Habit.UNKNOWN)
         self.open = 0  # connections open or opening
         self.waiters: deque[asyncio.Future[None]] = deque()
+        self.all_closed: asyncio.Future[None] | None = None  # close(): until every transport is gone
         self._ssl: ssl.SSLContext | None = None
 
     async def acquire(self, origin: Origin) -> Connection:
@@ -395,6 +397,8 @@ class Pool:
     def _lost_one(self) -> None:
         self.open -= 1
         self._wake()
+        if self.open == 0 and self.all_closed is not None:
+            self.all_closed.set_result(None)
 
     def _wake(self, n: int = 1) -> None:
         """Wake the `n` longest waiters for a connection (one for each that became free)."""
@@ -415,7 +419,10 @@ class Pool:
             self._idle(c)
         return len(conns)
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Close every connection and wait (CLOSE_WAIT_S at most) until their transports are
+        gone: a TLS connection's close waits for the server's answer to its close_notify, and a
+        loop closed before that leaves the socket open."""
         for conns in self.idle.values():
             for c in conns:
                 c.close()
@@ -423,3 +430,7 @@ class Pool:
         for c in self.probation:
             c.close()
         self.probation.clear()
+        if self.open > 0:
+            self.all_closed = self.loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.all_closed, CLOSE_WAIT_S)

@@ -211,4 +211,4 @@ class Kvbench:
         return await self.pool.open_idle(Origin.of(url), n) if n > 0 else 0
 
     async def close(self) -> None:
-        self.pool.close()
+        await self.pool.close()
