@@ -92,15 +92,17 @@ def collections_in_gaps() -> Iterator[Collections]:
         gc.set_threshold(*held.usual)
 
 
-async def until_done_or_stopped(job: Coroutine[Any, Any, T], stop: asyncio.Event) -> asyncio.Task[T]:
-    """Run `job` until it ends or `stop` is set; then give it GRACE_S to finish what is in flight
-    and cancel it. Returns its task, done either way (the caller decides about its result)."""
+async def until_done_or_stopped(
+    job: Awaitable[T], stop: asyncio.Event, grace_s: float = GRACE_S
+) -> asyncio.Task[T]:
+    """Run `job` until it ends or `stop` is set; then give it `grace_s` to finish what is in
+    flight and cancel it. Returns its task, done either way (the caller decides about its result)."""
     task = asyncio.ensure_future(job)
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            await asyncio.wait({task}, timeout=GRACE_S)
+        if not task.done() and grace_s > 0:
+            await asyncio.wait({task}, timeout=grace_s)
     finally:
         stopped.cancel()
         if not task.done():
@@ -113,16 +115,7 @@ async def until_done_or_stopped(job: Coroutine[Any, Any, T], stop: asyncio.Event
 async def unless_stopped(job: Awaitable[T], stop: asyncio.Event) -> T:
     """`job`'s result, unless `stop` is set first: then it is cancelled at once (nothing of it is
     in flight at a server: preparation, such as sizing prompts) and CancelledError raised."""
-    task = asyncio.ensure_future(job)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            raise asyncio.CancelledError
+    task = await until_done_or_stopped(job, stop, grace_s=0.0)
+    if task.cancelled():
+        raise asyncio.CancelledError
     return task.result()
-

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
+from collections.abc import Iterator
 
 
 class ThreadedServer:
@@ -29,3 +31,30 @@ class ThreadedServer:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def requests_on(conn: socket.socket) -> Iterator[tuple[bytes, bytes]]:
+    """Each request a client sends on a connection: (head, body, by its Content-Length); ends
+    when the client closes it."""
+    raw = b""
+    while True:
+        while b"\r\n\r\n" not in raw:
+            got = conn.recv(65536)
+            if not got:
+                return
+            raw += got
+        head, _, raw = raw.partition(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        n = int(length.group(1)) if length else 0
+        while len(raw) < n:
+            got = conn.recv(65536)
+            if not got:
+                return
+            raw += got
+        yield head, raw[:n]
+        raw = raw[n:]
+
+
+def path_of(head: bytes) -> bytes:
+    return head.split(b" ", 2)[1]
+

@@ -7,7 +7,6 @@ import contextlib
 import contextvars
 import os
 import random
-import re
 import resource
 import socket
 import threading
@@ -22,7 +21,7 @@ from harness.wire.client import OTHER_FILES, Exchange, StreamingClient, reserve_
 from harness.wire.connection import Habit
 from harness.wire.sse import SSEDecoder, SSEEvent, SSELimitError
 from harness.wire.turns import DUE, SEND_HOLD_NS, SEND_MARGIN_NS, SLICE_NS, TURNS, Turns
-from tests.servers import ThreadedServer
+from tests.servers import ThreadedServer, requests_on
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -253,18 +252,7 @@ class OneAnswerServer(ThreadedServer):
 
     def _one(self, conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):
-            raw = b""
-            while True:
-                while b"\r\n\r\n" not in raw:
-                    got = conn.recv(65536)
-                    if not got:
-                        return
-                    raw += got
-                head, _, raw = raw.partition(b"\r\n\r\n")
-                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
-                while len(raw) < length:
-                    raw += conn.recv(65536)
-                raw = raw[length:]
+            for _ in requests_on(conn):
                 conn.sendall(self.answer)
                 if self.close_after:
                     return
@@ -412,14 +400,7 @@ class FloodServer(ThreadedServer):
 
     def _one(self, conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):
-            raw = b""
-            while True:
-                while b"\r\n\r\n" not in raw:
-                    got = conn.recv(65536)
-                    if not got:
-                        return
-                    raw += got
-                raw = raw.partition(b"\r\n\r\n")[2][2:]  # the test's body is b"{}"
+            for _ in requests_on(conn):
                 if self.answer is not None:
                     conn.sendall(self.answer)
                     continue

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from harness.results import read_requests
 from tests.conftest import ROOT, kvbench, user_env, write_scenario
-from tests.servers import ThreadedServer
+from tests.servers import ThreadedServer, path_of, requests_on
 
 GOLDEN = Path(__file__).parent / "golden" / "runs"
 
@@ -447,19 +447,26 @@ def limited(args: list[str], kib: int, tmp_path: Path) -> subprocess.CompletedPr
     return subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
 
-def test_a_full_disk_is_a_clear_error_and_leaves_run_json_readable(tmp_path: Path) -> None:
-    sc = write_scenario(
-        tmp_path / "s.toml",
-        'name = "full"\n[endpoint]\nmax_tokens = 64\n[workload]\nkind = "closed_loop"\nrequests = 400\n'
-        "concurrency = 8\npool = 4\nprompt_tokens = 500\n[emulator]\ntime_scale = 50.0\n",
-    )
-    r = limited(["run", str(sc), "--out", str(tmp_path / "out")], 48, tmp_path)
+def full_disk_run(tmp_path: Path, body: str, kib: int, file: str) -> tuple[Path, dict[str, Any]]:
+    """A run (scenario `body`, named "full") on files limited to `kib` KiB, which must fail at
+    `file` with exit 5, no traceback, run.json marked failed naming it and no temporary file left."""
+    sc = write_scenario(tmp_path / "s.toml", 'name = "full"\n' + body)
+    r = limited(["run", str(sc), "--out", str(tmp_path / "out")], kib, tmp_path)
     no_traceback(r)
-    assert r.returncode == 5 and "requests.jsonl: File too large" in r.stderr, r.stderr
+    assert r.returncode == 5 and f"{file}: File too large" in r.stderr, r.stderr
     (folder,) = (tmp_path / "out" / "full").iterdir()
     meta = json.loads((folder / "run.json").read_text())
-    assert meta["status"] == "failed" and "File too large" in meta["error"]
+    assert meta["status"] == "failed" and f"{file}: File too large" in meta["error"]
     assert not list(folder.glob("*.tmp"))
+    return folder, meta
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_run_json_readable(tmp_path: Path) -> None:
+    body = (
+        '[endpoint]\nmax_tokens = 64\n[workload]\nkind = "closed_loop"\nrequests = 400\n'
+        "concurrency = 8\npool = 4\nprompt_tokens = 500\n[emulator]\ntime_scale = 50.0\n"
+    )
+    folder, _ = full_disk_run(tmp_path, body, 48, "requests.jsonl")
     assert read_requests(folder)  # what was written is readable
 
 
@@ -751,20 +758,8 @@ class BrokenCalibrationServer(ThreadedServer):
 
     def _one(self, conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):
-            raw = b""
-            while True:
-                while b"\r\n\r\n" not in raw:
-                    got = conn.recv(65536)
-                    if not got:
-                        return
-                    raw += got
-                head, _, raw = raw.partition(b"\r\n\r\n")
-                length = re.search(rb"(?i)content-length: *(\d+)", head)
-                n = int(length.group(1)) if length else 0
-                while len(raw) < n:
-                    raw += conn.recv(65536)
-                raw = raw[n:]
-                path = head.split(b" ", 2)[1]
+            for head, _ in requests_on(conn):
+                path = path_of(head)
                 if path == b"/v1/models":
                     body = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -794,18 +789,12 @@ def test_a_broken_answer_to_the_length_calibration_is_a_clear_error(tmp_path: Pa
 def test_a_side_file_on_a_full_disk_names_itself_and_marks_the_run(tmp_path: Path) -> None:
     """metrics.json and its timeline are written whole or not at all, the error names the file,
     and run.json says the run failed (it said `running` before)."""
-    sc = write_scenario(
-        tmp_path / "s.toml",
-        'name = "side"\n[endpoint]\nmax_tokens = 2\n[metrics]\ninterval_s = 0.02\n[workload]\nkind = "sweep"\n'
-        "lengths = [5000, 6000, 7000]\n[emulator]\ntime_scale = 1.0\n",
+    body = (
+        '[endpoint]\nmax_tokens = 2\n[metrics]\ninterval_s = 0.02\n[workload]\nkind = "sweep"\n'
+        "lengths = [5000, 6000, 7000]\n[emulator]\ntime_scale = 1.0\n"
     )
-    r = limited(["run", str(sc), "--out", str(tmp_path / "out")], 16, tmp_path)
-    no_traceback(r)
-    assert r.returncode == 5 and "metrics-timeline.jsonl: File too large" in r.stderr, r.stderr
-    (folder,) = (tmp_path / "out" / "side").iterdir()
-    meta = json.loads((folder / "run.json").read_text())
-    assert meta["status"] == "failed" and "metrics-timeline.jsonl" in meta["error"]
-    assert not (folder / "metrics-timeline.jsonl").exists() and not list(folder.glob("*.tmp"))
+    folder, _ = full_disk_run(tmp_path, body, 16, "metrics-timeline.jsonl")
+    assert not (folder / "metrics-timeline.jsonl").exists()
     json.loads((folder / "metrics.json").read_text())  # whole
 
 
@@ -870,30 +859,22 @@ class EchoServer(ThreadedServer):
 
     def _one(self, conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):
-            raw = b""
-            while True:
-                while b"\r\n\r\n" not in raw:
-                    got = conn.recv(65536)
-                    if not got:
-                        return
-                    raw += got
-                head, _, raw = raw.partition(b"\r\n\r\n")
-                length = re.search(rb"(?i)content-length: *(\d+)", head)
-                n = int(length.group(1)) if length else 0
-                while len(raw) < n:
-                    raw += conn.recv(65536)
-                body, raw = raw[:n], raw[n:]
-                path = head.split(b" ", 2)[1]
-                if path == b"/v1/models":
-                    out = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
-                    status = b"200 OK"
-                elif path == b"/tokenize":
-                    out = b'{"count": %d}' % (body.count(b" ") + 1)
-                    status = b"200 OK"
-                else:
+            for head, body in requests_on(conn):
+                status, out = b"200 OK", models_or_count(head, body)
+                if out is None:
                     out = json.dumps({"error": {"message": "bad request: " + head.decode()}}).encode()
                     status = b"401 Unauthorized"
                 conn.sendall(b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s" % (status, len(out), out))
+
+
+def models_or_count(head: bytes, body: bytes) -> bytes | None:
+    """A JSON answer to GET /v1/models or POST /tokenize (vLLM's form), None for anything else."""
+    path = path_of(head)
+    if path.endswith(b"/models"):
+        return b'{"object":"list","data":[{"id":"m","object":"model"}]}'
+    if path == b"/tokenize":
+        return b'{"count": %d}' % (body.count(b" ") + 1)
+    return None
 
 
 def test_a_key_a_server_echoes_back_is_never_written_or_shown(tmp_path: Path) -> None:
@@ -1013,28 +994,11 @@ class FreezingServer(ThreadedServer):
 
     def _one(self, conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):
-            raw = b""
-            while True:
-                while b"\r\n\r\n" not in raw:
-                    got = conn.recv(65536)
-                    if not got:
-                        return
-                    raw += got
-                head, _, raw = raw.partition(b"\r\n\r\n")
-                length = re.search(rb"(?i)content-length: *(\d+)", head)
-                n = int(length.group(1)) if length else 0
-                while len(raw) < n:
-                    raw += conn.recv(65536)
-                body, raw = raw[:n], raw[n:]
+            for head, body in requests_on(conn):
                 if self.frozen:
                     conn.recv(1)  # never answers; until the client goes
                     return
-                path = head.split(b" ", 2)[1]
-                if path.endswith(b"/models"):
-                    out = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(out), out))
-                elif path == b"/tokenize":
-                    out = b'{"count": %d}' % (body.count(b" ") + 1)
+                if (out := models_or_count(head, body)) is not None:
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(out), out))
                 else:
                     self.completions += 1
