@@ -265,8 +265,22 @@ def capacity_text(c: dict[str, Any]) -> str:
     return f"SLO capacity {c['req_per_s']:.3g} req/s (95 % interval {c['low']:.3g} to {c['high']:.3g}; {share})"
 
 
+def _verb(b: dict[str, Any]) -> str:
+    """Which way the tier moved the capacity: the sentence's verb follows the sign."""
+    with_, without = b["capacity_with"], b["capacity_without"]
+    if b["bound_with"] == "below" and b["bound_without"] == "below":
+        return "leaves"
+    if b["bound_with"] == "below":
+        return "lowers"
+    if b["bound_without"] == "below":
+        return "raises"
+    if with_ is None or without is None:
+        return "changes"
+    return "raises" if with_ > without else "lowers" if with_ < without else "leaves"
+
+
 def sentence(b: dict[str, Any]) -> str:
-    """ "the KV tier raises SLO capacity from X to Y req/s (Z x)", with the bounds said."""
+    """ "the KV tier raises (or lowers) SLO capacity from X to Y req/s (Z x)", with the bounds said."""
 
     def cap(v: float | None, bound: str) -> str:
         if bound == "below":
@@ -275,10 +289,16 @@ def sentence(b: dict[str, Any]) -> str:
             return "unknown"
         return f"{'at least ' if bound == 'at_least' else ''}{v:.3g} req/s"
 
-    text = (
-        f"the KV tier ({b['with']} against {b['without']}) raises SLO capacity from "
-        f"{cap(b['capacity_without'], b['bound_without'])} to {cap(b['capacity_with'], b['bound_with'])}"
-    )
+    verb = _verb(b)
+    arms = f"the KV tier ({b['with']} against {b['without']})"
+    if verb == "leaves":
+        both = " with and without it" if b["bound_with"] == "below" else ""
+        text = f"{arms} leaves SLO capacity {cap(b['capacity_with'], b['bound_with'])}{both}"
+    else:
+        text = (
+            f"{arms} {verb} SLO capacity from "
+            f"{cap(b['capacity_without'], b['bound_without'])} to {cap(b['capacity_with'], b['bound_with'])}"
+        )
     if b["ratio"] is not None:
         interval = ""
         if b["ratio_low"] is not None and b["ratio_high"] is not None:

@@ -299,3 +299,33 @@ def test_the_connections_an_open_loop_opens_ahead() -> None:
     assert open_loop.in_flight(plan, 1.0, 0.5) == math.ceil(50 + 3 * math.sqrt(50))
     assert open_loop.in_flight(plan, 0.0, 1.0) == 0
     assert open_loop.in_flight(Plan(total=3, times=(0.0, 0.1, 0.1), warmup=1), 1.0, 1.0) == 0
+
+
+def test_the_capacity_sentence_follows_the_sign() -> None:
+    """Issue 34, case 3: a reuse arm worse than its bust arm lowers the capacity; the verb is
+    never "raises" by default."""
+    from harness.capacity import sentence
+
+    def b(
+        with_: float | None,
+        without: float | None,
+        bound_with: str = "interpolated",
+        bound_without: str = "interpolated",
+    ) -> dict:
+        ratio = with_ / without if with_ and without and "below" not in (bound_with, bound_without) else None
+        return {
+            "with": "reuse", "without": "bust", "capacity_with": with_, "capacity_without": without,
+            "bound_with": bound_with, "bound_without": bound_without,
+            "ratio": ratio, "ratio_low": None, "ratio_high": None,
+        }  # fmt: skip
+
+    assert "raises SLO capacity from 2 req/s to 8 req/s (4 x)" in sentence(b(8.0, 2.0))
+    assert "lowers SLO capacity from 8 req/s to 2 req/s (0.25 x)" in sentence(b(2.0, 8.0))
+    assert "lowers SLO capacity from 26.8 req/s to below the lowest rate measured" in sentence(b(None, 26.8, "below"))
+    assert "raises SLO capacity from below the lowest rate measured to 3 req/s" in sentence(
+        b(3.0, None, bound_without="below")
+    )
+    assert "leaves SLO capacity below the lowest rate measured with and without it" in sentence(
+        b(None, None, "below", "below")
+    )
+    assert "leaves SLO capacity 5 req/s" in sentence(b(5.0, 5.0))
