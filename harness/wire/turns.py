@@ -1,6 +1,6 @@
 """Turns at parsing, so that the event loop polls the sockets at least every SLICE_NS.
 
-A response's bytes are stamped when the loop reads them (see arrivals.py), so a stamp is late
+A response's bytes are stamped when the loop reads them (see connection.py), so a stamp is late
 by however long the loop went without polling. A stream that parses a 256-token burst in
 one go holds the loop for ~2 ms; streams that each yield after a slice of their own do not help
 enough, since every ready stream takes its slice before the next poll (28 streams x 0.5 ms =
