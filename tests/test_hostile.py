@@ -52,7 +52,7 @@ class FaultServer:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/v1/chat/completions", self.chat)
-        self.runner = web.AppRunner(app, access_log=None)
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
@@ -101,11 +101,19 @@ class FaultServer:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
+    async def _stop(self) -> None:
+        await self.runner.cleanup()
+        # a closed transport closes its socket in a callback of the loop's next turns: let them
+        # run before the loop stops, or the socket is left for the collector (a ResourceWarning
+        # that the suite's filterwarnings turned into a failure of whatever test ran next)
+        for _ in range(3):
+            await asyncio.sleep(0)
+
     def close(self) -> None:
         if self.loop.is_closed():
             return
         self.loop.call_soon_threadsafe(self.closing.set)
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
