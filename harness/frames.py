@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness import capacity, stats
 from harness.errors import InputError
-from harness.results import RunResult, load_runs, skipped_warning
+from harness.results import RunResult, load_runs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -134,6 +134,3 @@ def _record_columns() -> list[str]:
     fields = [f for f in RequestRecord.__dataclass_fields__ if f not in RUN_COLUMNS]  # (its arm is the run's)
     return [*fields, "request_ttft_s", "tpot_s", "lag_s"]
 
-
-def warning(runs: Runs) -> str | None:
-    return skipped_warning(runs.runs)

@@ -53,20 +53,24 @@ def write_scenario(path: Path, body: str) -> Path:
     return path
 
 
+def start_kvbench(*args: str, **env: str) -> subprocess.Popen[str]:
+    """`kvbench ARGS` started as a user would (environment `user_env(**env)`), not waited for."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        cwd=ROOT,
+        env=user_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def interrupt(
     args: list[str], ready: Callable[[], bool], timeout: float = 120, sig: int = signal.SIGINT
 ) -> tuple[int, str]:
     """Start `kvbench ARGS` as a user would, wait until `ready()`, press Ctrl-C (SIGINT; or send
     `sig`); returns its exit code and what it printed on stderr."""
-    env = user_env()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_kvbench(*args)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not ready():
         time.sleep(0.1)

@@ -24,7 +24,7 @@ import pytest
 from aiohttp import web
 
 from harness.results import read_requests
-from tests.conftest import ROOT, kvbench, user_env, write_scenario
+from tests.conftest import ROOT, kvbench, start_kvbench, user_env, write_scenario
 from tests.servers import ThreadedServer, path_of, requests_on
 
 GOLDEN = Path(__file__).parent / "golden" / "runs"
@@ -951,14 +951,7 @@ def sizing_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
         tmp_path / "s.toml",
         'name = "sizing"\n[workload]\nkind = "sweep"\nlengths = [120000, 125000, 130000]\nrepetitions = 4\n',
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", str(sc), "--out", str(tmp_path / "o")],
-        cwd=ROOT,
-        env=user_env(KVBENCH_PROMPT_CACHE="off"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_kvbench("run", str(sc), "--out", str(tmp_path / "o"), KVBENCH_PROMPT_CACHE="off")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list((tmp_path / "o").glob("*/*/run.json")):
         time.sleep(0.05)
@@ -1022,13 +1015,8 @@ def test_a_frozen_server_is_given_up_by_its_liveness_probe(tmp_path: Path) -> No
         '[workload]\nkind = "closed_loop"\nrequests = 50\nconcurrency = 1\npool = 1\nprompt_tokens = 50\n',
     )
     base = server.url.removesuffix("/chat/completions")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", str(sc), "--endpoint", base, "--out", str(tmp_path / "o")],
-        cwd=ROOT,
-        env=user_env(KVBENCH_PROMPT_CACHE="off"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = start_kvbench(
+        "run", str(sc), "--endpoint", base, "--out", str(tmp_path / "o"), KVBENCH_PROMPT_CACHE="off"
     )
     deadline = time.monotonic() + 60
     while server.completions < 2 and time.monotonic() < deadline:

@@ -23,6 +23,7 @@ def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
 
     from harness import frames
     from harness.progress import stderr_console
+    from harness.results import skipped_warning
 
     if fmt not in FORMATS:
         raise InputError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -31,7 +32,7 @@ def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
     if fmt == "parquet" and output is None:
         raise InputError("--format parquet: give the file to write with -o (Parquet is binary)")
     runs = frames.load(results)
-    if warning := frames.warning(runs):
+    if warning := skipped_warning(runs.runs):
         stderr_console().print(f"[yellow]warning:[/] {escape(warning)}")
     frame = getattr(runs, table)()
     if fmt == "parquet":

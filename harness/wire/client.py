@@ -26,8 +26,7 @@ from harness.wire.sse import MAX_LINE_BYTES
 from harness.wire.stream import StreamState
 from harness.wire.transport import Backend, Kvbench
 
-TRANSPORTS = ("kvbench", "aiohttp")
-__all__ = ["KEPT_ALIVE", "ONE_PER_REQUEST", "TRANSPORTS", "Exchange", "StreamingClient", "client_for", "token_limit"]
+__all__ = ["KEPT_ALIVE", "ONE_PER_REQUEST", "Exchange", "StreamingClient", "client_for", "token_limit"]
 # A response may carry this many token chunks beyond twice its max_tokens before it is cut as
 # too long (a server flooding tokens must not take the client's memory): engines send one chunk
 # per token at most, and max_tokens bounds the tokens.
