@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.wire import stream
 from harness.wire.client import Exchange
 from harness.wire.http1 import ResponseParser
 from harness.wire.response import Response
 from harness.wire.sse import MAX_LINE_BYTES, Run, SSEDecoder, SSEEvent, SSELimitError
-from harness.wire.stream import CHUNKED_TEXT_MAX, StreamState, chunk_tokens
+from harness.wire.stream import CHUNKED_TEXT_MAX, FRAMES, FramePatterns, StreamState, chunk_tokens
 
 GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.fixture(autouse=True)
+def frames_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs are checked read for read here: chunked runs' patterns are compiled when first asked
+    for, not in the background (test_chunked_runs_wait_for_a_pattern_compiled_off_the_loop)."""
+    monkeypatch.setattr(FRAMES, "background", False)
 
 
 def decode(pieces: list[bytes]) -> list[SSEEvent]:
@@ -410,6 +419,48 @@ def test_the_fast_path_gives_what_parsing_every_chunk_gives(events: list[bytes],
     assert fast == full
 
 
+def test_a_whole_response_in_one_read_is_taken_in_runs_after_its_first_token() -> None:
+    """A response whose head, role chunk and 256 token chunks come in one read (a firehose, or a
+    server that buffers): the head, the role chunk and the first token chunk (which teaches the
+    template) are parsed; the other token chunks are taken as a run, never decoded; the same in
+    the slices the connection hands on (cut after a chunk's end)."""
+    from harness.wire.connection import RELEASE_BYTES
+
+    role = sse_event(vllm_chunk({"role": "assistant", "content": ""}))
+    tokens = [sse_event(vllm_chunk({"content": f" w{i}"})) for i in range(256)]
+    chunks = [role, *tokens, sse_event(vllm_chunk({}, "length")), b"data: [DONE]\n\n"]
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    raw += b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+
+    class Counted:
+        def __init__(self, decoder: SSEDecoder) -> None:
+            self.decoder, self.fed = decoder, 0
+
+        def feed(self, data: bytes) -> list[SSEEvent | Run]:
+            self.fed += len(data)
+            return self.decoder.feed(data)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.decoder, name)
+
+    def slices(data: bytes) -> list[bytes]:  # as Connection.release_one cuts a long read
+        out = []
+        while len(data) > RELEASE_BYTES:
+            cut = data.rfind(b"\n\r\n", 0, RELEASE_BYTES) + 3
+            out.append(data[:cut])
+            data = data[cut:]
+        return [*out, data]
+
+    for reads in ([raw], slices(raw)):
+        ex = Exchange(start_ns=0)
+        response = Response(ex, MAX_LINE_BYTES)
+        counted = response.decoder = Counted(response.decoder)  # type: ignore[assignment]
+        for t, r in enumerate(reads):
+            response.feed(t, r)
+        assert len(ex.state.token_chunk_ns) == 256 and ex.state.done
+        assert counted.fed < len(role) + 3 * len(tokens[0]) + len(chunks[-2]) + len(chunks[-1])
+
+
 @pytest.mark.parametrize("upper", [False, True])
 def test_the_fast_path_on_a_firehose(upper: bool) -> None:
     """An engine's stream, an event per chunk, written 32 chunks at a time and read as written
@@ -452,3 +503,20 @@ def test_a_chunked_run_checks_every_chunk_size() -> None:
     # the same lengths, other bytes (another request's id; another field's value): not taken
     for other in (events[1].replace(b"chatcmpl-7", b"chatcmpl-8"), events[1].replace(b"null}]}", b"nul1}]}")):
         assert state.chunked_run_end(framed([events[0], other, events[0]]), 0) == 0
+
+
+def test_chunked_runs_wait_for_a_pattern_compiled_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a run, the first chunked run asks for its pattern and gets none yet (the chunks are
+    parsed one by one meanwhile); a thread compiles it, with a short switch interval while it
+    does, and the runs after it are taken whole. The interval is put back."""
+    frames = FramePatterns()
+    monkeypatch.setattr(stream, "FRAMES", frames)
+    events = [sse_event(vllm_chunk({"content": t})) for t in (" a", " bb", " ccc")]
+    state = StreamState()
+    state.on_events(SSEDecoder(skip=state.run_end).feed(events[0]), 0)
+    run = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events * 10)
+    usual = sys.getswitchinterval()
+    assert state.chunked_run_end(run, 0) == 0
+    frames.wait()
+    assert state.chunked_run_end(run, 0) == len(run)
+    assert sys.getswitchinterval() == usual

@@ -32,6 +32,9 @@ MAX_HEADERS = 128
 # endless size line, extension or trailer
 MAX_STALL_BYTES = 64 << 10
 
+# Chunk boundaries tried for a run of token chunks in one read (see ResponseParser._skip)
+SKIP_TRIES = 3
+
 _FOLD = re.compile(rb"\r\n[ \t]+")
 
 
@@ -113,6 +116,8 @@ class ResponseParser:
             return
         self.body = body
         try:
+            if skip is not None and self.head is None:
+                data = self._head_first(data)
             if skip is not None and self.head is not None and self.head.chunked:
                 data = self._skip(data, skip)
             if data:
@@ -121,22 +126,40 @@ class ResponseParser:
         finally:
             self.body = _drop
 
+    def _head_first(self, data: bytes) -> bytes:
+        """Parse up to the first blank line, where the head most likely ends, so that the body
+        in the same read can start with a run for `skip`; returns the rest. (If the head ended
+        earlier, llhttp has parsed more than the head: correct, only slower.)"""
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            return data
+        self._parse(data[: end + 4])
+        return data[end + 4 :]
+
     def _skip(self, data: bytes, skip: Skip) -> bytes:
         """Let `skip` take a run of whole chunks at the read's start, if that is a chunk boundary,
         or else at the first place that looks like one (`CRLF` and a hex size line, then `data:`):
         the bytes before it are parsed first, and if llhttp then stands between two chunks there,
-        the run is taken from there. Returns what is left to parse."""
-        if not self._boundary:
-            cut = _candidate(data)
-            if cut <= 0:
-                return data
-            self._parse(data[:cut])
-            if not self._boundary or self.done:
-                return data[cut:]
-            data = data[cut:]
-        self._flush()
-        end = skip(data, 0)
-        return data[end:]
+        the run is taken from there. Where `skip` takes nothing, the next boundary is tried, up to
+        SKIP_TRIES in all: a response's first read starts with a role chunk, then the first token
+        chunk, which teaches the stream's template, and only then a run. Returns what is left to
+        parse."""
+        at_boundary = self._boundary
+        for _ in range(SKIP_TRIES):
+            if not at_boundary:
+                cut = _candidate(data)
+                if cut <= 0:
+                    return data
+                self._parse(data[:cut])
+                data = data[cut:]
+                if not self._boundary or self.done:
+                    return data
+            self._flush()
+            end = skip(data, 0)
+            if end:
+                return data[end:]
+            at_boundary = False
+        return data
 
     def _parse(self, data: bytes) -> None:
         if self.head is None and self._head_raw is not None:

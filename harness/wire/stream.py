@@ -18,6 +18,9 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
+import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,7 +180,6 @@ def _shape(prefix_len: int, suffix_len: int) -> _Shape:
 CHUNKED_TEXT_MAX = 48
 
 
-@functools.lru_cache(maxsize=64)
 def chunk_frames(prefix_len: int, suffix_len: int, upper: bool) -> re.Pattern[bytes]:
     """Whole HTTP chunks in a row, each one SSE event of a template's shape: "size CRLF data:
     (prefix_len bytes) text (suffix_len bytes) LF LF CRLF", where the size (hex digits in upper or
@@ -186,7 +188,8 @@ def chunk_frames(prefix_len: int, suffix_len: int, upper: bool) -> re.Pattern[by
     to CHUNKED_TEXT_MAX, grouped by the size's first digit (told apart at a glance). The prefix
     and suffix are only counted here, so that the pattern (slow to compile: milliseconds) serves
     every template of those lengths: engines put a request's own id into its chunks, so each
-    stream learns a template of its own. `StreamState.chunked_run_end` checks their bytes."""
+    stream learns a template of its own. `StreamState.chunked_run_end` checks their bytes (and
+    gets the pattern from FRAMES)."""
     event = len(b"data: ") + prefix_len + suffix_len + 2
     groups: dict[bytes, list[bytes]] = {}
     for n in range(1, CHUNKED_TEXT_MAX + 1):
@@ -195,6 +198,74 @@ def chunk_frames(prefix_len: int, suffix_len: int, upper: bool) -> re.Pattern[by
         groups.setdefault(size[:1], []).append(size[1:] + frame)
     branches = b"|".join(first + b"(?:" + b"|".join(rest) + b")" for first, rest in groups.items())
     return re.compile(b"(?:" + branches + b")+")
+
+
+class FramePatterns:
+    """chunk_frames' patterns, compiled off the event loop's thread. Compiling one takes 2-4 ms,
+    and the first is needed when the first token chunk of a run arrives, which is when the other
+    streams' first tokens arrive too: compiled on the loop, it held every read that came meanwhile
+    unstamped (the first 28 requests of a closed loop came out 3-5 ms late). So `get` hands the
+    pattern out once it is ready and meanwhile None (the chunks are parsed one by one, the same
+    records); a thread compiles it, with the interpreter's switch interval at SWITCH_S
+    meanwhile, so that the loop's thread, woken by a read, gets the GIL back within that.
+    `background = False` compiles at once (tests that check runs, read for read)."""
+
+    SWITCH_S = 0.0001
+    KEEP = 64  # patterns kept (an engine's streams share one or two)
+
+    def __init__(self) -> None:
+        self.background = True
+        self._ready: dict[tuple[int, int, bool], re.Pattern[bytes]] = {}
+        self._wanted: deque[tuple[int, int, bool]] = deque()
+        self._lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+
+    def get(self, prefix_len: int, suffix_len: int, upper: bool) -> re.Pattern[bytes] | None:
+        key = (prefix_len, suffix_len, upper)
+        pattern = self._ready.get(key)
+        if pattern is not None:
+            return pattern
+        if not self.background:
+            self._keep(key, chunk_frames(*key))
+            return self._ready[key]
+        with self._lock:
+            if key not in self._wanted:
+                self._wanted.append(key)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._compile, name="kvbench-frames", daemon=True)
+                self._worker.start()
+        return None
+
+    def wait(self) -> None:
+        """Until every pattern asked for is ready."""
+        worker = self._worker
+        if worker is not None:
+            worker.join()
+
+    def _compile(self) -> None:
+        usual = sys.getswitchinterval()
+        sys.setswitchinterval(self.SWITCH_S)
+        try:
+            while True:
+                with self._lock:
+                    if not self._wanted:
+                        self._worker = None
+                        return
+                    key = self._wanted[0]
+                self._keep(key, chunk_frames(*key))
+                with self._lock:
+                    self._wanted.popleft()
+        finally:
+            sys.setswitchinterval(usual)
+
+    def _keep(self, key: tuple[int, int, bool], pattern: re.Pattern[bytes]) -> None:
+        if len(self._ready) >= self.KEEP:
+            del self._ready[next(iter(self._ready))]
+        self._ready[key] = pattern
+
+
+# One per process: every stream's runs share the patterns.
+FRAMES = FramePatterns()
 
 
 def learn(data: bytes, obj: dict[str, Any], tokens: ChunkTokens) -> Template | None:
@@ -387,9 +458,11 @@ class StreamState:
         if template is None or self.done:
             return start
         p, s = len(template.prefix), len(template.suffix)
-        m = chunk_frames(p, s, False).match(buf, start)
+        frames = FRAMES.get(p, s, False)
+        m = None if frames is None else frames.match(buf, start)
         if m is None and buf[start : start + 1] in _UPPER_HEX:
-            m = chunk_frames(p, s, True).match(buf, start)
+            frames = FRAMES.get(p, s, True)
+            m = None if frames is None else frames.match(buf, start)
         if m is None:
             return start
         end = m.end()
