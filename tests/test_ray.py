@@ -428,9 +428,9 @@ def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: P
     assert "Client processes and hosts" in html and "worker 1 on" in html and "was lost" in html
 
 
-def test_a_worker_whose_client_process_dies_keeps_what_it_finished(tmp_path: Path, cluster: str) -> None:
-    proc, out = _sending(tmp_path, "rp", cluster)
-    client = _clients()[0]
+def test_a_worker_whose_client_process_dies_keeps_what_it_finished(tmp_path: Path, nodes: Any) -> None:
+    proc, out = _sending(tmp_path, "rp", str(nodes.address))
+    client, _ = _client_under_a_raylet(_raylets(nodes))
     assert b"_raylet" not in Path(f"/proc/{client}/maps").read_bytes()  # a client without Ray in it
     os.kill(client, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
@@ -451,16 +451,23 @@ def _clients() -> list[int]:
     ]
 
 
-def _node_of_a_client(raylets: dict[int, Any]) -> Any:
-    """The node of a worker's client process: its actor is the node's raylet's child. (A client
-    of an earlier arm or test that is ending has no raylet above it any more: passed over.)"""
+def _raylets(nodes: Any) -> dict[int, Any]:
+    """The cluster's worker nodes by their raylet's pid."""
+    return {n.all_processes["raylet"][0].process.pid: n for n in nodes.worker_nodes}
+
+
+def _client_under_a_raylet(raylets: dict[int, Any]) -> tuple[int, Any]:
+    """A worker's client process of the run now sending, and its node: its actor is the node's
+    raylet's child. A client of an earlier arm or test that is still ending has no raylet above
+    it any more, and one of another cluster has none of these: both passed over."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        for pid in _clients():
+        for client in _clients():
+            pid = client
             while pid > 1 and pid not in raylets:
                 pid = _parent(pid)
             if pid in raylets:
-                return raylets[pid]
+                return client, raylets[pid]
         time.sleep(0.1)
     raise AssertionError("no worker's client process under a raylet")
 
@@ -525,8 +532,7 @@ def test_a_record_crosses_from_a_workers_client_to_the_coordinator_intact() -> N
 
 def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: Any) -> None:
     proc, out = _sending(tmp_path, "rn", nodes.address)
-    raylets = {n.all_processes["raylet"][0].process.pid: n for n in nodes.worker_nodes}
-    node = _node_of_a_client(raylets)
+    _, node = _client_under_a_raylet(_raylets(nodes))
     try:
         nodes.remove_node(node)
         _, err = proc.communicate(timeout=300)
