@@ -24,12 +24,42 @@ Records = Sequence[RequestRecord]
 GROUP_METRICS = ("ttft_s", "first_byte_s", "e2e_s", "itl_s")
 
 
+# Beyond this many distinct prompt lengths (a trace's, a drawn distribution's), the group tables
+# bin lengths by powers of two instead of a row per length
+MAX_LENGTH_GROUPS = 12
+
+
+def length_bin(tokens: int | None) -> tuple[int, int] | None:
+    """The power-of-two bin [lo, hi] a prompt length falls in."""
+    if tokens is None or tokens < 1:
+        return None
+    lo = 1 << (tokens.bit_length() - 1)
+    return lo, 2 * lo - 1
+
+
 def group_stats(records: Records, by: Sequence[str] = ("arm", "phase", "target_tokens")) -> list[dict[str, Any]]:
     """Per group: count, errors, mean/p50/p90/p99 of each metric, and bootstrap intervals of the
-    TTFT median and mean."""
+    TTFT median and mean. With more than MAX_LENGTH_GROUPS distinct lengths, `target_tokens`
+    groups are power-of-two bins (`tokens_bin` [lo, hi], `target_tokens` None); `tokens` says
+    which, as text."""
+    binned = "target_tokens" in by and len({r.target_tokens for r in records}) > MAX_LENGTH_GROUPS
+    if binned:
+        grouped: dict[tuple[Any, ...], list[RequestRecord]] = {}
+        for r in records:
+            key = tuple(length_bin(r.target_tokens) if k == "target_tokens" else getattr(r, k) for k in by)
+            grouped.setdefault(key, []).append(r)
+        items = sorted(grouped.items(), key=lambda kv: tuple((v is None, v) for v in kv[0]))
+    else:
+        items = list(stats.groups(records, by).items())
     rows = []
-    for key, g in stats.groups(records, by).items():
+    for key, g in items:
         row: dict[str, Any] = dict(zip(by, key, strict=True))
+        if binned:
+            row["tokens_bin"], row["target_tokens"] = row["target_tokens"], None
+            lo_hi = row["tokens_bin"]
+            row["tokens"] = "-" if lo_hi is None else f"{lo_hi[0]:,}-{lo_hi[1]:,}"
+        elif "target_tokens" in row:
+            row["tokens"] = "-" if row["target_tokens"] is None else f"{row['target_tokens']:,}"
         row["count"] = len(g)
         row["errors"] = sum(not r.ok for r in g)
         for m in GROUP_METRICS:

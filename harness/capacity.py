@@ -48,6 +48,12 @@ class Point:
     lag_p99_s: float | None
     held_back: int
     saturated: bool | None
+    # the arrivals really sent against the process asked for (stats.arrival_fit); None for a
+    # serial probe
+    arrivals: str | None = None
+    gaps_cv: float | None = None
+    expected_cv: float | None = None
+    ks_p: float | None = None
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,9 @@ class Capacity:
     req_per_s: float | None  # None: below the lowest rate
     low: float | None
     high: float | None
-    bound: str  # "measured" | "at_least" (every rate held) | "below" (no rate held) | "no_slo"
+    # "measured" | "at_least" (every rate held) | "below" (no rate held) | "saturation" (held
+    # up to the arm's saturated throughput, and capped there) | "no_slo"
+    bound: str
     required_share: float | None
 
 
@@ -83,6 +91,9 @@ def point(run: RunResult) -> Point | None:
     lo_hi = stats.share_ci(g["met"], g["requests"]) if g and g["requests"] else (None, None)
     lag = stats.schedule_lag(kept)
     ttft, tpot = stats.values(kept, "ttft_s"), stats.values(kept, "tpot_s")
+    w = run.scenario.get("workload") or {}
+    arrivals = str(w.get("arrivals") or "poisson") if load.get("mode", "rate") == "rate" else None
+    fit = stats.arrival_fit(kept, arrivals, float(offered), float(w.get("gamma_shape") or 1.0)) if arrivals else {}
     return Point(
         mode=str(load.get("mode", "rate")),
         offered_req_per_s=float(offered),
@@ -100,6 +111,10 @@ def point(run: RunResult) -> Point | None:
         lag_p99_s=lag["p99_s"],
         held_back=lag["held_back"],
         saturated=stats.saturation(kept)["saturated"],
+        arrivals=arrivals,
+        gaps_cv=fit.get("cv"),
+        expected_cv=fit.get("expected_cv"),
+        ks_p=fit.get("ks_p"),
     )
 
 
@@ -116,8 +131,18 @@ def holds(p: Point, share: float) -> bool:
     return (p.share_met or 0.0) >= share and not p.saturated
 
 
-def capacity(points: Sequence[Point], share: float | None) -> Capacity:
-    """The capacity at the SLO of one arm's points (see the module's definition)."""
+def capacity(points: Sequence[Point], share: float | None, ceiling: float | None = None) -> Capacity:
+    """The capacity at the SLO of one arm's points (see the module's definition), never above
+    `ceiling`, the arm's saturated throughput (its closed-loop probe): a rate above what the
+    server completes that still met the SLO did so only because too few requests were sent for
+    its queue to show (bound "saturation")."""
+    c = _capacity(points, share)
+    if ceiling is None or c.req_per_s is None or c.req_per_s <= ceiling:
+        return c
+    return Capacity(ceiling, min(c.low if c.low is not None else ceiling, ceiling), ceiling, "saturation", share)
+
+
+def _capacity(points: Sequence[Point], share: float | None) -> Capacity:
     pts = sorted((p for p in points if p.share_met is not None), key=lambda p: p.offered_req_per_s)
     if share is None or not pts:
         return Capacity(None, None, None, "no_slo", share)
@@ -197,7 +222,7 @@ def curves(runs: Sequence[RunResult]) -> list[ArmCurve]:
                 pts,
                 top,
                 saturation_rate(pts),
-                capacity(pts, slo[1] if slo else None),
+                capacity(pts, slo[1] if slo else None, top),
             )
         )
     return out
@@ -216,7 +241,7 @@ def benefit(arm_curves: Sequence[ArmCurve]) -> list[dict[str, Any]]:
         b, t = base.capacity, c.capacity
         ratio = lo = hi = None
         # a ratio needs the capacity without the tier measured; with it, it may be a lower bound
-        if b.bound == "measured" and b.req_per_s and t.req_per_s and t.bound in ("measured", "at_least"):
+        if b.bound in ("measured", "saturation") and b.req_per_s and t.req_per_s and t.bound != "below":
             ratio = t.req_per_s / b.req_per_s
             lo = t.low / b.high if t.low and b.high else None
             hi = t.high / b.low if t.high and b.low else None
@@ -262,6 +287,11 @@ def capacity_text(c: dict[str, Any]) -> str:
         return f"SLO capacity below {c['high']:.3g} req/s, the lowest rate measured ({share} at none)"
     if c["bound"] == "at_least":
         return f"SLO capacity at least {c['req_per_s']:.3g} req/s, the highest rate measured ({share} at every rate)"
+    if c["bound"] == "saturation":
+        return (
+            f"SLO capacity {c['req_per_s']:.3g} req/s, the arm's saturated throughput: the rates above it that "
+            f"met the SLO did so only because too few requests were sent for the queue to show ({share})"
+        )
     return f"SLO capacity {c['req_per_s']:.3g} req/s (95 % interval {c['low']:.3g} to {c['high']:.3g}; {share})"
 
 

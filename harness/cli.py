@@ -279,6 +279,10 @@ def trace_inspect(
         bool, typer.Option("--skip-bad", help="Leave out bad lines (counted) instead of exit 2.")
     ] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
+    max_context_tokens: Annotated[
+        int | None,
+        typer.Option(help="Refuse a line longer than this, with its output (default 1,048,576, as a scenario's)."),
+    ] = None,
 ) -> int:
     """Requests, lengths, arrival rate, and the prompt tokens a prefix cache could serve."""
     from rich.console import Console
@@ -286,7 +290,14 @@ def trace_inspect(
     from harness.commands import trace as command
 
     return command.main(
-        file, fmt, block_tokens, lru_blocks or [], skip_bad, json_out, Console(highlight=False, soft_wrap=True)
+        file,
+        fmt,
+        block_tokens,
+        lru_blocks or [],
+        skip_bad,
+        json_out,
+        Console(highlight=False, soft_wrap=True),
+        max_context_tokens,
     )
 
 

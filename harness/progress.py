@@ -142,19 +142,25 @@ def show_summary(console: Console, scenario: str, arm: str, kind: str, s: dict[s
             line += f" of the {possible:.1%} an infinite cache could (captured {s['cached_share'] / possible:.0%})"
         console.print(line, markup=False)
     if kind != "open_loop":
+        if (lag := s.get("schedule_lag")) and lag["requests"]:
+            console.print(f"  {_sent(lag)}", markup=False)
         return
     lag, tpot = s["schedule_lag"], s["tpot_s"]
     line = f"  TPOT p50 {_fmt(tpot['p50'], 4)} s, p99 {_fmt(tpot['p99'], 4)} s"
     if lag["requests"]:
-        line += (
-            f"; sent {_fmt(lag['sent_req_per_s'], 3)} of {_fmt(lag['intended_req_per_s'], 3)} req/s intended, "
-            f"schedule lag p99 {_ms(lag['p99_s'])}"
-        )
+        line += f"; {_sent(lag)}"
     if (slo := s.get("slo")) is not None:
         line += f"; SLO met by {slo['met']}/{slo['requests']}, goodput {_fmt(slo['goodput_req_per_s'], 3)} req/s"
     if (s.get("saturation") or {}).get("saturated"):
         line += "; saturated"
     console.print(line, markup=False)
+
+
+def _sent(lag: dict[str, Any]) -> str:
+    return (
+        f"sent {_fmt(lag['sent_req_per_s'], 3)} of {_fmt(lag['intended_req_per_s'], 3)} req/s intended, "
+        f"schedule lag p99 {_ms(lag['p99_s'])}"
+    )
 
 
 def _ms(x: float | None) -> str:

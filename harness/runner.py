@@ -29,7 +29,7 @@ from harness.errors import EndpointError, ExitCode, FilesError
 from harness.progress import RunProgress, show_summary
 from harness.prompts import PromptBuilder
 from harness.results import RunWriter, iso, machine, read_requests, utc_stamp, versions
-from harness.scenario import Arm, DistributedCfg, Scenario
+from harness.scenario import Arm, Context, DistributedCfg, Scenario
 from harness.scrape import Scraper
 from harness.selfcheck import LoopMonitor
 from harness.traffic import make_driver
@@ -56,6 +56,7 @@ class Target:
     workers: int = 1
     distributed: DistributedCfg | None = None  # --ray: the arms are sent from a Ray cluster's workers
     engine: dict[str, Any] | None = None  # an engine kvbench started ([engine]): run.json's `engine`
+    context: Context | None = None  # the model's context where known better than the scenario says
 
 
 @dataclass
@@ -336,7 +337,9 @@ class ArmLifecycle:
 
     def _sender(self, writer: RunWriter) -> Sender:
         t, arm, session = self.t, self.arm, self.session
-        spec = ArmSpec(t.scenario, arm, self.base, session.model, self.state.stamp, session.server, t.clock, self.load)
+        spec = ArmSpec(
+            t.scenario, arm, self.base, session.model, self.state.stamp, session.server, t.clock, self.load, t.context
+        )
         sender = Sender(
             spec=spec,
             client=session.client,

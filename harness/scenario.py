@@ -78,6 +78,11 @@ class Distribution:
     stddev: float = 0.0
 
 
+# The default bound on any prompt's length (model.max_context_tokens): the longest contexts models
+# are served with today, and what kvbench may hold of one prompt (about 4 MB of text). Lengths
+# beyond it are refused before anything is built or sent.
+MAX_CONTEXT_TOKENS = 1 << 20
+
 ARRIVALS = ("constant", "poisson", "gamma")
 HISTORIES = ("synthetic", "real")  # sessions: what goes into the history as the answers
 WARM_FROM = ("active", "host", "disk")  # arms: where a warm request finds its KV
@@ -224,6 +229,8 @@ class EmulatorCfg:
 class ModelCfg:
     # default: gpt-oss-120b's, from the reference file
     kv_bytes_per_token: int = field(default_factory=reference.kv_bytes_per_token)
+    # the longest prompt (with its output) any workload may ask for, when the server's is not known
+    max_context_tokens: int = MAX_CONTEXT_TOKENS
 
 
 @dataclass(frozen=True)
@@ -456,6 +463,7 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
         raw=data,
     )
     top.done()
+    check_lengths(scenario, Context.of(scenario))
     if scenario.prompts.source == "file" and scenario.workload.kind == "sweep":
         raise InputError(f'{file}: prompts.source: a sweep builds its own prompts; "file" works with the other kinds')
     kind = scenario.workload.kind
@@ -728,6 +736,51 @@ def _open_loop(t: _Table) -> Workload:
     return w
 
 
+def _longest(d: Distribution | None) -> int:
+    if d is None:
+        return 0
+    return d.value if d.kind == "fixed" else d.max
+
+
+def longest_prompts(sc: Scenario) -> list[tuple[str, int, str]]:
+    """The longest prompt each length key of the workload can make, with its output: (key, tokens,
+    how that length comes about)."""
+    w, out = sc.workload, sc.endpoint.max_tokens
+    keys = [(f"workload.lengths[{i}]", n + out, "") for i, n in enumerate(w.lengths or ())]
+    if w.prompt_tokens is not None:
+        keys.append(("workload.prompt_tokens", _longest(w.prompt_tokens) + out, ""))
+    if w.kind == "sessions":  # the last turn resends everything before it
+        turns, message = _longest(w.turns), _longest(w.message_tokens)
+        longest = w.system_prompt_tokens + w.user_context_tokens + turns * (message + w.answer_tokens)
+        how = " (the last turn: system_prompt_tokens + user_context_tokens + turns x (message_tokens + answer_tokens))"
+        keys.append(("workload.turns", longest, how))
+    return keys
+
+
+@dataclass(frozen=True)
+class Context:
+    """The longest prompt (with its output) a run may send, and where that bound comes from."""
+
+    tokens: int = MAX_CONTEXT_TOKENS
+    source: str = "model.max_context_tokens"
+
+    @classmethod
+    def of(cls, sc: Scenario) -> Context:
+        return cls(sc.model.max_context_tokens)
+
+
+def check_lengths(sc: Scenario, context: Context) -> None:
+    """Refuse a workload whose prompts could be longer than the model's context: a server refuses
+    them anyway, and kvbench would build them first. Traces are checked line by line as they are
+    read (traces.read)."""
+    for key, n, how in longest_prompts(sc):
+        if n > context.tokens:
+            raise InputError(
+                f"{sc.path}: {key}: prompts up to {n:,} tokens with their output{how}, beyond the model's "
+                f"context of {context.tokens:,} tokens ({context.source})"
+            )
+
+
 def _smallest(d: Distribution | None) -> int:
     if d is None:
         return 0
@@ -993,7 +1046,12 @@ def _reference(t: _Table) -> ReferenceCfg:
 
 def _model(t: _Table) -> ModelCfg:
     cfg = ModelCfg(
-        kv_bytes_per_token=t.integer("kv_bytes_per_token", reference.kv_bytes_per_token(), minimum=1, what="an integer")
+        kv_bytes_per_token=t.integer(
+            "kv_bytes_per_token", reference.kv_bytes_per_token(), minimum=1, what="an integer"
+        ),
+        max_context_tokens=t.integer(
+            "max_context_tokens", MAX_CONTEXT_TOKENS, minimum=1, what="an integer number of tokens"
+        ),
     )
     t.done()
     return cfg

@@ -230,10 +230,12 @@ def summary(records: Records, kind: str, slo: dict[str, float] | None = None) ->
         out["tpot_s"] = describe(values(kept, "tpot_s"))
         out["warmup_requests"] = len(records) - len(counted)
         out["mean_in_flight"] = t.mean_concurrency
-        out["schedule_lag"] = schedule_lag(counted)
         out["saturation"] = saturation(counted)
         if slo:
             out["slo"] = goodput(counted, slo)
+    if kind == "open_loop" or any(r.intended_s is not None for r in counted):
+        # every kind that sends at times: open loops, traces at their timestamps, sessions' turns
+        out["schedule_lag"] = schedule_lag(counted)
     return out
 
 
@@ -254,7 +256,8 @@ def measured(records: Iterable[RequestRecord]) -> list[RequestRecord]:
 
 def schedule_lag(records: Records) -> dict[str, Any]:
     """How late requests were sent against their schedule (model seconds), how many were held
-    back by max_concurrency, and the rate intended against the rate really sent."""
+    back (by max_concurrency, or a session by max_active), and the rate intended against the rate
+    really sent."""
     timed = sorted((r for r in records if r.intended_s is not None), key=lambda r: r.intended_s or 0.0)
     lag = np.asarray([r.lag_s for r in timed], dtype=np.float64)
     held = [r.held_s for r in timed if r.held_s]
@@ -279,8 +282,8 @@ def schedule_lag(records: Records) -> dict[str, Any]:
 
 
 def schedule_lag_of(records: Records, process: int) -> dict[str, Any] | None:
-    """schedule_lag of what one client process or Ray worker sent of an open loop's measured part
-    (None when it sent none at a time)."""
+    """schedule_lag of what one client process or Ray worker sent at a time of a timed arm's
+    measured part (None when it sent none at a time)."""
     mine = [r for r in measured(records) if r.process == process and r.intended_s is not None]
     return schedule_lag(mine) if mine else None
 

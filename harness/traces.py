@@ -58,6 +58,29 @@ class Trace:
     block_tokens: int
     requests: tuple[TraceRequest, ...]
     skipped: tuple[str, ...] = ()  # "file:line: why", when skipping was asked for
+    # lines whose input_length is more than a block away from what their hash_ids cover (at most
+    # MISFIT_EXAMPLES of them, "file:line: why"), and how many there are
+    misfits: tuple[str, ...] = ()
+    misfit_lines: int = 0
+
+    def misfit_warning(self) -> str | None:
+        if not self.misfit_lines:
+            return None
+        return (
+            f"{self.misfit_lines:,} lines' input_length is more than a block from what their hash_ids cover "
+            f"({self.block_tokens}-token blocks: the prompt is still input_length long, its shared part is not "
+            f"what the trace meant; wrong block_tokens?): {self.misfits[0]}"
+        )
+
+
+MISFIT_EXAMPLES = 5
+
+
+def misfit(r: TraceRequest, block_tokens: int) -> bool:
+    """Is the request's input_length more than a block outside the span its hash_ids cover
+    (every block but the last whole: (n - 1) x block < input_length <= n x block)?"""
+    n = len(r.hash_ids)
+    return r.input_length <= (n - 2) * block_tokens or r.input_length > (n + 1) * block_tokens
 
 
 def detect(first: dict[str, Any]) -> Format:
@@ -113,9 +136,12 @@ def read(
     block_tokens: int | None = None,
     skip_bad: bool = False,
     max_model_len: int | None = None,
+    context_from: str = "",
 ) -> Trace:
     """A trace file. A bad line is an InputError naming file, line and field, or (skip_bad) left
-    out and said in `skipped`. Timestamps must not go backwards (replay order is file order)."""
+    out and said in `skipped`. Timestamps must not go backwards (replay order is file order), and
+    no request may be longer than `max_model_len` (`context_from`: where that limit comes from,
+    as ", KEY")."""
     p = Path(path)
     requests: list[TraceRequest] = []
     skipped: list[str] = []
@@ -138,8 +164,8 @@ def read(
                     raise ValueError(f"{where}: timestamp: goes backwards ({req.timestamp_s:g} s after {last_ts:g} s)")
                 if max_model_len is not None and req.input_length + req.output_length > max_model_len:
                     raise ValueError(
-                        f"{where}: input_length: {req.input_length} + output_length {req.output_length} "
-                        f"exceeds the model's context ({max_model_len})"
+                        f"{where}: input_length: {req.input_length:,} + output_length {req.output_length:,} "
+                        f"exceeds the model's context ({max_model_len:,} tokens{context_from})"
                     )
             except ValueError as e:  # json's errors are ValueErrors too
                 text = str(e) if str(e).startswith(where) else f"{where}: not JSON: {e}"
@@ -152,7 +178,12 @@ def read(
     if not requests:
         raise InputError(f"{p}: no trace requests in it")
     assert chosen is not None
-    return Trace(str(p), chosen, block_tokens or BLOCK_TOKENS[chosen], tuple(requests), tuple(skipped))
+    block = block_tokens or BLOCK_TOKENS[chosen]
+    off = [r for r in requests if misfit(r, block)]
+    examples = tuple(
+        f"{p}:{r.line}: input_length {r.input_length:,} with {len(r.hash_ids)} hash_ids" for r in off[:MISFIT_EXAMPLES]
+    )
+    return Trace(str(p), chosen, block, tuple(requests), tuple(skipped), examples, len(off))
 
 
 def _lines(f: Any, p: Path) -> Iterable[bytes]:

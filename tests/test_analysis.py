@@ -122,6 +122,18 @@ def test_group_stats() -> None:
     assert g["ttft_s_p50"] == pytest.approx(5.5) and g["itl_s_p50"] == pytest.approx(0.015)
 
 
+def test_many_distinct_lengths_are_grouped_in_power_of_two_bins() -> None:
+    """A trace's 286 lengths would make 286 rows of one request each: beyond 12 distinct lengths,
+    rows are power-of-two bins, every request in exactly one; up to 12, a row per length."""
+    recs = [rec(id=k, target_tokens=300 + 7 * k) for k in range(286)]
+    rows = analysis.group_stats(recs)
+    assert [x["tokens"] for x in rows] == ["256-511", "512-1,023", "1,024-2,047", "2,048-4,095"]
+    assert sum(x["count"] for x in rows) == 286 and all(x["target_tokens"] is None for x in rows)
+    assert rows[0]["count"] == len([k for k in range(286) if 300 + 7 * k <= 511])
+    few = analysis.group_stats([rec(target_tokens=n) for n in (1000, 2000, 1000)])
+    assert [(x["tokens"], x["count"]) for x in few] == [("1,000", 2), ("2,000", 1)]
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.floats(0.01, 100), min_size=2, max_size=30), st.lists(st.floats(0.01, 100), min_size=2, max_size=30))
 def test_mann_whitney_is_a_probability_and_symmetric(x: list[float], y: list[float]) -> None:

@@ -3,6 +3,7 @@ emulator on an ephemeral port (and llama.cpp in test_llamacpp.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import math
@@ -145,6 +146,19 @@ def test_capacity_interpolates_between_the_rates_around_the_crossing() -> None:
     assert (sat.req_per_s, sat.low, sat.high) == (1.7, 1, 2)
 
 
+def test_a_capacity_is_never_above_the_arms_saturated_throughput() -> None:
+    """kv-tier-capacity.toml at time scale 10: every rate up to 7.4 req/s met the SLO with 40
+    requests each, though the arm saturated at 6.17 req/s: not "at least 7.4" but 6.17, said as
+    the saturated throughput; an interpolated capacity above it is capped too."""
+    held = [_point(2.0, 40), _point(5.0, 39), _point(7.4, 38, achieved=5.58)]
+    c = capacity.capacity(held, 0.9, ceiling=6.17)
+    assert (c.req_per_s, c.high, c.bound) == (6.17, 6.17, "saturation") and c.low is not None and c.low <= 6.17
+    assert "saturated throughput" in capacity.capacity_text(dataclasses.asdict(c))
+    crossing = capacity.capacity([_point(5.0, 40), _point(8.0, 20)], 0.9, ceiling=5.5)
+    assert crossing.req_per_s == 5.5 and crossing.bound == "saturation"
+    assert capacity.capacity(held, 0.9, ceiling=20.0).bound == "at_least"  # below the ceiling: as before
+
+
 def test_auto_rates_spread_up_to_and_beyond_saturation() -> None:
     rates = capacity.auto_rates(0.5, 4.5, 4)
     assert rates == pytest.approx([1.5, 2.5, 3.5, 4.5, 4.5 * capacity.AUTO_BEYOND])
@@ -211,6 +225,11 @@ time_scale = 2.0
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "r.html").read_text()
     assert "Open loop: latency, goodput and SLO capacity" in html and "cached@20req/s" in html
+    # the arrival process asked for, and how the real sends matched it
+    rated = [p for p in doc["arms"][0]["points"] if p["mode"] == "rate"]
+    assert rated and all(p["arrivals"] == "poisson" and p["expected_cv"] == 1.0 for p in rated)
+    assert all(p["gaps_cv"] is not None and p["ks_p"] is not None for p in rated)
+    assert "gap CV (expected)" in html and "Kolmogorov-Smirnov" in html
 
 
 @pytest.mark.parametrize(

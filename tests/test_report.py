@@ -88,6 +88,26 @@ def test_sweep_and_two_arm_closed_loop_render(results: Path, tmp_path: Path) -> 
     assert len(html) < 5_000_000
 
 
+def test_the_claims_audit_is_only_for_runs_of_a_published_test(results: Path, tmp_path: Path) -> None:
+    src = one_run(results, "redbooks-concurrency")
+    scenario = {k: v for k, v in json.loads((src / "run.json").read_text())["scenario"].items() if k != "reference"}
+    plain = edited_copy(src, tmp_path / "plain", {"scenario": scenario})
+    assert "Claims audit" not in render(load_runs([plain]), tmp_path / "plain.html").read_text()
+    assert "Claims audit" in render(load_runs([src]), tmp_path / "paper.html").read_text()
+
+
+def test_an_arm_slower_than_recomputing_is_said_plainly(results: Path, tmp_path: Path) -> None:
+    folders = sorted((results / "redbooks-concurrency").iterdir())
+    html = render(load_runs(folders), tmp_path / "fast.html").read_text()
+    assert "slower than recomputing" not in html  # the cached arm is faster here
+    cached = next(f for f in folders if f.name.endswith("-cached"))
+    slow = [{**json.loads(line), "ttft_s": 60.0} for line in (cached / "requests.jsonl").read_text().splitlines()]
+    edited = edited_copy(cached, tmp_path / cached.name, {}, slow)
+    others = [f for f in folders if f != cached]
+    html = render(load_runs([*others, edited]), tmp_path / "slow.html").read_text()
+    assert "redbooks-concurrency/cached was slower than recomputing: TTFT p50 60 s against" in html
+
+
 def test_errors_interrupted_single_request_and_escaping(results: Path, tmp_path: Path) -> None:
     src = one_run(results, "redbooks-ttft-sweep")
     recs = [json.loads(line) for line in (src / "requests.jsonl").read_text().splitlines()]

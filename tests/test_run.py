@@ -170,20 +170,37 @@ def test_exit_3_wrong_model_and_failed_hook(tmp_path: Path, emulator: EmbeddedEm
     assert r.returncode == 3 and 'before hook ["false"] exited with 1' in r.stderr
 
 
-def test_exit_4_when_requests_fail(tmp_path: Path) -> None:
+def test_exit_4_when_requests_fail(tmp_path: Path, emulator: EmbeddedEmulator) -> None:
     # 140,000 tokens do not fit the emulated model's 131,072-token context: the server says 400.
+    # (Its context is not known to kvbench behind --endpoint; with the embedded emulator it is,
+    # and the run is refused before anything is sent: test_a_known_context_refuses_longer_prompts.)
     sc = write_scenario(
         tmp_path / "big.toml",
         'name = "big"\n[workload]\nkind = "sweep"\nlengths = [1000, 140000]\n'
         "warm_repeats = 0\n[emulator]\ntime_scale = 50.0\n",
     )
-    r = kvbench("run", str(sc), "--out", str(tmp_path))
+    r = kvbench("run", str(sc), "--endpoint", emulator.base_url, "--out", str(tmp_path))
     assert r.returncode == 4, r.stderr
     assert "1 request(s) failed" in r.stderr
     (folder,) = arm_folders(tmp_path, "big").values()
     recs = read_requests(folder)
     assert [rec.ok for rec in recs] == [True, False]
     assert recs[1].http_status == 400 and "maximum context length" in (recs[1].error or "")
+
+
+def test_a_known_context_refuses_longer_prompts(tmp_path: Path) -> None:
+    """The embedded emulator's profile says its context (131,072 tokens): a longer prompt is
+    refused before the emulator starts or anything is sent, naming the key and the bound's
+    source; the scenario's own bound applies where it is shorter."""
+    body = 'name = "big"\n[workload]\nkind = "sweep"\nlengths = [1000, 140000]\n[emulator]\ntime_scale = 50.0\n'
+    r = kvbench("run", str(write_scenario(tmp_path / "big.toml", body)), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "workload.lengths[1]: prompts up to 140,016 tokens" in r.stderr
+    assert "context of 131,072 tokens (emulator profile redbooks-g4)" in r.stderr
+    assert not (tmp_path / "out").exists()
+    own = body.replace("140000", "2000") + "[model]\nmax_context_tokens = 1500\n"
+    r = kvbench("validate", str(write_scenario(tmp_path / "own.toml", own)))
+    assert r.returncode == 2 and "(model.max_context_tokens)" in r.stderr
 
 
 def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:

@@ -111,6 +111,49 @@ def test_errors_name_file_key_and_expectation(text: str, message: str) -> None:
     assert message in str(e.value)
 
 
+SESSIONS = """
+name = "t"
+[workload]
+kind = "sessions"
+users = 2
+turns = 3
+think_s = 1.0
+user_context_tokens = 1000
+message_tokens = {message}
+answer_tokens = 100
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            'name = "t"\n[workload]\nkind = "sweep"\nlengths = [1000, 1000000000]\n',
+            "workload.lengths[1]: prompts up to 1,000,000,016 tokens with their output, beyond the model's "
+            "context of 1,048,576 tokens (model.max_context_tokens)",
+        ),
+        (SWEEP + "[model]\nmax_context_tokens = 1500\n", "workload.lengths[1]: prompts up to 2,016 tokens"),
+        (
+            'name = "t"\n[workload]\nkind = "closed_loop"\nrequests = 10\nconcurrency = 2\npool = 5\n'
+            'prompt_tokens = { distribution = "uniform", min = 10, max = 2000000 }\n',
+            "workload.prompt_tokens: prompts up to 2,000,016 tokens",
+        ),
+        (
+            SESSIONS.format(message=400000),
+            "workload.turns: prompts up to 1,201,300 tokens with their output (the last turn: "
+            "system_prompt_tokens + user_context_tokens + turns x (message_tokens + answer_tokens))",
+        ),
+    ],
+)
+def test_every_prompt_length_is_bounded_by_the_models_context(text: str, message: str) -> None:
+    """No length key can ask kvbench to build (and a server to refuse) a prompt beyond the model's
+    context: the scenario's bound by default, model.max_context_tokens when set."""
+    with pytest.raises(InputError) as e:
+        parse(text)
+    assert message in str(e.value) and "scenarios/x.toml" in str(e.value)
+    assert parse(SESSIONS.format(message=400)).model.max_context_tokens == scenario.MAX_CONTEXT_TOKENS
+
+
 def test_schema_version(tmp_path: Path) -> None:
     p = tmp_path / "v.toml"
     p.write_text(SWEEP.replace('name = "t"', 'schema_version = 2\nname = "t"'))

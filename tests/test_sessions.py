@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,15 @@ def test_each_turn_resends_the_history_and_finds_it_cached(tmp_path: Path, worke
             prev = by[(u, k - 1)]
             assert x.target_tokens == prev.target_tokens + 20 + 40  # the answer and a new message
             assert x.idle_s is not None and x.idle_s >= 0 and x.start_s >= (prev.end_s() or 0)
+            # intended: the turn before's end plus its think time; sent at or after it
+            assert x.intended_s is not None and x.intended_s >= (prev.end_s() or 0)
+            assert x.lag_s is not None and x.lag_s >= 0
             if arm == "cached":  # all sent before but the template's closing and a part block
                 assert (x.cached_tokens or 0) >= prev.prompt_tokens - 32
             else:
                 assert not x.cached_tokens
+        summary = json.loads((folder / "run.json").read_text())["summary"]
+        assert summary["schedule_lag"]["requests"] == len(recs)  # every turn was sent at a time
         if workers == 2:  # a session stays with one process
             for u in range(4):
                 assert len({x.process for x in recs if x.session == u}) == 1
@@ -97,6 +103,10 @@ def test_sessions_start_at_a_rate_and_keep_to_max_active(tmp_path: Path) -> None
     # one session at a time: a session's turns are never interleaved with another's
     order = [x.session for x in recs]
     assert len(set(order)) == 4
+    # a session kept waiting for the one slot is held back, as max_concurrency holds a request
+    firsts = [x for x in recs if x.turn == 1]
+    assert all(x.intended_s is not None for x in firsts)
+    assert any(x.held_s for x in firsts[1:])
     for u in range(4):
         turns = [x.turn for x in recs if x.session == u]
         assert turns == sorted(turns)

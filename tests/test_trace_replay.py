@@ -63,6 +63,9 @@ def test_a_trace_replay_on_the_emulator_captures_what_it_could(tmp_path: Path) -
         # at the trace's times, twice as fast (model seconds)
         starts = sorted(x.intended_s for x in recs if x.intended_s is not None)
         assert starts == pytest.approx([0.075 * k for k in range(12)], abs=1e-6)
+        lag = run.meta["summary"]["schedule_lag"]  # how late they left, as an open loop's
+        assert lag["requests"] == 12 and lag["p99_s"] is not None and lag["p99_s"] >= 0
+        assert run.meta["client_health"]["schedule_lag"] == lag
         trace = run.meta["trace"]
         assert trace["requests"] == 12 and trace["possible_cached_share"] == pytest.approx(possible.share)
         reqs = traces.read(path, block_tokens=64).requests
@@ -77,6 +80,26 @@ def test_a_trace_replay_on_the_emulator_captures_what_it_could(tmp_path: Path) -
             # 16-token emulator blocks inside 64-token trace blocks: the same blocks are shared
             assert got["cached_share"] == pytest.approx(possible.share, abs=0.01)
             assert set(got["by_tier"]) == {"G4"}
+
+
+def test_a_trace_the_client_cannot_send_on_time_reports_its_lag_and_warns(tmp_path: Path) -> None:
+    """Sixty requests at the same timestamp (and a bad line, skipped as asked, which the terminal
+    says): no client opens sixty connections and writes sixty
+    requests at one instant, and at time scale 4 the lag (model seconds) is four times the
+    wall-clock one: past the 3 ms limit whatever the machine. The run says so."""
+    rows = [{"timestamp": 0, "input_length": 100, "output_length": 2, "hash_ids": [k]} for k in range(60)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{not json\n")
+    sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=path, extra="skip_bad = true"))
+    r = kvbench("run", str(sc), "--arm", "cached", "--out", str(tmp_path / "out"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "schedule lag p99" in r.stderr and "the offered load was not offered" in r.stderr
+    assert "1 bad line of the trace skipped (skip_bad = true)" in r.stderr and ":61:" in r.stderr
+    (folder,) = (tmp_path / "out" / "tr").iterdir()
+    meta = read_run(folder).meta
+    lag = meta["summary"]["schedule_lag"]
+    assert lag["requests"] == 60 and lag["p99_s"] > 0.003
+    assert any("the offered load was not offered" in w for w in meta["warnings"])
 
 
 def test_a_slice_at_a_concurrency(tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ def test_order_context_and_bailian_fields_are_checked(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r":2: timestamp: goes backwards"):
         traces.read(back)
     with pytest.raises(
-        InputError, match=r":1: input_length: 600 \+ output_length 10 exceeds the model's context \(512\)"
+        InputError, match=r":1: input_length: 600 \+ output_length 10 exceeds the model's context \(512 tokens\)"
     ):
         traces.read(write(tmp_path / "c.jsonl", [mc(0, 600, [1])]), max_model_len=512)
     bad = {
@@ -169,6 +169,41 @@ def test_inspect_bad_input_exits_2_without_a_traceback(tmp_path: Path) -> None:
         assert r.returncode == 2 and "expected" in r.stderr
     r = kvbench("trace", "inspect", str(tmp_path / "none.jsonl"))
     assert r.returncode == 2 and "cannot read the trace" in r.stderr
+
+
+def test_an_absurd_length_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    """A line asking for 10^9 tokens: `trace inspect` and `validate` refuse it (exit 2, file, line
+    and field), as `run` does before building any prompt; the bound is the scenario's
+    model.max_context_tokens (default 1,048,576) or --max-context-tokens."""
+    path = write(tmp_path / "t.jsonl", [mc(0, 600, [1, 2]), mc(1, 10**9, [3, 4])])
+    r = kvbench("trace", "inspect", str(path))
+    said = f"{path}:2: input_length: 1,000,000,000 + output_length 10 exceeds the model's context (1,048,576 tokens"
+    assert r.returncode == 2 and said in r.stderr.replace("\n", "") and "Traceback" not in r.stderr
+    short = write(tmp_path / "s.jsonl", [mc(0, 600, [1, 2])])
+    r = kvbench("trace", "inspect", str(short), "--max-context-tokens", "500")
+    assert r.returncode == 2 and "(500 tokens, --max-context-tokens)" in r.stderr.replace("\n", "")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'schema_version = 1\nname = "t"\n[workload]\nkind = "trace"\npath = "{path}"\n')
+    for args in (["validate", str(scenario)], ["run", str(scenario), "--out", str(tmp_path / "out")]):
+        r = kvbench(*args)
+        assert r.returncode == 2 and f"{path}:2: input_length" in r.stderr.replace("\n", ""), r.stderr
+    assert all(f.stat().st_size == 0 for f in (tmp_path / "out").rglob("requests.jsonl"))  # nothing sent
+
+
+def test_lengths_that_do_not_fit_their_hash_ids_are_warned_of(tmp_path: Path) -> None:
+    """input_length more than a block from what its hash_ids cover (600 tokens in ten 512-token
+    blocks, 20,000 in one) is read, and said, by `trace inspect`, `validate` and `run`."""
+    fits = [mc(0, 1000, [1, 2]), mc(1, 1024, [1, 3]), mc(2, 513, [1, 4])]
+    assert traces.read(write(tmp_path / "ok.jsonl", fits)).misfit_lines == 0
+    path = write(tmp_path / "t.jsonl", [*fits, mc(3, 600, list(range(10))), mc(4, 20_000, [7])])
+    trace = traces.read(path)
+    assert trace.misfit_lines == 2 and trace.misfits[0] == f"{path}:4: input_length 600 with 10 hash_ids"
+    r = kvbench("trace", "inspect", str(path))
+    assert r.returncode == 0 and "warning: 2 lines' input_length is more than a block" in r.stdout.replace("\n", "")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'schema_version = 1\nname = "t"\n[workload]\nkind = "trace"\npath = "{path}"\n')
+    r = kvbench("validate", str(scenario))
+    assert r.returncode == 0 and "warning: 2 lines' input_length" in r.stderr.replace("\n", "")
 
 
 def test_the_samples_are_what_their_generator_makes(tmp_path: Path) -> None:

@@ -137,6 +137,8 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
     for arm in arms:
         if arm.endpoint:
             endpoint.check_url(arm.endpoint, f"{sc.path}: arms.{arm.name}.endpoint")
+    context = known_context(sc, emulated, engine)
+    scenario.check_lengths(sc, context)
     scale = (opts.time_scale or sc.emulator.time_scale) if emulated else 1.0
     cap = sc.emulator.max_time_scale
     if emulated and cap is not None and scale > cap:
@@ -171,8 +173,29 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
             metrics_urls=opts.metrics_urls,
             workers=opts.workers or 1,
             distributed=ray,
+            context=context,
         )
         return aio.run(run_arms(target, console))
+
+
+def known_context(sc: scenario.Scenario, emulated: bool, engine: scenario.EngineCfg | None) -> scenario.Context:
+    """The model's context where kvbench knows it before the run (the embedded emulator's profile,
+    the llama.cpp it starts), when it is shorter than the scenario's bound; else the scenario's.
+    Another server's is not asked for: it refuses longer prompts itself (an `http` error)."""
+    own = scenario.Context.of(sc)
+    if emulated:
+        from harness.emulator.profiles import get_profile
+
+        try:
+            profile = get_profile(sc.emulator.profile)
+            known = scenario.Context(profile.max_model_len, f"emulator profile {sc.emulator.profile}")
+        except (KeyError, ValueError):  # an unknown profile is said where the emulator starts
+            return own
+    elif engine is not None:
+        known = scenario.Context(engine.ctx_per_slot, "engine.ctx_per_slot")
+    else:
+        return own
+    return known if known.tokens < own.tokens else own
 
 
 def _with_timeouts(sc: scenario.Scenario, overrides: tuple[tuple[str, float], ...]) -> scenario.Scenario:

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from harness import stats, traces
 from harness.errors import ExitCode, InputError
+from harness.scenario import MAX_CONTEXT_TOKENS
 
 RATE_WINDOWS = 10  # the arrival rate over time: the span cut into this many equal windows
 
@@ -36,6 +37,8 @@ def inspect(trace: traces.Trace, lru_blocks: list[int]) -> dict[str, Any]:
         "block_tokens": trace.block_tokens,
         "requests": len(reqs),
         "skipped_lines": list(trace.skipped),
+        "misfit_lines": trace.misfit_lines,
+        "misfits": list(trace.misfits),
         "span_s": span,
         "mean_req_per_s": (len(reqs) - 1) / span if span > 0 else None,
         "input_length": stats.describe([r.input_length for r in reqs]),
@@ -63,6 +66,12 @@ def show(doc: dict[str, Any], console: Console) -> None:
     )
     if doc["skipped_lines"]:
         console.print(f"{len(doc['skipped_lines'])} lines left out; the first: {doc['skipped_lines'][0]}", markup=False)
+    if doc["misfit_lines"]:
+        console.print(
+            f"warning: {doc['misfit_lines']:,} lines' input_length is more than a block from what their hash_ids "
+            f"cover ({doc['block_tokens']}-token blocks; wrong --block-tokens?); the first: {doc['misfits'][0]}",
+            markup=False,
+        )
     lengths = Table(title="lengths (tokens)")
     for col in ("", "mean", "p50", "p90", "p99", "min", "max"):
         lengths.add_column(col, justify="right")
@@ -95,12 +104,17 @@ def main(
     skip_bad: bool,
     json_out: Path | None,
     console: Console,
+    max_context_tokens: int | None = None,
 ) -> int:
     if block_tokens is not None and block_tokens < 1:
         raise InputError(f"--block-tokens: expected an integer >= 1, got {block_tokens}")
     if any(n < 1 for n in lru_blocks):
         raise InputError(f"--lru-blocks: expected integers >= 1, got {min(lru_blocks)}")
-    doc = inspect(traces.read(file, fmt, block_tokens, skip_bad), lru_blocks)
+    if max_context_tokens is not None and max_context_tokens < 1:
+        raise InputError(f"--max-context-tokens: expected an integer >= 1, got {max_context_tokens}")
+    context = max_context_tokens or MAX_CONTEXT_TOKENS
+    trace = traces.read(file, fmt, block_tokens, skip_bad, context, ", --max-context-tokens")
+    doc = inspect(trace, lru_blocks)
     show(doc, console)
     if json_out is not None:
         from harness.errors import write_file

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from harness.errors import ExitCode
 
 
 def main(scenarios: list[Path]) -> int:
-    from harness.scenario import load
+    from harness.scenario import Context, load
 
     for path in scenarios:
         sc = load(path)
@@ -17,7 +18,12 @@ def main(scenarios: list[Path]) -> int:
             from harness import traces
 
             assert w.path is not None
-            trace = traces.read(w.path, w.trace_format, w.block_tokens, w.skip_bad)
+            context = Context.of(sc)
+            trace = traces.read(
+                w.path, w.trace_format, w.block_tokens, w.skip_bad, context.tokens, f", {context.source}"
+            )
             more = f", trace {w.path}: {len(trace.requests):,} requests"
+            if (misfits := trace.misfit_warning()) is not None:
+                print(f"{path}: warning: {misfits}", file=sys.stderr)
         print(f"{path}: ok ({w.kind}, arms: {', '.join(a.name for a in sc.arms)}, hash {sc.digest()}{more})")
     return ExitCode.OK

@@ -33,6 +33,8 @@ def build_context(runs: list[RunResult]) -> dict[str, Any]:
         **loops,
         "cards": sections.cards(measured, loops["loops"], sweeps),
         **sections.claims(measured),
+        # the paper's claims audit: only for runs of a scenario that names a published test
+        "show_claims": any(r.reference_test for r in runs),
         **sections.distributions(runs),
         **sections.timelines(runs),
         **sections.verification(runs),

@@ -14,6 +14,7 @@ from markupsafe import Markup
 from harness import analysis, capacity, checks, reference, selfcheck, stats
 from harness.reference import redbooks
 from harness.report import plots
+from harness.report.format import num
 from harness.results import RunResult, skipped_warning
 from harness.traffic.base import ACHIEVED_WARN_SHARE
 
@@ -54,10 +55,15 @@ def run_row(run: RunResult) -> dict[str, Any]:
         "scenario_hash": m.get("scenario_hash"),
         "prompt_counting": m.get("prompt_counting"),
         "lag_p99_ms": (health.get("loop_lag_ms") or {}).get("p99"),
+        "schedule_lag_p99_ms": _ms((health.get("schedule_lag") or {}).get("p99_s")),
         "cpu_mean": (health.get("cpu_share_of_one_core") or {}).get("mean"),
         "health_warning": health.get("warning"),
         "emulator_warning": selfcheck.emulator_warning((m.get("emulator") or {}).get("lateness")),
     }
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else s * 1e3
 
 
 def _published_sweep() -> tuple[list[dict[str, Any]], list[tuple[int, float]]]:
@@ -315,7 +321,11 @@ def verification(runs: list[RunResult]) -> dict[str, Any]:
     for r in runs:
         counts = Counter(str(x.error) for x in r.records if x.error is not None)
         errors += [{"label": r.label, "error": e, "count": n} for e, n in counts.most_common(20)]
-    group_tables = [{"label": r.label, "rows": analysis.group_stats(r.records)} for r in runs if r.records]
+    group_tables = []
+    for r in runs:
+        if r.records:
+            rows = analysis.group_stats(r.records)
+            group_tables.append({"label": r.label, "rows": rows, "binned": any("tokens_bin" in x for x in rows)})
     return {"cache_rows": cache_rows, "errors": errors, "group_tables": group_tables}
 
 
@@ -382,7 +392,7 @@ def open_loop(runs: list[RunResult]) -> dict[str, Any]:
     ttft, good = [], []
     for i, a in enumerate(arms):
         x = [p.offered_req_per_s for p in a.points]
-        cap = a.capacity.req_per_s if a.capacity.bound == "measured" else None
+        cap = a.capacity.req_per_s if a.capacity.bound in ("measured", "saturation") else None
         ttft.append(
             {
                 "label": f"{a.arm} TTFT p50",
@@ -434,9 +444,35 @@ def open_loop(runs: list[RunResult]) -> dict[str, Any]:
 
 
 def reuse(runs: list[RunResult]) -> dict[str, Any]:
-    """Trace replays: the reuse captured, against what was possible, by tier where known."""
+    """Trace replays: the reuse captured, against what was possible, by tier where known; and a
+    plain sentence wherever an arm that reuses the cache was slower than recomputing."""
     rows = [c for r in runs if (c := analysis.captured_reuse(r)) is not None]
-    return {"reuse_rows": rows}
+    return {"reuse_rows": rows, "slower_than_recompute": slower_than_recompute(runs)}
+
+
+def slower_than_recompute(runs: list[RunResult]) -> list[str]:
+    """For each set of arms run together (one run id; not sweeps or open loops, which have their
+    own comparisons), the arms that reuse the cache whose TTFT median is above a bust arm's."""
+    sets: dict[str, list[RunResult]] = {}
+    for r in runs:
+        if r.kind in ("trace", "sessions", "closed_loop") and r.records:
+            sets.setdefault(str(r.meta.get("run_id")), []).append(r)
+    out = []
+    for group in sets.values():
+        busts = [r for r in group if r.meta.get("arm_cache") == "bust"]
+        for bust in busts[:1]:
+            base = stats.percentile(stats.values(stats.ok(stats.measured(bust.records)), "ttft_s"), 50)
+            for r in group:
+                if r.meta.get("arm_cache") == "bust" or base is None:
+                    continue
+                ttft = stats.percentile(stats.values(stats.ok(stats.measured(r.records)), "ttft_s"), 50)
+                if ttft is not None and ttft > base:
+                    out.append(
+                        f"{r.label} was slower than recomputing: TTFT p50 {num(ttft)} s against {num(base)} s "
+                        f"for {bust.label}, which computes every prompt anew. Bringing these prompts' KV back "
+                        "cost more than computing it again."
+                    )
+    return out
 
 
 def sessions(runs: list[RunResult]) -> dict[str, Any]:
@@ -506,7 +542,7 @@ def clients(runs: list[RunResult]) -> dict[str, Any]:
                     "failed": sum(not r.ok for r in mine),
                     "lag_p99_ms": (h.get("loop_lag_ms") or {}).get("p99"),
                     "cpu_mean": (h.get("cpu_share_of_one_core") or {}).get("mean"),
-                    "schedule_lag_p99_ms": lag["p99_s"] * 1e3 if lag.get("p99_s") is not None else None,
+                    "schedule_lag_p99_ms": _ms(lag.get("p99_s")),
                     "clock_uncertainty_ms": clock["uncertainty_ns"] / 1e6 if clock else None,
                 }
             )

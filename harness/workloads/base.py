@@ -21,7 +21,7 @@ from harness.clock import ModelClock
 from harness.progress import RunProgress
 from harness.prompts import Prompt, PromptBuilder
 from harness.results import RequestRecord
-from harness.scenario import Arm, Distribution, Scenario
+from harness.scenario import Arm, Context, Distribution, Scenario
 from harness.scrape import Scraper
 from harness.wire.client import Exchange, StreamingClient
 from harness.wire.turns import TURNS
@@ -79,6 +79,11 @@ class ArmSpec:
     server: str  # what the endpoint turned out to be: "vllm", "llama.cpp", ... or "openai"
     clock: ModelClock
     load: Load | None = None  # open loop: the load of this result folder
+    context: Context | None = None  # the model's context, where known better than the scenario says
+
+    @property
+    def context_bound(self) -> Context:
+        return self.context or Context.of(self.scenario)
 
     @property
     def bust(self) -> bool:

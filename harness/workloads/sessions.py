@@ -114,13 +114,16 @@ async def drive(
     queue = take if take is not None else Schedule(plan.schedule)
     tasks: set[asyncio.Task[None]] = set()
 
-    async def session(u: int) -> None:
+    async def session(u: int, held: float | None) -> None:
         s = plan.sessions[u]
         try:
-            await open_loop.until(clock.t0_ns + round(clock.wall_s(s.start_s) * 1e9))
+            # each turn's intended time (model seconds): the session's start, then the end of the
+            # turn before plus the think time; its lag is recorded as an open loop's is
+            intended = s.start_s
             last_end: float | None = None
             answers: list[str] = []  # real history: the server's answers so far
             for k, p in enumerate(s.prompts):
+                await open_loop.until(clock.t0_ns + round(clock.wall_s(intended) * 1e9))
                 if sender.stop.is_set():
                     return
                 prompt = with_answers(plan.prompts[p], answers) if answers else plan.prompts[p]
@@ -128,25 +131,33 @@ async def drive(
                 idle = None if last_end is None else round(now - last_end, 7)
                 kept: list[str] | None = [] if real else None
                 r = await sender.send(
-                    prompt, "run", sender.lead_for(prompt), answer=kept, session=u, turn=k + 1, idle_s=idle
+                    prompt,
+                    "run",
+                    sender.lead_for(prompt),
+                    answer=kept,
+                    session=u,
+                    turn=k + 1,
+                    idle_s=idle,
+                    intended_s=intended,
+                    held_s=held if k == 0 else None,
                 )
                 sender.check_bust(r)
                 if kept is not None:
                     answers.append("".join(kept))
                 last_end = r.end_s() or clock.since_start(time.perf_counter_ns())
                 if k < len(s.think_s):
-                    await asyncio.sleep(clock.wall_s(s.think_s[k]))
+                    intended = last_end + s.think_s[k]
         finally:
             slots.release()
 
     while not sender.stop.is_set():
-        await slots.acquire()
+        held_ns = await open_loop.hold(slots)  # a session held back by max_active starts late
         try:
             u, _ = await anext(queue)
         except StopAsyncIteration:
             slots.release()
             break
-        task = asyncio.create_task(session(u))
+        task = asyncio.create_task(session(u, None if held_ns is None else clock.between(0, held_ns)))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     if tasks:

@@ -33,7 +33,15 @@ def select(
 async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
     w = sender.spec.scenario.workload
     assert w.path is not None
-    trace = traces.read(w.path, w.trace_format, w.block_tokens, w.skip_bad)
+    context = sender.spec.context_bound
+    trace = traces.read(w.path, w.trace_format, w.block_tokens, w.skip_bad, context.tokens, f", {context.source}")
+    if (misfits := trace.misfit_warning()) is not None:
+        sender.warn(misfits)
+    if trace.skipped:
+        n = len(trace.skipped)
+        more = f" (and {n - 1} more)" if n > 1 else ""
+        lines = "lines" if n > 1 else "line"
+        sender.warn(f"{n} bad {lines} of the trace skipped (skip_bad = true): {trace.skipped[0]}{more}")
     reqs = select(trace.requests, w.start_s, w.end_s, w.max_requests)
     if not reqs:
         raise InputError(f"{w.path}: no request in the slice start_s = {w.start_s:g}, end_s = {w.end_s}")
