@@ -17,6 +17,12 @@ from tests.browser import browser  # noqa: F401 (a fixture: a headless chromium 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files that start a Ray cluster or a real engine first (they are the longest: left for
+    last, one worker would run them alone while the others stand idle), the rest as collected."""
+    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in ("ray", "engine")))
+
+
 @pytest.fixture
 def emulator(tmp_path: Path) -> Iterator[EmbeddedEmulator]:
     """A real emulator on an ephemeral port, 50x faster than modelled, logging its own times."""

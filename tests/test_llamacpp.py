@@ -26,7 +26,6 @@ from tests.conftest import arm_folders, interrupt, kvbench, write_scenario
 SERVER = binary()
 pytestmark = [
     pytest.mark.engine,
-    pytest.mark.xdist_group("llamacpp"),  # (its module-scoped server: one worker runs them all)
     pytest.mark.skipif(
         SERVER is None, reason="llama-server is not built here: run engines/llamacpp/build.sh (.ci/run does)"
     ),

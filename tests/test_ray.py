@@ -36,8 +36,8 @@ from tests.conftest import ROOT, kvbench, user_env, write_scenario
 from tests.test_workers import LOOP
 
 ray = pytest.importorskip("ray")
-# A local cluster per test: one worker runs them all, one cluster at a time
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("ray")]
+# A local cluster per module: the file runs on one worker (--dist loadfile), one cluster at a time
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 NODES = 3  # each with one CPU: a worker per node; the head node holds none (only the Dispatch)
 

@@ -21,7 +21,6 @@ from tests.conftest import ROOT, arm_folders, kvbench, write_scenario
 PYTHON = python()
 pytestmark = [
     pytest.mark.engine,
-    pytest.mark.xdist_group("vllm"),
     pytest.mark.skipif(
         PYTHON is None, reason="vLLM's CPU build is not installed here: run engines/vllm/install.sh (.ci/run does)"
     ),
