@@ -254,6 +254,7 @@ def captured_reuse(run: RunResult) -> dict[str, Any] | None:
         "trace": trace.get("file"),
         "requests": trace.get("requests"),
         "possible_share": possible,
+        "basis": trace.get("possible_basis"),
         "cached_share": measured,
         "captured": measured / possible if measured is not None and possible else None,
         "possible_lru": [

@@ -425,9 +425,14 @@ class BlockPrompts:
             got = self._blocks[h] = (words, " ".join(words))
         return got
 
+    @property
+    def aligned_head(self) -> bool:
+        """Is the opening (template, lead) inside the first block, not before the blocks?"""
+        return self.aligned and self.fixed < self.block_tokens
+
     def prompt(self, prompt_id: str, lead_text: str, hash_ids: tuple[int, ...], tokens: int, output: int) -> Prompt:
         b = self.block_tokens
-        aligned = self.aligned and self.fixed < b  # the opening inside the first block; else before it
+        aligned = self.aligned_head  # the opening inside the first block; else before it
         full = min(len(hash_ids), (tokens if aligned else max(0, tokens - self.fixed)) // b)
         texts = [self._first(h) if aligned and i == 0 else self.block(h)[1] for i, h in enumerate(hash_ids[: full + 1])]
         parts = texts[:full]

@@ -213,6 +213,36 @@ class Reuse:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
+def reuse_served(requests: Sequence[TraceRequest], block_tokens: int, server_block: int, head: int) -> Reuse:
+    """The prompt tokens an infinite prefix cache of `server_block`-token blocks could serve when
+    kvbench replays the requests (prompts.BlockPrompts): `head` tokens (the chat template's and
+    the lead's) before the trace's blocks, shared by every prompt of a reuse arm; block k of a
+    request is `block_tokens` tokens of its id's text, the last one (partial) the start of it.
+    A request shares with the earlier ones its longest common prefix in tokens, and a server
+    caches the whole server blocks of that, and never the prompt's last token. It counts the
+    template's tail with the head (it cannot tell them apart), so it is an upper bound on what
+    the server can report cached: captured <= 100 % by construction."""
+    longest: dict[tuple[Any, ...], int] = {}  # a block's prefix chain -> its longest length seen
+    total = cached = 0
+    for n, r in enumerate(sorted(requests, key=lambda r: r.timestamp_s)):
+        full = min(len(r.hash_ids), max(0, r.input_length - head) // block_tokens)
+        left = r.input_length - head - full * block_tokens
+        lengths = [block_tokens] * full + ([left] if full < len(r.hash_ids) and left > 0 else [])
+        shared, chain = 0, []
+        key: tuple[Any, ...] = ()
+        for k, length in enumerate(lengths):
+            key = (key, r.hash_ids[k])
+            chain.append(key)
+            if shared == k * block_tokens:  # still on the common prefix
+                shared += min(length, longest.get(key, 0))
+        for key, length in zip(chain, lengths, strict=True):
+            longest[key] = max(longest.get(key, 0), length)
+        prefix = (head if n else 0) + shared
+        total += r.input_length
+        cached += min(prefix, r.input_length - 1) // server_block * server_block
+    return Reuse(None, total, cached)
+
+
 def reuse(requests: Sequence[TraceRequest], block_tokens: int, capacity_blocks: int | None = None) -> Reuse:
     """The prompt tokens a prefix cache of `capacity_blocks` blocks (LRU; None: infinite) would
     serve over the requests (see the module's definition)."""

@@ -67,7 +67,10 @@ def test_a_trace_replay_on_the_emulator_captures_what_it_could(tmp_path: Path) -
         assert lag["requests"] == 12 and lag["p99_s"] is not None and lag["p99_s"] >= 0
         assert run.meta["client_health"]["schedule_lag"] == lag
         trace = run.meta["trace"]
-        assert trace["requests"] == 12 and trace["possible_cached_share"] == pytest.approx(possible.share)
+        assert trace["requests"] == 12 and trace["possible_in_trace_blocks_share"] == pytest.approx(possible.share)
+        # counted in the emulator's 16-token blocks over the prompts as built: at least as much
+        assert "16-token blocks" in trace["possible_basis"]
+        assert trace["possible_cached_share"] >= possible.share
         reqs = traces.read(path, block_tokens=64).requests
         assert trace["possible_lru"] == [
             {"capacity_blocks": n, "cached_share": traces.reuse(reqs, 64, n).share} for n in (3, 8)
@@ -79,7 +82,29 @@ def test_a_trace_replay_on_the_emulator_captures_what_it_could(tmp_path: Path) -
         else:
             # 16-token emulator blocks inside 64-token trace blocks: the same blocks are shared
             assert got["cached_share"] == pytest.approx(possible.share, abs=0.01)
+            assert got["captured"] is not None and got["captured"] <= 1.0  # the server's blocks: a bound
             assert set(got["by_tier"]) == {"G4"}
+
+
+def test_a_three_request_trace_never_captures_more_than_possible(tmp_path: Path) -> None:
+    """Three requests (the issue's case: "captured 197 %" when the possible reuse was counted in
+    the trace's blocks while the server also caches the template's opening and partial blocks):
+    counted in the server's blocks, captured stays within 100 %."""
+    rows = [
+        {"timestamp": 0, "input_length": 700, "output_length": 2, "hash_ids": [1, 2]},
+        {"timestamp": 100, "input_length": 900, "output_length": 2, "hash_ids": [1, 2, 3]},
+        {"timestamp": 200, "input_length": 300, "output_length": 2, "hash_ids": [7]},
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=path, extra="block_tokens = 512"))
+    sc.write_text(sc.read_text().replace("block_tokens = 64\n", "", 1))
+    r = kvbench("run", str(sc), "--arm", "cached", "--out", str(tmp_path / "out"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    (folder,) = (tmp_path / "out" / "tr").iterdir()
+    got = analysis.captured_reuse(read_run(folder))
+    assert got is not None and got["cached_share"] and got["cached_share"] > 0
+    assert got["captured"] is not None and 0 < got["captured"] <= 1.0
 
 
 def test_a_trace_the_client_cannot_send_on_time_reports_its_lag_and_warns(tmp_path: Path) -> None:

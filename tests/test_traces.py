@@ -171,6 +171,25 @@ def test_inspect_bad_input_exits_2_without_a_traceback(tmp_path: Path) -> None:
     assert r.returncode == 2 and "cannot read the trace" in r.stderr
 
 
+def test_possible_reuse_in_the_servers_blocks_bounds_what_it_can_serve() -> None:
+    """Counted over the prompts as built (a shared 20-token head, then 64-token trace blocks, a
+    partial last block the start of its id's text) in 16-token server blocks: a request shares
+    its longest common prefix with the earlier ones, never its last token."""
+    reqs = [
+        traces.TraceRequest(1, 0.0, 20 + 64 + 30, 1, (1, 2)),  # 64 + a 30-token start of block 2
+        traces.TraceRequest(2, 1.0, 20 + 128, 1, (1, 2)),  # block 1, then 30 of block 2 seen: 20 + 94
+        traces.TraceRequest(3, 2.0, 20 + 64, 1, (9,)),  # only the head in common: 20 -> 16
+        traces.TraceRequest(4, 3.0, 20 + 128, 1, (1, 2)),  # all of it seen: capped before the last token
+    ]
+    got = traces.reuse_served(reqs, 64, 16, 20)
+    assert got.prompt_tokens == sum(r.input_length for r in reqs)
+    assert got.cached_tokens == 0 + (114 // 16 * 16) + 16 + (147 // 16 * 16)
+    # in the trace's own blocks the shared head and the partial block are not counted: less
+    assert traces.reuse(reqs, 64).cached_tokens < got.cached_tokens
+    # token-level servers (llama.cpp): every shared token
+    assert traces.reuse_served(reqs, 64, 1, 20).cached_tokens == 0 + 114 + 20 + 147
+
+
 def test_an_absurd_length_is_refused_before_anything_is_built(tmp_path: Path) -> None:
     """A line asking for 10^9 tokens: `trace inspect` and `validate` refuse it (exit 2, file, line
     and field), as `run` does before building any prompt; the bound is the scenario's

@@ -59,12 +59,26 @@ async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
         prompts,
         tuple((i, i) for i in range(len(reqs))),
         times,
-        info={"trace": _info(trace, reqs, w.lru_blocks)},
+        info={"trace": _info(trace, reqs, w.lru_blocks, sender.block, 0 if blocks.aligned_head else blocks.fixed)},
     )
 
 
-def _info(trace: traces.Trace, reqs: list[traces.TraceRequest], lru_blocks: tuple[int, ...]) -> dict[str, Any]:
-    possible = traces.reuse(reqs, trace.block_tokens)
+def _info(
+    trace: traces.Trace,
+    reqs: list[traces.TraceRequest],
+    lru_blocks: tuple[int, ...],
+    server_block: int | None,
+    head: int,
+) -> dict[str, Any]:
+    """run.json's `trace`. The possible reuse is counted in the server's blocks where its block
+    size is known (the prompts as kvbench builds them, their shared head included: what the
+    server could report cached at most), else in the trace's own blocks."""
+    in_trace_blocks = traces.reuse(reqs, trace.block_tokens)
+    possible = in_trace_blocks
+    basis = f"the trace's {trace.block_tokens}-token blocks (the server's block size is not known)"
+    if server_block is not None:
+        possible = traces.reuse_served(reqs, trace.block_tokens, server_block, head)
+        basis = f"the server's {server_block}-token blocks, over the prompts as built ({head} head tokens shared)"
     return {
         "possible_lru": [
             {"capacity_blocks": n, "cached_share": traces.reuse(reqs, trace.block_tokens, n).share} for n in lru_blocks
@@ -76,6 +90,8 @@ def _info(trace: traces.Trace, reqs: list[traces.TraceRequest], lru_blocks: tupl
         "skipped_lines": len(trace.skipped),
         "possible_cached_share": possible.share,
         "possible_cached_tokens": possible.cached_tokens,
+        "possible_basis": basis,
+        "possible_in_trace_blocks_share": in_trace_blocks.share,
         "prompt_tokens": possible.prompt_tokens,
     }
 
