@@ -105,6 +105,8 @@ def connections(sc: Scenario) -> int:
         return w.concurrency
     if w.kind == "open_loop":
         return w.max_concurrency or max(OPEN_LOOP_CONNECTIONS, w.auto_concurrency)
+    if w.kind == "sessions":  # as many as may be active: one held per session's turn in flight
+        return w.max_active or w.users
     return OPEN_LOOP_CONNECTIONS if w.kind == "trace" else 1
 
 

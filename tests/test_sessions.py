@@ -94,6 +94,20 @@ def test_real_history_puts_the_servers_answers_into_the_next_turn(tmp_path: Path
                 assert not x.cached_tokens
 
 
+def test_sessions_get_a_connection_per_session_that_may_be_active() -> None:
+    """The pool holds as many connections as sessions may be active at once: with one (as
+    before), every turn waited for the turn in flight, and the shipped scenario's turns left up
+    to 7 s late (schedule lag, model seconds)."""
+    import tomllib
+
+    from harness.runner import connections
+    from harness.scenario import parse
+
+    for extra, n in (("", 4), ("max_active = 2", 2)):
+        sc = parse(tomllib.loads("schema_version = 1\n" + SESSIONS.format(extra=extra)), "s.toml")
+        assert connections(sc) == n
+
+
 def test_sessions_start_at_a_rate_and_keep_to_max_active(tmp_path: Path) -> None:
     sc = write_scenario(tmp_path / "s.toml", SESSIONS.format(extra="start_rate = 0.5\nmax_active = 1"))
     r = kvbench("run", str(sc), "--arm", "cached", "--out", str(tmp_path / "out"), timeout=300)
