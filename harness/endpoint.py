@@ -176,7 +176,9 @@ async def usage_counter(
     offset = n1 - ratio * u1
 
     async def count(text: str) -> int:
-        return round(offset + ratio * len(_UNITS_RE.findall(text)))
+        # the line through the probes may cross zero before the empty text (the offset, the chat
+        # template's tokens, came out at -8 on Dynamo): no text has fewer than none
+        return max(0, round(offset + ratio * len(_UNITS_RE.findall(text))))
 
     return count
 

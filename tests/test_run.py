@@ -281,6 +281,43 @@ def test_usage_calibrated_counting_is_close(emulator: EmbeddedEmulator) -> None:
         assert abs(estimate - true) <= 0.01 * true
 
 
+def test_an_estimated_count_is_never_below_zero() -> None:
+    """A server without /tokenize whose usage.prompt_tokens grow a little faster than the text
+    (the line through the two probes crosses zero before the empty text): the empty text counts
+    0, not -30, so the chat template's size (a cold request's cached-tokens allowance) is never
+    negative and a cold request with 0 cached tokens is never flagged."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from harness import checks, endpoint
+    from harness.endpoint import _UNITS_RE
+
+    async def completions(request: web.Request) -> web.Response:
+        text = (await request.json())["messages"][0]["content"]
+        return web.json_response({"usage": {"prompt_tokens": round(1.2 * len(_UNITS_RE.findall(text))) - 30}})
+
+    async def go() -> tuple[int, int]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with aiohttp.ClientSession() as s:
+                count = await endpoint.usage_counter(s, f"http://127.0.0.1:{port}/v1", "m", "chat", {})
+                return await count(""), await count("one two")
+        finally:
+            await runner.cleanup()
+
+    empty, two = asyncio.run(go())
+    assert empty == 0 and two == 0  # (2.4 - 30 rounds below zero too)
+    assert checks.cold_allowance(0, empty) == checks.COLD_START_TOKENS
+
+
 def test_a_tiered_arm_on_an_engine_kvbench_cannot_move_kv_on_is_refused(tmp_path: Path) -> None:
     sc = write_scenario(
         tmp_path / "t.toml",
