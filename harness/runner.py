@@ -23,7 +23,20 @@ import aiohttp
 from rich.console import Console
 from rich.markup import escape
 
-from harness import aio, capacity, checks, endpoint, metrics, prompts, raypool, reference, selfcheck, stats, workloads
+from harness import (
+    aio,
+    capacity,
+    checks,
+    endpoint,
+    hf_tokenizer,
+    metrics,
+    prompts,
+    raypool,
+    reference,
+    selfcheck,
+    stats,
+    workloads,
+)
 from harness.clock import ModelClock
 from harness.errors import EndpointError, ExitCode, FilesError
 from harness.progress import RunProgress, show_summary
@@ -120,7 +133,9 @@ async def open_session(t: Target, client: StreamingClient) -> Session:
         )
     found = await endpoint.server_counter(client.session, t.base_url, model, sc.endpoint.api, t.headers)
     server = found[1] if found else "openai"
-    if found:
+    if sc.endpoint.tokenizer is not None:  # the user's choice, over the server's /tokenize
+        counter, counting = hf_tokenizer.counter(sc.endpoint.tokenizer, sc.endpoint.api)
+    elif found:
         counter, counting = found[0], f"server /tokenize ({server} format)"
     else:
         counting = "estimate calibrated on usage.prompt_tokens (no /tokenize)"

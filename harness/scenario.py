@@ -56,6 +56,9 @@ class EndpointCfg:
     max_response_tokens: int = 0
     # who sends the streams: kvbench's own transport, or aiohttp's client (an escape hatch)
     transport: Literal["kvbench", "aiohttp"] = "kvbench"
+    # a Hugging Face tokenizer.json (or its folder): prompt lengths counted with it and the chat
+    # template beside it, for servers with no /tokenize (hf_tokenizer.py)
+    tokenizer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -508,6 +511,7 @@ def _endpoint(t: _Table) -> EndpointCfg:
             what="an integer number of token chunks (0: twice max_tokens and 64 more)",
         ),
         transport=t.text("transport", EndpointCfg.transport, ("kvbench", "aiohttp")),
+        tokenizer=t.text("tokenizer"),
         timeouts=timeouts,
     )
     t.done()
