@@ -438,10 +438,11 @@ def test_a_worker_whose_client_process_dies_keeps_what_it_finished(tmp_path: Pat
     assert b"_raylet" not in Path(f"/proc/{client}/maps").read_bytes()  # a client without Ray in it
     os.kill(client, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 4, err
     (folder,) = (out / "rp").iterdir()
     k = _lost_with(folder)
     assert f"Ray worker {k}" in err and "client process ended" in err
+    lost = [x for x in read_requests(folder) if not x.ok]
+    assert proc.returncode == (4 if lost else 0), err  # (none lost if it had nothing in flight)
     assert any(x.ok and x.process == k for x in read_requests(folder))  # what it finished before is kept
 
 
