@@ -102,10 +102,17 @@ class FaultServer:
         return resp
 
     async def _stop(self) -> None:
+        server = self.runner.server
+        open_now = [h.transport for h in (server.connections if server is not None else [])]
         await self.runner.cleanup()
-        # a closed transport closes its socket in a callback of the loop's next turns: let them
-        # run before the loop stops, or the socket is left for the collector (a ResourceWarning
-        # that the suite's filterwarnings turned into a failure of whatever test ran next)
+        # A closed transport closes its socket only once its write buffer is sent: one that a
+        # flood filled, to a client that stopped reading, never is. Aborted, it closes at once.
+        # (Left to the collector, the socket was a ResourceWarning that the suite's
+        # filterwarnings turned into a failure of whatever test ran next, on a busy machine.)
+        for transport in open_now:
+            if transport is not None:
+                transport.abort()
+        # a closed transport closes its socket in a callback of the loop's next turns
         for _ in range(3):
             await asyncio.sleep(0)
 
