@@ -544,9 +544,10 @@ def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: A
     finally:
         nodes.add_node(num_cpus=1)  # the cluster as the other tests expect it
         nodes.wait_for_nodes()
-    assert proc.returncode == 4, err
     (folder,) = (out / "rn").iterdir()
     k = _lost_with(folder)
+    lost = [x for x in read_requests(folder) if not x.ok]
+    assert proc.returncode == (4 if lost else 0), err  # (none lost if it had taken nothing yet)
     assert [w["node_id"] for w in _run_json(folder)["distributed"]["workers"] if w["worker"] == k] == [node.node_id]
 
 
