@@ -457,15 +457,19 @@ def slower_than_recompute(runs: list[RunResult]) -> list[str]:
     for r in runs:
         if r.kind in ("trace", "sessions", "closed_loop") and r.records:
             sets.setdefault(str(r.meta.get("run_id")), []).append(r)
+
+    def ttft_p50(run: RunResult) -> float | None:
+        return stats.percentile(stats.values(stats.measured(run.records), "ttft_s"), 50)
+
     out = []
     for group in sets.values():
         busts = [r for r in group if r.meta.get("arm_cache") == "bust"]
         for bust in busts[:1]:
-            base = stats.percentile(stats.values(stats.ok(stats.measured(bust.records)), "ttft_s"), 50)
+            base = ttft_p50(bust)
             for r in group:
                 if r.meta.get("arm_cache") == "bust" or base is None:
                     continue
-                ttft = stats.percentile(stats.values(stats.ok(stats.measured(r.records)), "ttft_s"), 50)
+                ttft = ttft_p50(r)
                 if ttft is not None and ttft > base:
                     out.append(
                         f"{r.label} was slower than recomputing: TTFT p50 {num(ttft)} s against {num(base)} s "
