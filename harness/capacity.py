@@ -201,10 +201,10 @@ class ArmCurve:
 
 
 def curves(runs: Sequence[RunResult]) -> list[ArmCurve]:
-    """Per open-loop arm, in the order the runs came."""
+    """Per arm measured at loads (an open loop's), in the order the runs came."""
     by_arm: dict[str, list[RunResult]] = {}
     for r in runs:
-        if r.kind == "open_loop":
+        if r.load:
             by_arm.setdefault(r.arm, []).append(r)
     out = []
     for arm, rs in by_arm.items():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import capacity, stats
+from harness import capacity, kinds, stats
 from harness.errors import InputError
 from harness.results import RunResult, load_runs
 
@@ -80,7 +80,7 @@ class Runs:
         rows = []
         for run in self.runs:
             slo = capacity.slo_of(run)
-            s = stats.summary(run.records, run.kind, slo[0] if slo else None)
+            s = kinds.get(run.kind).summary(run.records, slo[0] if slo else None)
             row: dict[str, Any] = {**_identity(run), **{k: s[k] for k in ("requests", "completed", "failed")}}
             for metric in ("ttft_s", "request_ttft_s", "e2e_s", "tpot_s"):
                 if isinstance(s.get(metric), dict):
@@ -101,7 +101,7 @@ class Runs:
         rows = [
             {**_identity(run), **row}
             for run in self.runs
-            if run.kind == "sweep"
+            if kinds.get(run.kind).per_length
             for row in stats.sweep_rows(run.records)
         ]
         return pd.DataFrame(rows)
@@ -133,4 +133,3 @@ def _record_columns() -> list[str]:
 
     fields = [f for f in RequestRecord.__dataclass_fields__ if f not in RUN_COLUMNS]  # (its arm is the run's)
     return [*fields, "request_ttft_s", "tpot_s", "lag_s"]
-

@@ -8,11 +8,9 @@ from collections import deque
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness.clock import ModelClock
-from harness.stats import RESTORE_NOTE, percentile
+from harness.stats import percentile
 
 RECENT = 200  # requests the live TTFT median is taken over
 REFRESH_S = 0.1  # terminal display
@@ -106,59 +104,20 @@ def stderr_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
 
 
-def show_summary(console: Console, scenario: str, arm: str, kind: str, s: dict[str, Any], clock: ModelClock) -> None:
-    """An arm's summary (run.json's) in the terminal."""
-    from rich.table import Table
-
-    unit = " (model time)" if clock.modelled else ""
-    if kind == "sweep":
-        t = Table(title=f"{scenario} / {arm}: TTFT by prompt length{unit}")
-        for col in ("tokens", "cold p50 s", "warm p50 s", "speedup", "n cold/warm"):
-            t.add_column(col, justify="right")
-        for row in s["by_length"]:
-            t.add_row(
-                f"{row['length']:,}",
-                _fmt(row["cold_ttft_p50_s"]),
-                _fmt(row["warm_ttft_p50_s"]),
-                f"{row['speedup']:.1f}x" if row["speedup"] else "-",
-                f"{row['cold_n']}/{row['warm_n']}",
-            )
-        console.print(t)
-        if s.get("ttft_includes_restore"):
-            console.print(f"  {RESTORE_NOTE}", markup=False)
-        return
-    ttft = s["ttft_s"]
-    console.print(
-        f"[bold]{escape(scenario)} / {escape(arm)}[/]: {s['completed']}/{s['requests']} completed, "
-        f"{_fmt(s['req_per_s'], 3)} req/s, TTFT p50 {_fmt(ttft['p50'])} s, p99 {_fmt(ttft['p99'])} s, "
-        f"duration {_fmt(s['duration_s'], 2)} s{unit}"
-    )
-    if s.get("ttft_includes_restore"):
-        console.print(f"  {RESTORE_NOTE}", markup=False)
-    if kind in ("trace", "sessions") and s.get("cached_share") is not None:
-        possible = s.get("possible_cached_share")
-        line = f"  prompt tokens served from cache: {s['cached_share']:.1%}"
-        if possible:
-            line += f" of the {possible:.1%} an infinite cache could (captured {s['cached_share'] / possible:.0%})"
-        console.print(line, markup=False)
-    if kind != "open_loop":
-        if (lag := s.get("schedule_lag")) and lag["requests"]:
-            console.print(f"  {_sent(lag)}", markup=False)
-        return
-    lag, tpot = s["schedule_lag"], s["tpot_s"]
-    line = f"  TPOT p50 {_fmt(tpot['p50'], 4)} s, p99 {_fmt(tpot['p99'], 4)} s"
-    if lag["requests"]:
-        line += f"; {_sent(lag)}"
-    if (slo := s.get("slo")) is not None:
-        line += f"; SLO met by {slo['met']}/{slo['requests']}, goodput {_fmt(slo['goodput_req_per_s'], 3)} req/s"
-    if (s.get("saturation") or {}).get("saturated"):
-        line += "; saturated"
-    console.print(line, markup=False)
+def cached_lines(s: dict[str, Any]) -> list[str]:
+    """The share of prompt tokens served from cache, against what an infinite cache could, where
+    a summary has it."""
+    if s.get("cached_share") is None:
+        return []
+    line = f"prompt tokens served from cache: {s['cached_share']:.1%}"
+    if possible := s.get("possible_cached_share"):
+        line += f" of the {possible:.1%} an infinite cache could (captured {s['cached_share'] / possible:.0%})"
+    return [line]
 
 
-def _sent(lag: dict[str, Any]) -> str:
+def sent(lag: dict[str, Any]) -> str:
     return (
-        f"sent {_fmt(lag['sent_req_per_s'], 3)} of {_fmt(lag['intended_req_per_s'], 3)} req/s intended, "
+        f"sent {fmt(lag['sent_req_per_s'], 3)} of {fmt(lag['intended_req_per_s'], 3)} req/s intended, "
         f"schedule lag p99 {_ms(lag['p99_s'])}"
     )
 
@@ -167,5 +126,5 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.2f} ms"
 
 
-def _fmt(x: float | None, digits: int = 3) -> str:
+def fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness import aio
+from harness import aio, kinds
 from harness.clock import CLOCK_WARN_NS, ModelClock, Offset
 from harness.errors import EndpointError, InputError
 from harness.results import RequestRecord, RunWriter, versions
@@ -379,7 +379,8 @@ class FedOrder(Schedule):
         offset_ns: int,
     ) -> None:
         super().__init__(())
-        self.tell, self.times, self.kind, self.connections = tell, times_wall_s, kind, connections
+        self.tell, self.times, self.connections = tell, times_wall_s, connections
+        self.limit = kinds.get(kind).batch_limit
         self.offset_ns = offset_ns
         self.buf: deque[tuple[int, int]] = deque()
         self.came = asyncio.Event()
@@ -429,9 +430,11 @@ class FedOrder(Schedule):
             self.asked_ns, self.handed = now, 0
 
     def wanted(self, now_ns: int) -> int:
-        """How many to ask for next (the Dispatch may give fewer)."""
-        if self.kind == "sessions":
-            return 1  # a session is long, and stays where it went
+        """How many to ask for next (the Dispatch may give fewer), at most the kind's batch limit."""
+        want = self._wanted(now_ns)
+        return want if self.limit is None else min(want, self.limit)
+
+    def _wanted(self, now_ns: int) -> int:
         if self.times:
             return MAX_BATCH  # the Dispatch gives this worker's next window
         least = CLOSED_BATCH * self.connections
@@ -916,14 +919,10 @@ class RayPool:
         """The failed record of what worker k took as schedule item (i, p) and did not report:
         a request, or a session's next turn."""
         plan, spec = self.plan, self.sender.spec
-        extra: dict[str, Any] = {"schedule_index": i}
-        if self.kind == "sessions":
-            done = self.seen.turns.get(i, 0)
-            if done >= len(plan.sessions[i].prompts):
-                return None
-            p, extra = plan.sessions[i].prompts[done], {"session": i, "turn": done + 1}
-        elif i in self.seen.indexes:
+        untaken = kinds.get(self.kind).untaken(plan, i, p, self.seen)
+        if untaken is None:
             return None
+        p, extra = untaken
         prompt = plan.prompts[p]
         self.sender.seq += 1
         return RequestRecord(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import signal
 from collections.abc import Coroutine
@@ -25,21 +24,20 @@ from rich.markup import escape
 
 from harness import (
     aio,
-    capacity,
     checks,
     endpoint,
     hf_tokenizer,
+    kinds,
     metrics,
     prompts,
     raypool,
     reference,
     selfcheck,
     stats,
-    workloads,
 )
 from harness.clock import ModelClock
 from harness.errors import EndpointError, ExitCode, FilesError
-from harness.progress import RunProgress, show_summary
+from harness.progress import RunProgress
 from harness.prompts import PromptBuilder
 from harness.results import RunWriter, iso, machine, read_requests, utc_stamp, versions
 from harness.scenario import Arm, Context, DistributedCfg, Scenario
@@ -50,7 +48,8 @@ from harness.traffic.base import TrafficDriver, TrafficResult
 from harness.units import human_bandwidth
 from harness.wire.client import StreamingClient, client_for
 from harness.workers import WorkerPool
-from harness.workloads.base import OPEN_LOOP_CONNECTIONS, ArmSpec, Load, Plan, Sender
+from harness.workloads.base import ArmSpec, Load, Plan, Sender
+from harness.workloads.kind import ArmsDone
 
 
 @dataclass(frozen=True)
@@ -111,18 +110,6 @@ class RunState:
         return next(iter(self.plans.values()), None)
 
 
-def connections(sc: Scenario) -> int:
-    """The connection pool of the run: the most any of its arms' loads sends on at once."""
-    w = sc.workload
-    if w.kind == "closed_loop" or (w.kind == "trace" and w.closed):
-        return w.concurrency
-    if w.kind == "open_loop":
-        return w.max_concurrency or max(OPEN_LOOP_CONNECTIONS, w.auto_concurrency)
-    if w.kind == "sessions":  # as many as may be active: one held per session's turn in flight
-        return w.max_active or w.users
-    return OPEN_LOOP_CONNECTIONS if w.kind == "trace" else 1
-
-
 async def open_session(t: Target, client: StreamingClient) -> Session:
     sc = t.scenario
     models = await endpoint.list_models(client.session, t.base_url, t.headers)
@@ -156,26 +143,25 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
     outcomes: list[Outcome] = []
     ep = t.scenario.endpoint
     async with contextlib.AsyncExitStack() as stack:
-        client = await stack.enter_async_context(client_for(connections(t.scenario), ep, t.headers, t.emulated))
+        pool = t.scenario.workload.most_connections()
+        client = await stack.enter_async_context(client_for(pool, ep, t.headers, t.emulated))
         session = await open_session(t, client)
         if (d := t.distributed) is not None:
             console.print(f"Joining the Ray cluster at {d.address} ...", markup=False)
             state.cluster = stack.enter_context(raypool.connect(d.address, d.workers, t.base_url))
             hosts = {m.info["hostname"] for m in state.cluster.members}
             console.print(f"{len(state.cluster.members)} Ray workers on {len(hosts)} host(s)", markup=False)
+        kind = kinds.get(t.scenario.workload.kind)
         for arm in t.arms:
             try:
-                if t.scenario.workload.sweep_rates:
-                    await RateSweep(t, session, arm, state, progress).run(outcomes)
-                else:
-                    outcomes.append(await ArmLifecycle(t, session, arm, state, progress).run())
+                await kind.run_arm(t.scenario, Measure(t, session, arm, state, progress, outcomes), console, arm.name)
             except asyncio.CancelledError:
                 return ExitCode.INTERRUPTED, [o.folder for o in outcomes]
             if outcomes and outcomes[-1].ends_run:
                 break
     _traffic_drop(outcomes, console)
-    if t.scenario.workload.kind == "open_loop":
-        _capacity(t, state, outcomes, console)
+    done = tuple(o.folder for o in outcomes)
+    kind.after_arms(ArmsDone(t.scenario, done, t.out / t.scenario.name, state.stamp, console))
     folders = [o.folder for o in outcomes]
     if any(o.status == "interrupted" for o in outcomes):
         return ExitCode.INTERRUPTED, folders
@@ -213,75 +199,22 @@ def _on_sigint(state: RunState, console: Console) -> None:
         asyncio.get_running_loop().add_signal_handler(sig, handler)
 
 
-class RateSweep:
-    """An open loop's arm at each of its rates, one result folder each, from the lowest up; with
-    `rates = "auto"` first the two probes (one request at a time, then a saturated closed loop)
-    whose throughputs bound the rates. It stops going up once the SLO fails at a rate or the
-    server saturates."""
+@dataclass(frozen=True)
+class Measure:
+    """Measures an arm at one load into a folder of its own, for the workload kind that decides
+    the arm's loads (workloads/kind.py `run_arm`)."""
 
-    def __init__(self, t: Target, session: Session, arm: Arm, state: RunState, progress: RunProgress) -> None:
-        self.t, self.session, self.arm, self.state, self.progress = t, session, arm, state, progress
+    t: Target
+    session: Session
+    arm: Arm
+    state: RunState
+    progress: RunProgress
+    outcomes: list[Outcome]
 
-    async def _one(self, load: Load, outcomes: list[Outcome]) -> Outcome:
-        outcome = await ArmLifecycle(self.t, self.session, self.arm, self.state, self.progress, load).run()
-        outcomes.append(outcome)
+    async def __call__(self, load: Load | None, at: str | None) -> Outcome:
+        outcome = await ArmLifecycle(self.t, self.session, self.arm, self.state, self.progress, load, at).run()
+        self.outcomes.append(outcome)
         return outcome
-
-    async def run(self, outcomes: list[Outcome]) -> None:
-        w = self.t.scenario.workload
-        rates = list(w.rates)
-        if w.rates_auto:
-            serial = await self._one(Load("serial", index=0), outcomes)
-            if serial.ends_run:
-                return
-            saturated = await self._one(Load("saturated", concurrency=w.auto_concurrency, index=1), outcomes)
-            if saturated.ends_run:
-                return
-            low = serial.summary.get("req_per_s")
-            high = saturated.summary.get("steady_req_per_s") or saturated.summary.get("req_per_s")
-            if not low or not high:
-                self.progress.console.print("[yellow]warning:[/] the probes measured no throughput: no rates to run")
-                return
-            rates = capacity.auto_rates(low, high, w.auto_points)
-            listed = ", ".join(f"{r:.3g}" for r in rates)
-            self.progress.console.print(
-                f"{self.arm.name}: one at a time {low:.3g} req/s, saturated {high:.3g} req/s: rates {listed}",
-                markup=False,
-            )
-        share = self.t.scenario.slo.share if self.t.scenario.slo else None
-        for i, rate in enumerate(rates):
-            o = await self._one(Load("rate", rate, index=i + (2 if w.rates_auto else 0)), outcomes)
-            if o.ends_run:
-                return
-            why = capacity.stop_reason(o.summary, share)
-            if why is not None and i + 1 < len(rates):
-                self.progress.console.print(
-                    f"{self.arm.name}: stopped going up at {rate:.3g} req/s: {why}", markup=False
-                )
-                break
-
-
-def _capacity(t: Target, state: RunState, outcomes: list[Outcome], console: Console) -> None:
-    """The arms' curves and capacities, from the folders just written: capacity.json beside them,
-    and the tier's benefit in the terminal."""
-    from harness.errors import write_file
-    from harness.results import load_runs
-
-    folders = [o.folder for o in outcomes if (o.folder / "run.json").exists()]
-    if not folders:
-        return
-    doc = capacity.document(load_runs(folders, itl=False))
-    path = t.out / t.scenario.name / f"{state.stamp}-capacity.json"
-    write_file(path, json.dumps({"run_id": state.stamp, "scenario_name": t.scenario.name, **doc}, indent=1) + "\n")
-    for arm in doc["arms"]:
-        c = arm["capacity_at_slo"]
-        if c["bound"] == "no_slo":
-            continue
-        console.print(f"{arm['arm']}: {capacity.capacity_text(c)}", markup=False)
-    for b in doc["benefit"]:
-        text = capacity.sentence(b)
-        console.print(text[0].upper() + text[1:], markup=False)
-    console.print(f"Capacity summary: {path}", markup=False)
 
 
 def _traffic_drop(outcomes: list[Outcome], console: Console) -> None:
@@ -301,16 +234,19 @@ class ArmLifecycle:
     """One arm, from its folder to its summary."""
 
     def __init__(
-        self, t: Target, session: Session, arm: Arm, state: RunState, progress: RunProgress, load: Load | None = None
+        self,
+        t: Target,
+        session: Session,
+        arm: Arm,
+        state: RunState,
+        progress: RunProgress,
+        load: Load | None = None,
+        at: str | None = None,
     ) -> None:
         self.t, self.session, self.arm, self.state, self.progress = t, session, arm, state, progress
-        w = t.scenario.workload
-        if load is None and w.kind == "open_loop":
-            load = Load("rate", w.rates[0])
         self.load = load  # an open loop's: this folder's load
-        # a rate sweep's folders and summaries say their load
-        self.at = load.label if load is not None and w.sweep_rates else None
-        self.kind = workloads.get(w.kind)
+        self.at = at  # of several loads: the folder's suffix, which its summary says too
+        self.kind = kinds.get(t.scenario.workload.kind)
         self.base = arm.endpoint.rstrip("/") if arm.endpoint else t.base_url
         self.traffic_on = t.scenario.traffic is not None and arm.traffic
         self.health: dict[str, Any] | None = None
@@ -473,7 +409,7 @@ class ArmLifecycle:
             health["resent"] = resent
             sender.warn(f"{resent} requests were sent a second time, the first refused at once (see `retried`)")
         slo = self.t.scenario.slo
-        summary = stats.summary(records, self.kind.name, slo.limits() if slo else None)
+        summary = self.kind.summary(records, slo.limits() if slo else None)
         if "schedule_lag" in summary:
             health["schedule_lag"] = summary["schedule_lag"]
             for i, h in enumerate(health.get("per_process") or []):  # each process's or worker's own
@@ -483,7 +419,8 @@ class ArmLifecycle:
         if isinstance(trace := writer.meta.get("trace"), dict) and trace.get("possible_cached_share"):
             summary["possible_cached_share"] = trace["possible_cached_share"]
         title = f"{self.arm.name} at {self.at}" if self.at else self.arm.name
-        show_summary(self.progress.console, self.t.scenario.name, title, self.kind.name, summary, self.t.clock)
+        unit = " (model time)" if self.t.clock.modelled else ""
+        self.kind.show(self.progress.console, f"{self.t.scenario.name} / {title}", summary, unit)
         interrupted = interrupted or (self.state.stop.is_set() and not sender.aborted)
         status = "interrupted" if interrupted else "failed" if sender.aborted else "completed"
         extra: dict[str, Any] = {"ended": _now(), "summary": summary, "warnings": sender.warnings}
@@ -493,7 +430,7 @@ class ArmLifecycle:
             self.progress.console.print(f"[red]Run stopped:[/] {escape(sender.aborted)}")
         writer.finish(status, **extra)
         self.progress.console.print(f"Results: {writer.folder} ({status}, {len(records)} requests)", markup=False)
-        rate = summary.get("req_per_s") if self.kind.name == "closed_loop" else None
+        rate = self.kind.traffic_req_per_s(summary)
         aborted = sender.aborted is not None
         return Outcome(writer.folder, status, summary["failed"], rate, aborted, self.traffic_on, summary)
 

@@ -6,7 +6,6 @@ Every key is documented in scenarios/README.md.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import math
@@ -15,14 +14,17 @@ import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
-from harness import reference
+from harness import kinds, reference
 from harness.clock import MAX_TIME_SCALE
 from harness.errors import InputError, read_input
-from harness.wire.sse import MAX_LINE_BYTES
+from harness.kinds import WorkloadConfig
+from harness.tables import Table, size
 
 SCHEMA_VERSION = 1
+# The longest SSE line (or event) a response may send, by default: far above any chunk an engine sends.
+MAX_LINE_BYTES = 4 << 20
 # The embedded emulator's profiles (harness/emulator/profiles.py defines them under these names).
 EMULATOR_PROFILES = ("recompute", "redbooks-g4", "tiered")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -69,86 +71,12 @@ class PromptsCfg:
     tolerance: float = 0.005
 
 
-@dataclass(frozen=True)
-class Distribution:
-    """A prompt length: fixed, or drawn (seeded) per pooled prompt."""
-
-    kind: Literal["fixed", "uniform", "normal"]
-    value: int = 0
-    min: int = 0
-    max: int = 0
-    mean: float = 0.0
-    stddev: float = 0.0
-
-
 # The default bound on any prompt's length (model.max_context_tokens): the longest contexts models
 # are served with today, and what kvbench may hold of one prompt (about 4 MB of text). Lengths
 # beyond it are refused before anything is built or sent.
 MAX_CONTEXT_TOKENS = 1 << 20
 
-ARRIVALS = ("constant", "poisson", "gamma")
-HISTORIES = ("synthetic", "real")  # sessions: what goes into the history as the answers
 WARM_FROM = ("active", "host", "disk")  # arms: where a warm request finds its KV
-
-
-@dataclass(frozen=True)
-class Seconds:
-    """A time drawn per use (seeded): fixed, uniform between min and max, or exponential of a
-    mean (a session's think time between turns)."""
-
-    kind: Literal["fixed", "uniform", "exponential"]
-    value: float = 0.0
-    min: float = 0.0
-    max: float = 0.0
-    mean: float = 0.0
-
-
-@dataclass(frozen=True)
-class Workload:
-    kind: Literal["sweep", "closed_loop", "open_loop", "trace", "sessions"]
-    lengths: tuple[int, ...] = ()
-    warm_repeats: int = 1
-    repetitions: int = 1
-    requests: int = 0
-    concurrency: int = 1
-    pool: int = 0
-    prompt_tokens: Distribution | None = None
-    shared_prefix_tokens: int = 0
-    # open_loop: requests sent at the times of an arrival process drawn before the run
-    arrivals: Literal["constant", "poisson", "gamma"] = "poisson"
-    gamma_shape: float = 1.0  # k: coefficient of variation 1/sqrt(k) (vLLM's --burstiness)
-    rates: tuple[float, ...] = ()  # req/s, one result folder each (one `rate`: the arm's own folder)
-    rates_auto: bool = False  # rates = "auto": probe, then spread rates up to saturation
-    sweep_rates: bool = False  # written as `rates` (a folder per rate) rather than one `rate`
-    duration_s: float | None = None  # per rate, instead of `requests`
-    warmup_requests: int = 0  # sent first at the same rate, recorded as phase "warmup", not counted
-    warmup_shares_prefixes: bool = False  # the warm-up's prompts are the pool's (else leads of their own)
-    max_concurrency: int | None = None
-    seed: int | None = None  # the arrival times' seed (default: prompts.seed)
-    auto_points: int = 5  # rates = "auto": rates between one-at-a-time and saturated throughput
-    auto_concurrency: int = 64  # rates = "auto": connections of the saturated closed-loop probe
-    # trace: a request trace replayed (harness/traces.py reads it)
-    path: str | None = None
-    trace_format: Literal["auto", "mooncake", "bailian"] = "auto"
-    block_tokens: int | None = None  # tokens per hash_ids block (default: the format's)
-    speed: float = 1.0  # timestamps replayed this many times faster
-    start_s: float = 0.0  # the slice of the trace replayed: [start_s, end_s) after its first request
-    end_s: float | None = None
-    max_requests: int | None = None
-    skip_bad: bool = False  # leave bad trace lines out (counted) instead of stopping
-    lru_blocks: tuple[int, ...] = ()  # also the reuse possible with LRU caches of these many trace blocks
-    closed: bool = False  # `concurrency` given: as fast as that many connections allow
-    # sessions: users holding multi-turn conversations, each turn resending the whole history
-    users: int = 0
-    turns: Distribution | None = None
-    think_s: Seconds | None = None
-    system_prompt_tokens: int = 0  # shared by every user
-    user_context_tokens: int = 0  # each user's own document, sent with every turn
-    message_tokens: Distribution | None = None  # the user's message per turn
-    answer_tokens: int = 0  # the answer kvbench writes into the history (and asks for)
-    history: str = "synthetic"  # or "real": the server's own answers go into the history
-    start_rate: float | None = None  # new sessions per second (None: all at once)
-    max_active: int | None = None  # sessions in flight at most
 
 
 @dataclass(frozen=True)
@@ -270,7 +198,7 @@ class Scenario:
     description: str
     endpoint: EndpointCfg
     prompts: PromptsCfg
-    workload: Workload
+    workload: WorkloadConfig  # the kind's own config (harness/workloads/<kind>.py)
     arms: tuple[Arm, ...]
     emulator: EmulatorCfg
     model: ModelCfg
@@ -310,121 +238,6 @@ class Scenario:
         raise InputError(f"{self.path}: no arm named {name!r} (arms: {', '.join(a.name for a in self.arms)})")
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)
-
-
-class _Table:
-    """Reads one TOML table, remembering which keys were used, so leftovers can be refused."""
-
-    def __init__(self, file: str, path: str, data: Any) -> None:
-        self.file, self.path = file, path
-        if not isinstance(data, dict):
-            self.fail("", "expected a table", data)
-        self.data: dict[str, Any] = data
-        self.used: set[str] = set()
-
-    def key(self, k: str) -> str:
-        return f"{self.path}.{k}" if self.path else k
-
-    def fail(self, k: str, expected: str, got: Any) -> NoReturn:
-        where = self.key(k) if k else (self.path or "(top level)")
-        raise InputError(f"{self.file}: {where}: {expected}, got {_describe(got)}")
-
-    def get(self, k: str) -> Any:
-        self.used.add(k)
-        v = self.data.get(k)
-        if any(isinstance(x, str) and "\0" in x for x in (v if isinstance(v, list) else [v])):
-            self.fail(k, "expected text without NUL bytes (no path, argument or name holds one)", v)
-        return v
-
-    def has(self, k: str) -> bool:
-        return k in self.data
-
-    def required(self, k: str, what: str) -> Any:
-        if k not in self.data:
-            # A mistyped key is the likelier mistake than a forgotten one: name it first.
-            typo = difflib.get_close_matches(k, [str(x) for x in self.data if x not in self.used], n=1)
-            if typo:
-                raise InputError(f"{self.file}: {self.key(typo[0])}: unknown key (did you mean {k!r}?)")
-            raise InputError(f"{self.file}: {self.key(k)}: missing; expected {what}")
-        return self.get(k)
-
-    def text(self, k: str, default: str | None = None, choices: tuple[str, ...] = (), required: bool = False) -> Any:
-        v = self.required(k, "a string") if required else self.get(k)
-        if v is None:
-            return default
-        if not isinstance(v, str):
-            self.fail(k, "expected a string", v)
-        if choices and v not in choices:
-            self.fail(k, "expected one of " + ", ".join(json.dumps(c) for c in choices), v)
-        return v
-
-    def integer(
-        self,
-        k: str,
-        default: int | None = None,
-        minimum: int | None = None,
-        what: str = "an integer",
-        required: bool = False,
-    ) -> Any:
-        v = self.required(k, what) if required else self.get(k)
-        if v is None:
-            return default
-        return self.check_int(k, v, minimum, what)
-
-    def check_int(self, k: str, v: Any, minimum: int | None, what: str) -> int:
-        if not isinstance(v, int) or isinstance(v, bool):
-            self.fail(k, f"expected {what}", v)
-        if minimum is not None and v < minimum:
-            self.fail(k, f"expected {what} >= {minimum}", v)
-        return int(v)
-
-    def number(
-        self, k: str, default: float, minimum: float | None = None, positive: bool = False, maximum: float | None = None
-    ) -> float:
-        v = self.get(k)
-        if v is None:
-            return default
-        if not isinstance(v, int | float) or isinstance(v, bool):
-            self.fail(k, "expected a number", v)
-        if not math.isfinite(v):
-            self.fail(k, "expected a finite number", v)
-        if positive and v <= 0:
-            self.fail(k, "expected a number > 0", v)
-        if minimum is not None and v < minimum:
-            self.fail(k, f"expected a number >= {minimum}", v)
-        if maximum is not None and v > maximum:
-            self.fail(k, f"expected a number <= {maximum:,g}", v)
-        return float(v)
-
-    def flag(self, k: str, default: bool) -> bool:
-        v = self.get(k)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            self.fail(k, "expected true or false", v)
-        return bool(v)
-
-    def sub(self, k: str) -> _Table:
-        v = self.get(k)
-        return _Table(self.file, self.key(k), {} if v is None else v)
-
-    def done(self) -> None:
-        unknown = sorted(set(self.data) - self.used)
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], sorted(self.used), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            known = ", ".join(sorted(self.used))
-            raise InputError(f"{self.file}: {self.key(unknown[0])}: unknown key ({hint}known here: {known})")
-
-
 def load(path: str | Path) -> Scenario:
     p = Path(path)
     text = read_input(p, "scenario file")
@@ -438,7 +251,7 @@ def load(path: str | Path) -> Scenario:
 
 
 def parse(data: dict[str, Any], file: str) -> Scenario:
-    top = _Table(file, "", data)
+    top = Table(file, "", data)
     version = top.integer("schema_version", required=True, what=f"the schema version ({SCHEMA_VERSION})")
     if version != SCHEMA_VERSION:
         top.fail("schema_version", f"expected {SCHEMA_VERSION} (the only version this kvbench reads)", version)
@@ -451,7 +264,7 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
         description=top.text("description", ""),
         endpoint=_endpoint(top.sub("endpoint")),
         prompts=_prompts(top.sub("prompts")),
-        workload=_workload(top.sub("workload")),
+        workload=kinds.parse(top.sub("workload")),
         arms=_arms(top, file),
         emulator=_emulator(top.sub("emulator")),
         model=_model(top.sub("model")),
@@ -467,19 +280,11 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
     )
     top.done()
     check_lengths(scenario, Context.of(scenario))
-    if scenario.prompts.source == "file" and scenario.workload.kind == "sweep":
-        raise InputError(f'{file}: prompts.source: a sweep builds its own prompts; "file" works with the other kinds')
-    kind = scenario.workload.kind
-    for i, a in enumerate(scenario.arms):
-        if a.warm_from != "active" and kind != "sweep" and (kind != "closed_loop" or a.warm_from != "disk"):
-            raise InputError(
-                f'{file}: arms[{i}].warm_from: "{a.warm_from}" applies to kind = "sweep" workloads'
-                + ('; a closed loop takes "disk"' if kind == "closed_loop" else "")
-            )
+    scenario.workload.check(scenario)
     return scenario
 
 
-def _endpoint(t: _Table) -> EndpointCfg:
+def _endpoint(t: Table) -> EndpointCfg:
     extra = t.get("extra_body")
     if extra is not None and not isinstance(extra, dict):
         t.fail("extra_body", "expected a table (merged into every request body)", extra)
@@ -503,7 +308,7 @@ def _endpoint(t: _Table) -> EndpointCfg:
         url=t.text("url"),
         model=t.text("model"),
         send_cache_salt=t.text("send_cache_salt", EndpointCfg.send_cache_salt, ("auto", "always", "never")),
-        max_line_bytes=_size(t, "max_line_bytes", EndpointCfg.max_line_bytes),
+        max_line_bytes=size(t, "max_line_bytes", EndpointCfg.max_line_bytes),
         max_response_tokens=t.integer(
             "max_response_tokens",
             EndpointCfg.max_response_tokens,
@@ -518,7 +323,7 @@ def _endpoint(t: _Table) -> EndpointCfg:
     return cfg
 
 
-def _prompts(t: _Table) -> PromptsCfg:
+def _prompts(t: Table) -> PromptsCfg:
     cfg = PromptsCfg(
         source=t.text("source", PromptsCfg.source, ("synthetic", "file")),
         seed=t.integer("seed", PromptsCfg.seed, minimum=0),
@@ -531,234 +336,10 @@ def _prompts(t: _Table) -> PromptsCfg:
     return cfg
 
 
-def _distribution(t: _Table, k: str, unit: str = "tokens") -> Distribution:
-    v = t.get(k)
-    what = f'an integer number of {unit} or a table {{distribution = "uniform"|"normal", ...}}'
-    if v is None:
-        raise InputError(f"{t.file}: {t.key(k)}: missing; expected {what}")
-    if isinstance(v, int) and not isinstance(v, bool):
-        return Distribution("fixed", value=t.check_int(k, v, 1, f"an integer number of {unit}"))
-    if not isinstance(v, dict):
-        t.fail(k, f"expected {what}", v)
-    d = _Table(t.file, t.key(k), v)
-    kind = d.text("distribution", None, ("uniform", "normal"), required=True)
-    if kind == "uniform":
-        lo = d.integer("min", required=True, minimum=1, what=f"an integer number of {unit}")
-        hi = d.integer("max", required=True, minimum=lo, what=f"an integer number of {unit}")
-        dist = Distribution("uniform", min=lo, max=hi)
-    else:
-        mean = d.number("mean", 0.0, positive=True)
-        dist = Distribution(
-            "normal",
-            mean=mean,
-            stddev=d.number("stddev", 0.0, minimum=0.0),
-            min=d.integer("min", 1, minimum=1, what=f"an integer number of {unit}"),
-            max=d.integer("max", 131072, minimum=1, what=f"an integer number of {unit}"),
-        )
-    d.done()
-    return dist
-
-
-def _workload(t: _Table) -> Workload:
-    kind = t.text("kind", None, ("sweep", "closed_loop", "open_loop", "trace", "sessions"), required=True)
-    if kind == "sweep":
-        lengths = t.required("lengths", "a list of prompt lengths in tokens")
-        if not isinstance(lengths, list) or not lengths:
-            t.fail("lengths", "expected a non-empty list of prompt lengths in tokens", lengths)
-        w = Workload(
-            kind="sweep",
-            lengths=tuple(
-                t.check_int(f"lengths[{i}]", v, 1, "an integer number of tokens") for i, v in enumerate(lengths)
-            ),
-            warm_repeats=t.integer("warm_repeats", Workload.warm_repeats, minimum=0),
-            repetitions=t.integer("repetitions", Workload.repetitions, minimum=1),
-        )
-    elif kind == "closed_loop":
-        w = Workload(
-            kind="closed_loop",
-            requests=t.integer("requests", required=True, minimum=1, what="an integer number of requests"),
-            concurrency=t.integer("concurrency", required=True, minimum=1, what="an integer number of connections"),
-            **_pool(t),
-        )
-    elif kind == "open_loop":
-        w = _open_loop(t)
-    elif kind == "trace":
-        w = _trace(t)
-    else:
-        w = _sessions(t)
-    t.done()
-    return w
-
-
-def _seconds(t: _Table, k: str) -> Seconds:
-    v = t.get(k)
-    what = 'seconds >= 0, or a table {distribution = "uniform", min, max} or {distribution = "exponential", mean}'
-    if v is None:
-        raise InputError(f"{t.file}: {t.key(k)}: missing; expected {what}")
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        if not math.isfinite(v) or v < 0:
-            t.fail(k, "expected a number of seconds >= 0", v)
-        return Seconds("fixed", value=float(v))
-    if not isinstance(v, dict):
-        t.fail(k, f"expected {what}", v)
-    d = _Table(t.file, t.key(k), v)
-    kind = d.text("distribution", None, ("uniform", "exponential"), required=True)
-    if kind == "uniform":
-        lo = d.number("min", 0.0, minimum=0.0)
-        out = Seconds("uniform", min=lo, max=d.number("max", lo, minimum=lo))
-    else:
-        out = Seconds("exponential", mean=d.number("mean", 0.0, positive=True))
-    d.done()
-    return out
-
-
-def _sessions(t: _Table) -> Workload:
-    users = t.integer("users", required=True, minimum=1, what="an integer number of users")
-    w = Workload(
-        kind="sessions",
-        users=users,
-        turns=_distribution(t, "turns", "turns"),
-        think_s=_seconds(t, "think_s"),
-        system_prompt_tokens=t.integer("system_prompt_tokens", 0, minimum=0, what="an integer number of tokens"),
-        user_context_tokens=t.integer("user_context_tokens", 0, minimum=0, what="an integer number of tokens"),
-        message_tokens=_distribution(t, "message_tokens"),
-        answer_tokens=t.integer("answer_tokens", required=True, minimum=1, what="an integer number of tokens"),
-        history=t.text("history", Workload.history, HISTORIES),
-        start_rate=t.number("start_rate", 0.0, positive=True) or None,
-        max_active=t.integer("max_active", None, minimum=1, what="an integer number of sessions"),
-        concurrency=users,
-        seed=t.integer("seed", None, minimum=0),
-    )
-    return w
-
-
-def _lru_blocks(t: _Table) -> tuple[int, ...]:
-    v = t.get("lru_blocks")
-    if v is None:
-        return ()
-    if not isinstance(v, list) or not v:
-        t.fail("lru_blocks", "expected a non-empty list of cache sizes in trace blocks", v)
-    return tuple(
-        sorted({t.check_int(f"lru_blocks[{i}]", n, 1, "an integer number of blocks") for i, n in enumerate(v)})
-    )
-
-
-def _trace(t: _Table) -> Workload:
-    concurrency = t.integer("concurrency", None, minimum=1, what="an integer number of connections")
-    if concurrency is not None and t.has("speed"):
-        t.fail("speed", "applies when the trace's timestamps are kept (no concurrency)", t.data["speed"])
-    w = Workload(
-        kind="trace",
-        path=t.text("path", required=True),
-        trace_format=t.text("format", Workload.trace_format, ("auto", "mooncake", "bailian")),
-        block_tokens=t.integer("block_tokens", None, minimum=1, what="an integer number of tokens"),
-        speed=t.number("speed", Workload.speed, positive=True),
-        start_s=t.number("start_s", Workload.start_s, minimum=0.0),
-        end_s=t.number("end_s", 0.0, positive=True) or None,
-        max_requests=t.integer("max_requests", None, minimum=1, what="an integer number of requests"),
-        skip_bad=t.flag("skip_bad", Workload.skip_bad),
-        lru_blocks=_lru_blocks(t),
-        concurrency=concurrency or 1,
-        closed=concurrency is not None,
-    )
-    if w.end_s is not None and w.end_s <= w.start_s:
-        t.fail("end_s", f"expected more than start_s ({w.start_s:g})", w.end_s)
-    return w
-
-
-def _pool(t: _Table) -> dict[str, Any]:
-    """The prompt pool of closed and open loops."""
-    pool = dict(
-        pool=t.integer("pool", required=True, minimum=1, what="an integer number of distinct prompts"),
-        prompt_tokens=_distribution(t, "prompt_tokens"),
-        shared_prefix_tokens=t.integer(
-            "shared_prefix_tokens", Workload.shared_prefix_tokens, minimum=0, what="an integer number of tokens"
-        ),
-    )
-    smallest = _smallest(pool["prompt_tokens"])
-    if pool["shared_prefix_tokens"] and pool["shared_prefix_tokens"] >= smallest:
-        t.fail(
-            "shared_prefix_tokens",
-            f"expected fewer tokens than the shortest prompt ({smallest})",
-            pool["shared_prefix_tokens"],
-        )
-    return pool
-
-
-def _rate(t: _Table, k: str, v: Any) -> float:
-    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-        t.fail(k, "expected a rate in requests per second > 0 (finite)", v)
-    return float(v)
-
-
-def _open_loop(t: _Table) -> Workload:
-    has_rate, has_rates = t.has("rate"), t.has("rates")
-    if has_rate == has_rates:
-        t.fail("", 'expected exactly one of rate = req/s, rates = [req/s, ...] or rates = "auto"', t.data)
-    rates: tuple[float, ...] = ()
-    auto = False
-    if has_rate:
-        rates = (_rate(t, "rate", t.get("rate")),)
-    else:
-        raw = t.get("rates")
-        if raw == "auto":
-            auto = True
-        elif not isinstance(raw, list) or not raw:
-            t.fail("rates", 'expected a non-empty list of rates in requests per second, or "auto"', raw)
-        else:
-            rates = tuple(sorted({_rate(t, f"rates[{i}]", v) for i, v in enumerate(raw)}))
-    if t.has("requests") == t.has("duration_s"):
-        t.fail("", "expected exactly one of requests (per rate) or duration_s (per rate)", t.data)
-    arrivals = t.text("arrivals", Workload.arrivals, ARRIVALS)
-    shape = t.number("gamma_shape", Workload.gamma_shape, positive=True)
-    if t.has("gamma_shape") and arrivals != "gamma":
-        t.fail("gamma_shape", 'applies to arrivals = "gamma" only', shape)
-    max_conc = t.integer("max_concurrency", None, minimum=1, what="an integer number of requests in flight")
-    w = Workload(
-        kind="open_loop",
-        arrivals=arrivals,
-        gamma_shape=shape,
-        rates=rates,
-        rates_auto=auto,
-        sweep_rates=has_rates,
-        requests=t.integer("requests", 0, minimum=1, what="an integer number of requests"),
-        duration_s=t.number("duration_s", 0.0, positive=True) or None,
-        warmup_requests=t.integer("warmup_requests", 0, minimum=0, what="an integer number of requests"),
-        warmup_shares_prefixes=t.flag("warmup_shares_prefixes", Workload.warmup_shares_prefixes),
-        max_concurrency=max_conc,
-        concurrency=max_conc or 1,
-        seed=t.integer("seed", None, minimum=0),
-        auto_points=t.integer("auto_points", Workload.auto_points, minimum=1, what="an integer number of rates"),
-        auto_concurrency=t.integer(
-            "auto_concurrency", Workload.auto_concurrency, minimum=1, what="an integer number of connections"
-        ),
-        **_pool(t),
-    )
-    for k in ("auto_points", "auto_concurrency"):
-        if t.has(k) and not auto:
-            t.fail(k, 'applies to rates = "auto" only', t.data[k])
-    return w
-
-
-def _longest(d: Distribution | None) -> int:
-    if d is None:
-        return 0
-    return d.value if d.kind == "fixed" else d.max
-
-
 def longest_prompts(sc: Scenario) -> list[tuple[str, int, str]]:
     """The longest prompt each length key of the workload can make, with its output: (key, tokens,
     how that length comes about)."""
-    w, out = sc.workload, sc.endpoint.max_tokens
-    keys = [(f"workload.lengths[{i}]", n + out, "") for i, n in enumerate(w.lengths or ())]
-    if w.prompt_tokens is not None:
-        keys.append(("workload.prompt_tokens", _longest(w.prompt_tokens) + out, ""))
-    if w.kind == "sessions":  # the last turn resends everything before it
-        turns, message = _longest(w.turns), _longest(w.message_tokens)
-        longest = w.system_prompt_tokens + w.user_context_tokens + turns * (message + w.answer_tokens)
-        how = " (the last turn: system_prompt_tokens + user_context_tokens + turns x (message_tokens + answer_tokens))"
-        keys.append(("workload.turns", longest, how))
-    return keys
+    return sc.workload.longest_prompts(sc.endpoint.max_tokens)
 
 
 @dataclass(frozen=True)
@@ -785,13 +366,7 @@ def check_lengths(sc: Scenario, context: Context) -> None:
             )
 
 
-def _smallest(d: Distribution | None) -> int:
-    if d is None:
-        return 0
-    return d.value if d.kind == "fixed" else d.min
-
-
-def _arms(top: _Table, file: str) -> tuple[Arm, ...]:
+def _arms(top: Table, file: str) -> tuple[Arm, ...]:
     raw = top.get("arms")
     if raw is None:
         return (Arm("default"),)
@@ -799,7 +374,7 @@ def _arms(top: _Table, file: str) -> tuple[Arm, ...]:
         top.fail("arms", "expected one or more [[arms]] tables", raw)
     arms: list[Arm] = []
     for i, item in enumerate(raw):
-        t = _Table(file, f"arms[{i}]", item)
+        t = Table(file, f"arms[{i}]", item)
         name = t.text("name", required=True)
         if not _NAME_RE.match(name):
             t.fail("name", "expected letters, digits, '.', '_' or '-' (it names the results folder)", name)
@@ -825,7 +400,7 @@ def _arms(top: _Table, file: str) -> tuple[Arm, ...]:
     return tuple(arms)
 
 
-def _hook(t: _Table) -> Hook:
+def _hook(t: Table) -> Hook:
     http, command = t.get("http"), t.get("command")
     if (http is None) == (command is None):
         t.fail("", 'expected exactly one of http = "POST /path" or command = ["argv", ...]', t.data)
@@ -839,7 +414,7 @@ def _hook(t: _Table) -> Hook:
     return Hook(command=tuple(command))
 
 
-def _emulator(t: _Table) -> EmulatorCfg:
+def _emulator(t: Table) -> EmulatorCfg:
     cfg = EmulatorCfg(
         profile=t.text("profile", EmulatorCfg.profile, EMULATOR_PROFILES),
         time_scale=t.number("time_scale", EmulatorCfg.time_scale, positive=True, maximum=MAX_TIME_SCALE),
@@ -855,33 +430,14 @@ def _emulator(t: _Table) -> EmulatorCfg:
 TIER_NAMES = ("G1", "G2", "G3", "G4")
 
 
-def _capacities(t: _Table) -> dict[str, int]:
+def _capacities(t: Table) -> dict[str, int]:
     """`capacity_blocks = { G1 = 1000, ... }`: tiers of the emulator's profile, in KV blocks."""
     out = {k: t.integer(k, minimum=1, what="an integer number of KV blocks") for k in TIER_NAMES if t.has(k)}
     t.done()
     return out
 
 
-def _size(t: _Table, k: str, default: int) -> int:
-    from harness.units import parse_size
-
-    v = t.get(k)
-    if v is None:
-        return default
-    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-        return v
-    try:
-        if not isinstance(v, str):
-            raise ValueError('expected a size such as "1MiB" or a number of bytes')
-        n = int(parse_size(v))
-    except ValueError as e:
-        t.fail(k, str(e).split(", got")[0], v)
-    if n <= 0:
-        t.fail(k, "expected a size > 0", v)
-    return n
-
-
-def _engine(t: _Table) -> EngineCfg:
+def _engine(t: Table) -> EngineCfg:
     cfg = EngineCfg(
         kind=t.text("kind", EngineCfg.kind, ("llamacpp",)),
         model=t.text("model", EngineCfg.model),
@@ -895,7 +451,7 @@ def _engine(t: _Table) -> EngineCfg:
     return cfg
 
 
-def _distributed(t: _Table) -> DistributedCfg:
+def _distributed(t: Table) -> DistributedCfg:
     cfg = DistributedCfg(
         engine=t.text("engine", required=True, choices=("ray",)),
         address=t.text("address", DistributedCfg.address),
@@ -907,7 +463,7 @@ def _distributed(t: _Table) -> DistributedCfg:
     return cfg
 
 
-def _traffic(t: _Table) -> TrafficCfg:
+def _traffic(t: Table) -> TrafficCfg:
     from harness.units import parse_bandwidth
 
     tool = t.text("tool", None, ("fio", "builtin", "command", "emulated"), required=True)
@@ -936,11 +492,11 @@ def _traffic(t: _Table) -> TrafficCfg:
         target_bytes_per_s=bps,
         rw=t.text("rw", TrafficCfg.rw, ("read", "write", "randread", "randwrite", "rw", "randrw")),
         rwmixread=t.integer("rwmixread", TrafficCfg.rwmixread, minimum=0, what="a percentage of reads"),
-        block_size=_size(t, "block_size", TrafficCfg.block_size),
+        block_size=size(t, "block_size", TrafficCfg.block_size),
         iodepth=t.integer("iodepth", TrafficCfg.iodepth, minimum=1),
         jobs_per_client=t.integer("jobs_per_client", TrafficCfg.jobs_per_client, minimum=1),
         direct=t.flag("direct", TrafficCfg.direct),
-        file_size=_size(t, "file_size", TrafficCfg.file_size),
+        file_size=size(t, "file_size", TrafficCfg.file_size),
         directory=t.text("directory"),
         allow_nonempty_directory=t.flag("allow_nonempty_directory", TrafficCfg.allow_nonempty_directory),
         clients=tuple(clients or ()),
@@ -994,7 +550,7 @@ def check_traffic_directory(directory: str, where: str, remote: bool = False) ->
     return path
 
 
-def _url_list(t: _Table, k: str) -> tuple[str, ...]:
+def _url_list(t: Table, k: str) -> tuple[str, ...]:
     v = t.get(k)
     if v is None:
         return ()
@@ -1003,7 +559,7 @@ def _url_list(t: _Table, k: str) -> tuple[str, ...]:
     return tuple(v)
 
 
-def _metrics(t: _Table) -> MetricsCfg:
+def _metrics(t: Table) -> MetricsCfg:
     cfg = MetricsCfg(
         enabled=t.flag("enabled", MetricsCfg.enabled),
         urls=_url_list(t, "urls"),
@@ -1014,7 +570,7 @@ def _metrics(t: _Table) -> MetricsCfg:
     return cfg
 
 
-def _slo(t: _Table) -> Slo:
+def _slo(t: Table) -> Slo:
     limits = {k: t.number(k, 0.0, positive=True) or None for k in ("ttft_s", "tpot_s", "e2e_s")}
     share = t.get("share")
     if share is not None and (
@@ -1027,7 +583,7 @@ def _slo(t: _Table) -> Slo:
     return Slo(**limits, share=float(share) if share is not None else Slo.share)
 
 
-def _gate(top: _Table, file: str) -> dict[str, Any] | None:
+def _gate(top: Table, file: str) -> dict[str, Any] | None:
     raw = top.get("gate")
     if raw is None:
         return None
@@ -1039,7 +595,7 @@ def _gate(top: _Table, file: str) -> dict[str, Any] | None:
     return raw
 
 
-def _reference(t: _Table) -> ReferenceCfg:
+def _reference(t: Table) -> ReferenceCfg:
     cfg = ReferenceCfg(
         paper=t.text("paper", ReferenceCfg.paper, ("redbooks-md260021",)),
         test=t.text("test", None, ("ttft", "concurrency", "competing_traffic"), required=True),
@@ -1048,7 +604,7 @@ def _reference(t: _Table) -> ReferenceCfg:
     return cfg
 
 
-def _model(t: _Table) -> ModelCfg:
+def _model(t: Table) -> ModelCfg:
     cfg = ModelCfg(
         kv_bytes_per_token=t.integer(
             "kv_bytes_per_token", reference.kv_bytes_per_token(), minimum=1, what="an integer"

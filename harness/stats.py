@@ -200,43 +200,29 @@ def sweep_rows(records: Records, intervals: bool = False) -> list[dict[str, Any]
     return rows
 
 
-def summary(records: Records, kind: str, slo: dict[str, float] | None = None) -> dict[str, Any]:
-    """run.json's summary of one arm (or one load of an open loop's arm). `slo`: the scenario's
-    limits by metric, for the open loop's goodput."""
+def summary(records: Records) -> dict[str, Any]:
+    """What run.json's summary of any arm (or load of an arm) starts with: the counts, and TTFT
+    and e2e over the measured requests that succeeded. A workload kind adds its own figures
+    (workloads/kind.py `WorkloadKind.summary`)."""
     done = ok(records)
     out: dict[str, Any] = {
         "requests": len(records),
         "completed": len(done),
         "failed": len(records) - len(done),
     }
-    counted = measured(records)
-    kept = ok(counted)
+    kept = ok(measured(records))
     out["ttft_s"] = describe(values(kept, "ttft_s"))
     out["e2e_s"] = describe(values(kept, "e2e_s"))
     if restored(records):
         out["ttft_includes_restore"] = True
         out["request_ttft_s"] = describe(values(kept, "request_ttft_s"))
-    if kind == "sweep":
-        out["by_length"] = sweep_rows(records)
-        return out
-    t = throughput(counted)
-    out["req_per_s"] = t.req_per_s
-    out["output_tokens_per_s"] = t.output_tokens_per_s
-    out["duration_s"] = t.duration_s
-    if kind in ("trace", "sessions"):
-        out["cached_share"] = cached_share(counted)
-    if kind == "open_loop":
-        out["steady_req_per_s"] = t.steady_req_per_s
-        out["tpot_s"] = describe(values(kept, "tpot_s"))
-        out["warmup_requests"] = len(records) - len(counted)
-        out["mean_in_flight"] = t.mean_concurrency
-        out["saturation"] = saturation(counted)
-        if slo:
-            out["slo"] = goodput(counted, slo)
-    if kind == "open_loop" or any(r.intended_s is not None for r in counted):
-        # every kind that sends at times: open loops, traces at their timestamps, sessions' turns
-        out["schedule_lag"] = schedule_lag(counted)
     return out
+
+
+def rates(counted: Records) -> dict[str, Any]:
+    """An arm's throughput figures for its summary, over the measured requests."""
+    t = throughput(counted)
+    return {"req_per_s": t.req_per_s, "output_tokens_per_s": t.output_tokens_per_s, "duration_s": t.duration_s}
 
 
 def cached_share(records: Records) -> float | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness import aio, workloads
+from harness import aio, kinds
 from harness.clock import ModelClock
 from harness.progress import RunProgress
 from harness.prompts import PromptBuilder
@@ -159,7 +159,7 @@ async def send_share(
         t0_ns = await go()
         sender.spec = replace(sender.spec, clock=replace(sender.spec.clock, t0_ns=t0_ns))
         monitor.start()
-        drive = workloads.get(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
+        drive = kinds.get(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
         await aio.until_done_or_stopped(drive, stop)
         health = monitor.stop()
     health.update(client.health())

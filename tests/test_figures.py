@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from harness import analysis, checks, stats
+from harness import analysis, checks, kinds, stats
 from harness.commands import compare
 from harness.gate import baselines, figures
 from harness.gate.rules import parse_rules
@@ -64,7 +64,7 @@ def test_recorded_results_give_the_same_figures(name: str) -> None:
     ctx = build_context(runs)
     for run in runs:
         w = want["runs"][run.arm]
-        summary = stats.summary(run.records, run.kind)
+        summary = kinds.get(run.kind).summary(run.records)
         same(summary, w["summary"], f"{run.label} summary")
         same(summary, run.meta["summary"], f"{run.label} run.json")
         same(no_intervals(analysis.group_stats(run.records)), w["group_stats"], f"{run.label} groups")
@@ -97,7 +97,7 @@ def _figures_everywhere(run: RunResult, tmp_path: Path) -> dict[str, dict[str, A
         progress.start(run.arm, len(run.records))
         for r in run.records:
             progress.advance(r.ok, r.ttft_s)
-    s = stats.summary(run.records, run.kind)
+    s = kinds.get(run.kind).summary(run.records)
     out: dict[str, dict[str, Any]] = {
         "progress": {"completed": progress.done - progress.errors, "p50": progress.p50},
         "run.json": {

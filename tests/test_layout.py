@@ -113,11 +113,14 @@ def test_no_published_figure_is_written_outside_the_reference_file() -> None:
 
 
 def test_every_workload_kind_is_one_module_behind_the_interface() -> None:
-    from harness import workloads
+    from harness import kinds
+    from harness.workloads.kind import WorkloadKind
 
-    for name, kind in workloads.KINDS.items():
-        module = Path(HARNESS / "workloads" / f"{name}.py")
-        assert module.exists(), name
+    for name, module in kinds.BUILTIN.items():
+        assert Path(HARNESS / "workloads" / f"{name}.py").exists(), name
+        kind = kinds.get(name)
+        assert isinstance(kind, WorkloadKind) and kind.name == name and type(kind).__module__ == module
+        assert kind.config.__module__ == module and kind.config.parse.__qualname__.startswith(kind.config.__name__)
         assert kind.name == name and callable(kind.plan) and callable(kind.drive)
 
 
@@ -134,4 +137,28 @@ def test_no_code_reaches_a_private_attribute_of_another_object() -> None:
                 if owner in ("self", "cls") or (owner, node.attr) in allowed:
                     continue
                 found.append(f"{path}:{node.lineno}: .{node.attr}")
+    assert found == []
+
+
+def _kind_names(node: ast.expr) -> list[str]:
+    """The built-in workload kind names a comparison's operand spells out."""
+    from harness import kinds
+
+    if isinstance(node, ast.Constant) and node.value in kinds.BUILTIN:
+        return [str(node.value)]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [n for e in node.elts for n in _kind_names(e)]
+    return []
+
+
+def test_no_workload_kind_is_compared_outside_the_workloads_package() -> None:
+    """The runner, statistics, progress, report and gate ask a kind (its methods and declared
+    sections), never which kind it is: a new kind is one module (docs/architecture.md)."""
+    found = [
+        f"{path}:{node.lineno}: {ast.unparse(node)}"
+        for path, tree in modules()
+        if not path.startswith("harness/workloads/")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare) and any(_kind_names(x) for x in (node.left, *node.comparators))
+    ]
     assert found == []

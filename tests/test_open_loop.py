@@ -20,6 +20,7 @@ from harness.errors import InputError
 from harness.results import read_requests, read_run
 from harness.workloads import open_loop, schedule
 from harness.workloads.base import Plan
+from harness.workloads.open_loop import OpenLoopConfig
 from tests.conftest import kvbench, write_scenario
 
 BASE = """
@@ -33,8 +34,10 @@ prompt_tokens = 1000
 """
 
 
-def workload(extra: str) -> scenario.Workload:
-    return parse(extra).workload
+def workload(extra: str) -> OpenLoopConfig:
+    w = parse(extra).workload
+    assert isinstance(w, OpenLoopConfig)
+    return w
 
 
 def parse(extra: str, slo: str = "") -> scenario.Scenario:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import stats
+from harness import kinds, stats
 from harness.errors import ExitCode, InputError
 from harness.report.format import num
 from harness.results import RunResult, load_runs, skipped_warning
@@ -56,7 +56,7 @@ def compare(base: list[RunResult], cand: list[RunResult]) -> list[Row]:
         if c is None:
             continue
         rows += _group_rows(b.label, b, c)
-        if b.kind != "sweep":
+        if not kinds.get(b.kind).per_length:
             bv, cv = stats.throughput(b.records).req_per_s, stats.throughput(c.records).req_per_s
             ratio = cv / bv if bv and cv else None
             rows.append(Row(b.label, "req/s", bv, cv, ratio, "one value per run: repeat runs to judge noise"))

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
-from harness import aio, endpoint, scenario
+from harness import aio, endpoint, kinds, scenario
 from harness.clock import ModelClock, check_scale
 from harness.errors import InputError, KvbenchError, Redactor
 
@@ -66,8 +66,6 @@ def _api_key(env: str | None) -> str | None:
 
 
 def _check(opts: RunOptions, sc: scenario.Scenario, emulated: bool, ray: scenario.DistributedCfg | None) -> None:
-    from harness import workloads
-
     if not emulated and opts.time_scale is not None:
         raise InputError("--time-scale: applies only to the embedded emulator (no --endpoint given, no [engine])")
     if opts.time_scale is not None:
@@ -78,20 +76,16 @@ def _check(opts: RunOptions, sc: scenario.Scenario, emulated: bool, ray: scenari
         raise InputError(f"--workers: expected a number of processes >= 1, got {opts.workers}")
     if (workers > 1 or ray) and any(a.warm_from != "active" for a in sc.arms):
         raise InputError(f"{flag}: arms with warm_from keep their engine slots and files in one process")
-    if (workers > 1 or ray) and not workloads.get(sc.workload.kind).shares_schedule:
-        raise InputError(f"{flag}: a sweep sends one request at a time; it applies to the other workload kinds")
-    cap = sc.workload.max_concurrency
+    if (workers > 1 or ray) and not kinds.get(sc.workload.kind).shares_schedule:
+        raise InputError(f"{flag}: a {sc.workload.kind} workload sends one request at a time; it cannot be shared")
+    cap = sc.workload.concurrency_cap()
     if cap is not None and workers > cap:
         raise InputError(
             f"{flag}: {workers} processes cannot share max_concurrency = {cap} ({sc.path}): give at most as many"
         )
     for m in opts.metrics_urls:
         endpoint.check_url(m, "--metrics-url")
-    w = sc.workload
-    if w.kind == "trace" and not Path(w.path or "").is_file():
-        raise InputError(
-            f"{sc.path}: workload.path: no trace file {w.path!r} (paths are relative to the current directory)"
-        )
+    sc.workload.check_files(sc.path)
 
 
 def distributed(opts: RunOptions, sc: scenario.Scenario) -> scenario.DistributedCfg | None:

@@ -13,17 +13,10 @@ def main(scenarios: list[Path]) -> int:
 
     for path in scenarios:
         sc = load(path)
-        w, more = sc.workload, ""
-        if w.kind == "trace":  # the trace is input too: every line checked
-            from harness import traces
-
-            assert w.path is not None
-            context = Context.of(sc)
-            trace = traces.read(
-                w.path, w.trace_format, w.block_tokens, w.skip_bad, context.tokens, f", {context.source}"
-            )
-            more = f", trace {w.path}: {len(trace.requests):,} requests"
-            if (misfits := trace.misfit_warning()) is not None:
-                print(f"{path}: warning: {misfits}", file=sys.stderr)
+        w = sc.workload
+        what, warnings = w.check_inputs(Context.of(sc))
+        for warning in warnings:
+            print(f"{path}: warning: {warning}", file=sys.stderr)
+        more = f", {what}" if what else ""
         print(f"{path}: ok ({w.kind}, arms: {', '.join(a.name for a in sc.arms)}, hash {sc.digest()}{more})")
     return ExitCode.OK

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness import capacity, stats
+from harness import capacity, kinds, stats
 from harness.gate.rules import Selector
 from harness.results import RunResult
 
@@ -88,24 +88,6 @@ def of_runs(runs: list[RunResult]) -> Figures:
 
 
 def run_level(run: RunResult) -> dict[tuple[str, int | None], float]:
-    """The figures a run gives once: throughput for a closed loop, speedup per length for a sweep."""
-    out: dict[tuple[str, int | None], float] = {}
-    if run.kind == "sweep":
-        for row in stats.sweep_rows(run.records):
-            if row["speedup"]:
-                out[("speedup", int(row["length"]))] = float(row["speedup"])
-        return out
-    if run.kind == "open_loop" and (slo := capacity.slo_of(run)) is not None:
-        g = stats.goodput(run.records, slo[0])
-        for name in ("goodput_req_per_s", "share_met"):
-            if g[name] is not None:
-                out[("slo_share_met" if name == "share_met" else name, None)] = float(g[name])
-    t = stats.throughput(stats.measured(run.records))
-    for name, v in (
-        ("req_per_s", t.req_per_s),
-        ("steady_req_per_s", t.steady_req_per_s),
-        ("output_tokens_per_s", t.output_tokens_per_s),
-    ):
-        if v is not None:
-            out[(name, None)] = v
-    return out
+    """The figures a run gives once, as its workload kind says: throughput for a closed loop,
+    speedup per length for a sweep, goodput beside the throughput for an open loop."""
+    return kinds.get(run.kind).gate_figures(run)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness import kinds
 from harness.errors import InputError
 from harness.stats import PER_REQUEST
 
@@ -110,10 +111,9 @@ def parse_key(key: str, where: str) -> tuple[str, Selector]:
     if not m:
         raise InputError(f"{where}: rule {key!r}: expected metric or metric{{name=value,...}}")
     metric, sel_text = m.group(1), m.group(2)
-    if metric not in PER_REQUEST + PER_RUN:
-        raise InputError(
-            f"{where}: rule {key!r}: unknown metric {metric!r} (known: {', '.join(PER_REQUEST + PER_RUN)})"
-        )
+    if metric not in PER_REQUEST + PER_RUN and metric not in (known := kinds.gate_metrics()):
+        names = ", ".join(PER_REQUEST + PER_RUN + known)
+        raise InputError(f"{where}: rule {key!r}: unknown metric {metric!r} (known: {names})")
     found: dict[str, Any] = {}
     for part in (sel_text or "").split(","):
         if not part.strip():

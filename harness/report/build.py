@@ -19,7 +19,7 @@ from harness.results import RunResult
 
 def build_context(runs: list[RunResult]) -> dict[str, Any]:
     rows = [sections.run_row(r) for r in runs]
-    sweeps = [sections.sweep(r) for r in runs if r.kind == "sweep" and r.records]
+    sweeps = [sections.sweep(r) for r in sections.feeding(runs, "by_length")]
     loops = sections.loops(runs)
     measured = sections.measured_claims(runs, sweeps, loops["loops"])
     return {
@@ -42,6 +42,7 @@ def build_context(runs: list[RunResult]) -> dict[str, Any]:
         **sections.open_loop(runs),
         **sections.reuse(runs),
         **sections.sessions(runs),
+        **sections.kind_sections(runs),
         **sections.server(runs),
         **sections.clients(runs),
     }

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from markupsafe import Markup
 
-from harness import analysis, capacity, checks, reference, selfcheck, stats
+from harness import analysis, capacity, checks, kinds, reference, selfcheck, stats
 from harness.reference import redbooks
 from harness.report import plots
 from harness.report.format import num
@@ -27,6 +27,26 @@ CLAIM_KEYS = {
     ("competing_traffic", "clean"): "clean_req_per_s",
 }
 MAX_TIMELINES = 8
+# The report's own sections a workload kind's runs may go into (its `report_sections`): a sweep's
+# table and plots by prompt length, a closed loop's throughput against the paper's, an open
+# loop's loads and SLO capacity, a trace's reuse captured, sessions by turn and idle time, and the
+# sentence for an arm that reuses the cache yet came out slower than recomputing.
+SECTIONS = ("by_length", "loop", "capacity", "reuse", "sessions", "versus_recompute")
+
+
+def feeding(runs: list[RunResult], section: str) -> list[RunResult]:
+    """The runs with records whose workload kind puts them into `section`."""
+    assert section in SECTIONS, section
+    return [r for r in runs if r.records and section in kinds.get(r.kind).report_sections]
+
+
+def kind_sections(runs: list[RunResult]) -> dict[str, Any]:
+    """The sections each workload kind adds of its own, over its runs."""
+    by_kind: dict[str, list[RunResult]] = {}
+    for r in runs:
+        if r.records:
+            by_kind.setdefault(r.kind, []).append(r)
+    return {"kind_sections": [s for name, rs in by_kind.items() for s in kinds.get(name).sections(rs)]}
 
 
 def run_row(run: RunResult) -> dict[str, Any]:
@@ -142,9 +162,7 @@ def sweep(run: RunResult) -> dict[str, Any]:
 
 def loops(runs: list[RunResult]) -> dict[str, Any]:
     rows = []
-    for r in runs:
-        if r.kind != "closed_loop" or not r.records:
-            continue
+    for r in feeding(runs, "loop"):
         rows.append(
             {
                 "label": r.label,
@@ -287,7 +305,7 @@ def timelines(runs: list[RunResult]) -> dict[str, Any]:
     have = [r for r in runs if r.records]
     out = []
     for r in have[:MAX_TIMELINES]:
-        key = "phase" if r.kind == "sweep" else "arm"
+        key = "phase" if kinds.get(r.kind).per_length else "arm"
         groups = []
         for (name,), g in stats.groups(r.records, (key,)).items():
             start = np.asarray([x.start_s for x in g], dtype=float)
@@ -386,7 +404,7 @@ def server(runs: list[RunResult]) -> dict[str, Any]:
 def open_loop(runs: list[RunResult]) -> dict[str, Any]:
     """Open loops: per arm its loads (latency, goodput, schedule lag), saturation and SLO
     capacity, curves against offered load, and the tier's benefit as capacity."""
-    arms = capacity.curves(runs)
+    arms = capacity.curves(feeding(runs, "capacity"))
     if not arms:
         return {"open_arms": [], "benefit": [], "open_ttft_svg": None, "open_goodput_svg": None}
     ttft, good = [], []
@@ -446,7 +464,7 @@ def open_loop(runs: list[RunResult]) -> dict[str, Any]:
 def reuse(runs: list[RunResult]) -> dict[str, Any]:
     """Trace replays: the reuse captured, against what was possible, by tier where known; and a
     plain sentence wherever an arm that reuses the cache was slower than recomputing."""
-    rows = [c for r in runs if (c := analysis.captured_reuse(r)) is not None]
+    rows = [c for r in feeding(runs, "reuse") if (c := analysis.captured_reuse(r)) is not None]
     return {"reuse_rows": rows, "slower_than_recompute": slower_than_recompute(runs)}
 
 
@@ -454,9 +472,8 @@ def slower_than_recompute(runs: list[RunResult]) -> list[str]:
     """For each set of arms run together (one run id; not sweeps or open loops, which have their
     own comparisons), the arms that reuse the cache whose TTFT median is above a bust arm's."""
     sets: dict[str, list[RunResult]] = {}
-    for r in runs:
-        if r.kind in ("trace", "sessions", "closed_loop") and r.records:
-            sets.setdefault(str(r.meta.get("run_id")), []).append(r)
+    for r in feeding(runs, "versus_recompute"):
+        sets.setdefault(str(r.meta.get("run_id")), []).append(r)
 
     def ttft_p50(run: RunResult) -> float | None:
         return stats.percentile(stats.values(stats.measured(run.records), "ttft_s"), 50)
@@ -483,7 +500,7 @@ def sessions(runs: list[RunResult]) -> dict[str, Any]:
     """Multi-turn sessions: TTFT against turn, context length and idle time (where a tiered
     stack shows its steps: still on the GPU, loaded from a lower tier, recomputed), and the
     cached share per turn and per idle-time bucket."""
-    rs = [r for r in runs if r.kind == "sessions" and r.records]
+    rs = feeding(runs, "sessions")
     if not rs:
         return {"session_runs": [], "session_idle_svg": None, "session_context_svg": None, "session_share_svg": None}
 

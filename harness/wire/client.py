@@ -19,10 +19,9 @@ from typing import Literal
 import aiohttp
 
 from harness.errors import Redactor
-from harness.scenario import EndpointCfg, Timeouts
+from harness.scenario import MAX_LINE_BYTES, EndpointCfg, Timeouts
 from harness.wire.connection import KEPT_ALIVE, ONE_PER_REQUEST, TransportError
 from harness.wire.liveness import Liveness
-from harness.wire.sse import MAX_LINE_BYTES
 from harness.wire.stream import StreamState
 from harness.wire.transport import Backend, Kvbench
 
@@ -59,7 +58,6 @@ class Exchange:
     @property
     def ok(self) -> bool:
         return self.error is None
-
 
 
 # Open files a client process keeps for other things than its connections (logs, results, pipes).

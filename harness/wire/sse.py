@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# The longest SSE line (or event) accepted by default: far above any chunk an engine sends.
-MAX_LINE_BYTES = 4 << 20
+from harness.scenario import MAX_LINE_BYTES
 
 
 class SSELimitError(ValueError):

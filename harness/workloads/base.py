@@ -18,13 +18,16 @@ from rich.markup import escape
 
 from harness import checks, endpoint, prompts
 from harness.clock import ModelClock
+from harness.kinds import WorkloadConfig
 from harness.progress import RunProgress
 from harness.prompts import Prompt, PromptBuilder
 from harness.results import RequestRecord
-from harness.scenario import Arm, Context, Distribution, Scenario
+from harness.scenario import Arm, Context, Scenario
 from harness.scrape import Scraper
+from harness.tables import Table
 from harness.wire.client import Exchange, StreamingClient
 from harness.wire.turns import TURNS
+from harness.workloads.draws import Distribution, distribution, draw_length, longest, smallest
 
 # A run stops early after this many consecutive requests that could not connect or timed out.
 DEAD_ENDPOINT_STREAK = 10
@@ -93,16 +96,9 @@ class ArmSpec:
     def connections(self) -> int:
         """Connections the arm sends on, over all processes: a closed loop's (or an open loop's
         probe's), or as many as an open loop may have in flight."""
-        w = self.scenario.workload
         if self.load is not None and self.load.mode != "rate":
             return 1 if self.load.mode == "serial" else self.load.concurrency or 1
-        if w.kind == "open_loop":
-            return w.max_concurrency or OPEN_LOOP_CONNECTIONS
-        if w.kind == "trace" and not w.closed:
-            return OPEN_LOOP_CONNECTIONS
-        if w.kind == "sessions":  # sessions in flight at most
-            return w.max_active or w.users
-        return w.concurrency
+        return self.scenario.workload.connections()
 
     @cached_property
     def url(self) -> str:
@@ -298,7 +294,7 @@ class Sender:
     @property
     def cold_allowance(self) -> int:
         """Cached tokens a cold request may report (known once the first prompt is built)."""
-        return checks.cold_allowance(self.spec.scenario.workload.shared_prefix_tokens, self.builder.template_tokens)
+        return checks.cold_allowance(self.spec.scenario.workload.shared_prefix(), self.builder.template_tokens)
 
     def check_cold(self, r: RequestRecord) -> None:
         if r.ok and (r.cached_tokens or 0) > self.cold_allowance:
@@ -341,14 +337,6 @@ class Sender:
                 f"(outside ±{self.spec.scenario.prompts.tolerance:.1%})"
             )
         return prompt
-
-
-def draw_length(d: Distribution, rng: random.Random) -> int:
-    if d.kind == "fixed":
-        return d.value
-    if d.kind == "uniform":
-        return rng.randint(d.min, d.max)
-    return max(d.min, min(d.max, round(rng.gauss(d.mean, d.stddev))))
 
 
 @dataclass(frozen=True)
@@ -395,18 +383,50 @@ class Schedule(AsyncIterator[tuple[int, int]]):
         return ready_ns
 
 
-async def build_pool(sender: Sender) -> tuple[Prompt, ...]:
+@dataclass(frozen=True, kw_only=True)
+class PoolConfig(WorkloadConfig):
+    """The prompt pool of closed and open loops: `pool` prompts of `prompt_tokens` (drawn per
+    prompt), the first `shared_prefix_tokens` of each shared by all."""
+
+    pool: int
+    prompt_tokens: Distribution
+    shared_prefix_tokens: int = 0
+
+    @classmethod
+    def pool_keys(cls, t: Table) -> dict[str, Any]:
+        pool = dict(
+            pool=t.integer("pool", required=True, minimum=1, what="an integer number of distinct prompts"),
+            prompt_tokens=distribution(t, "prompt_tokens"),
+            shared_prefix_tokens=t.integer(
+                "shared_prefix_tokens", cls.shared_prefix_tokens, minimum=0, what="an integer number of tokens"
+            ),
+        )
+        least = smallest(pool["prompt_tokens"])
+        if pool["shared_prefix_tokens"] and pool["shared_prefix_tokens"] >= least:
+            t.fail(
+                "shared_prefix_tokens",
+                f"expected fewer tokens than the shortest prompt ({least})",
+                pool["shared_prefix_tokens"],
+            )
+        return pool
+
+    def shared_prefix(self) -> int:
+        return self.shared_prefix_tokens
+
+    def longest_prompts(self, out: int) -> list[tuple[str, int, str]]:
+        return [("workload.prompt_tokens", longest(self.prompt_tokens) + out, "")]
+
+
+async def build_pool(sender: Sender, w: PoolConfig) -> tuple[Prompt, ...]:
     """The prompt pool of closed and open loops: from the prompts file, or synthetic prompts of
     the drawn lengths around the shared prefix."""
     sc = sender.spec.scenario
-    w = sc.workload
     if sc.prompts.source == "file":
         assert sc.prompts.path is not None
         found = prompts.load_file(sc.prompts.path, sender.builder)
         if len(found) < w.pool:
             sender.warn(f"{sc.prompts.path} holds {len(found)} prompts, fewer than the pool of {w.pool}")
         return tuple(found[i % len(found)] for i in range(w.pool))
-    assert w.prompt_tokens is not None
     rng = random.Random(f"{sc.prompts.seed}/pool-lengths")
     lengths = [draw_length(w.prompt_tokens, rng) for _ in range(w.pool)]
     sender.progress.note(f"building {w.pool} prompts")

@@ -8,20 +8,66 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import dataclass
+from typing import Any, Self
 
 from harness import tiers
-from harness.workloads.base import Plan, Schedule, Sender, build_pool
+from harness.errors import InputError
+from harness.scenario import Scenario
+from harness.tables import Table
+from harness.workloads.base import Plan, PoolConfig, Schedule, Sender, build_pool
+from harness.workloads.kind import WorkloadKind
 
-NAME = "closed_loop"
-SHARES_SCHEDULE = True
+
+@dataclass(frozen=True, kw_only=True)
+class ClosedLoopConfig(PoolConfig):
+    kind: str = "closed_loop"
+    requests: int
+    concurrency: int
+
+    @classmethod
+    def parse(cls, t: Table) -> Self:
+        return cls(
+            requests=t.integer("requests", required=True, minimum=1, what="an integer number of requests"),
+            concurrency=t.integer("concurrency", required=True, minimum=1, what="an integer number of connections"),
+            **cls.pool_keys(t),
+        )
+
+    def check(self, sc: Scenario) -> None:
+        for i, a in enumerate(sc.arms):  # each connection keeps to an engine slot: its file comes back
+            if a.warm_from not in ("active", "disk"):
+                raise InputError(
+                    f'{sc.path}: arms[{i}].warm_from: "{a.warm_from}" applies to kind = "sweep" workloads; '
+                    'a closed loop takes "disk"'
+                )
+
+    def connections(self) -> int:
+        return self.concurrency
 
 
-async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
-    sc = sender.spec.scenario
-    rng = random.Random(f"{sc.prompts.seed}/schedule")
-    schedule = tuple((i, rng.randrange(sc.workload.pool)) for i in range(sc.workload.requests))
-    pool = prior.prompts if prior is not None else await build_pool(sender)
-    return Plan(len(schedule), pool, schedule)
+class ClosedLoop(WorkloadKind[ClosedLoopConfig]):
+    name = "closed_loop"
+    config = ClosedLoopConfig
+    report_sections = ("loop", "versus_recompute")
+
+    async def plan(self, sender: Sender, prior: Plan | None = None) -> Plan:
+        sc = sender.spec.scenario
+        w = self.cfg(sc)
+        rng = random.Random(f"{sc.prompts.seed}/schedule")
+        schedule = tuple((i, rng.randrange(w.pool)) for i in range(w.requests))
+        pool = prior.prompts if prior is not None else await build_pool(sender, w)
+        return Plan(len(schedule), pool, schedule)
+
+    async def drive(
+        self, sender: Sender, plan: Plan, take: Schedule | None = None, connections: int | None = None, first: int = 0
+    ) -> None:
+        await drive(sender, plan, take, connections, first)
+
+    def traffic_req_per_s(self, s: dict[str, Any]) -> float | None:
+        return s.get("req_per_s")
+
+
+KIND = ClosedLoop()
 
 
 async def drive(

@@ -16,19 +16,28 @@ its warm-up answered."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 import statistics
 import time
 from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal, Self, cast
 
-from harness import aio
+from rich.console import Console
+
+from harness import aio, capacity, progress, stats
+from harness.errors import write_file
+from harness.results import RequestRecord, RunResult, load_runs
+from harness.scenario import Scenario
+from harness.tables import Table
 from harness.wire.turns import TURNS
 from harness.workloads import closed_loop, schedule
-from harness.workloads.base import Load, Plan, Schedule, Sender, build_pool
+from harness.workloads.base import OPEN_LOOP_CONNECTIONS, Load, Plan, PoolConfig, Schedule, Sender, build_pool
+from harness.workloads.kind import ArmsDone, GateFigures, MeasureLoad, WorkloadKind
 
-NAME = "open_loop"
-SHARES_SCHEDULE = True
+ARRIVALS = ("constant", "poisson", "gamma")
 # Loop timers fire to the millisecond; the last SPIN_S before a send time is waited by yielding
 # to the loop (which still serves every socket), so requests leave within tens of microseconds.
 SPIN_S = 0.001
@@ -47,50 +56,249 @@ SERIAL_PROBE_REQUESTS = 8
 PROBE_PER_CONNECTION = 4
 
 
+@dataclass(frozen=True, kw_only=True)
+class OpenLoopConfig(PoolConfig):
+    kind: str = "open_loop"
+    arrivals: Literal["constant", "poisson", "gamma"] = "poisson"
+    gamma_shape: float = 1.0  # k: coefficient of variation 1/sqrt(k) (vLLM's --burstiness)
+    rates: tuple[float, ...] = ()  # req/s, one result folder each (one `rate`: the arm's own folder)
+    rates_auto: bool = False  # rates = "auto": probe, then spread rates up to saturation
+    sweep_rates: bool = False  # written as `rates` (a folder per rate) rather than one `rate`
+    requests: int = 0  # per rate, unless duration_s
+    duration_s: float | None = None  # per rate, instead of `requests`
+    warmup_requests: int = 0  # sent first at the same rate, recorded as phase "warmup", not counted
+    warmup_shares_prefixes: bool = False  # the warm-up's prompts are the pool's (else leads of their own)
+    max_concurrency: int | None = None
+    seed: int | None = None  # the arrival times' seed (default: prompts.seed)
+    auto_points: int = 5  # rates = "auto": rates between one-at-a-time and saturated throughput
+    auto_concurrency: int = 64  # rates = "auto": connections of the saturated closed-loop probe
+
+    @classmethod
+    def parse(cls, t: Table) -> Self:
+        return cast(Self, _parse(cls, t))
+
+    def connections(self) -> int:
+        return self.max_concurrency or OPEN_LOOP_CONNECTIONS
+
+    def most_connections(self) -> int:
+        return self.max_concurrency or max(OPEN_LOOP_CONNECTIONS, self.auto_concurrency)
+
+    def concurrency_cap(self) -> int | None:
+        return self.max_concurrency
+
+
+def _rate(t: Table, k: str, v: Any) -> float:
+    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+        t.fail(k, "expected a rate in requests per second > 0 (finite)", v)
+    return float(v)
+
+
+def _parse(cls: type[OpenLoopConfig], t: Table) -> OpenLoopConfig:
+    has_rate, has_rates = t.has("rate"), t.has("rates")
+    if has_rate == has_rates:
+        t.fail("", 'expected exactly one of rate = req/s, rates = [req/s, ...] or rates = "auto"', t.data)
+    rates: tuple[float, ...] = ()
+    auto = False
+    if has_rate:
+        rates = (_rate(t, "rate", t.get("rate")),)
+    else:
+        raw = t.get("rates")
+        if raw == "auto":
+            auto = True
+        elif not isinstance(raw, list) or not raw:
+            t.fail("rates", 'expected a non-empty list of rates in requests per second, or "auto"', raw)
+        else:
+            rates = tuple(sorted({_rate(t, f"rates[{i}]", v) for i, v in enumerate(raw)}))
+    if t.has("requests") == t.has("duration_s"):
+        t.fail("", "expected exactly one of requests (per rate) or duration_s (per rate)", t.data)
+    arrivals = t.text("arrivals", cls.arrivals, ARRIVALS)
+    shape = t.number("gamma_shape", cls.gamma_shape, positive=True)
+    if t.has("gamma_shape") and arrivals != "gamma":
+        t.fail("gamma_shape", 'applies to arrivals = "gamma" only', shape)
+    max_conc = t.integer("max_concurrency", None, minimum=1, what="an integer number of requests in flight")
+    w = cls(
+        arrivals=arrivals,
+        gamma_shape=shape,
+        rates=rates,
+        rates_auto=auto,
+        sweep_rates=has_rates,
+        requests=t.integer("requests", 0, minimum=1, what="an integer number of requests"),
+        duration_s=t.number("duration_s", 0.0, positive=True) or None,
+        warmup_requests=t.integer("warmup_requests", 0, minimum=0, what="an integer number of requests"),
+        warmup_shares_prefixes=t.flag("warmup_shares_prefixes", cls.warmup_shares_prefixes),
+        max_concurrency=max_conc,
+        seed=t.integer("seed", None, minimum=0),
+        auto_points=t.integer("auto_points", cls.auto_points, minimum=1, what="an integer number of rates"),
+        auto_concurrency=t.integer(
+            "auto_concurrency", cls.auto_concurrency, minimum=1, what="an integer number of connections"
+        ),
+        **cls.pool_keys(t),
+    )
+    for k in ("auto_points", "auto_concurrency"):
+        if t.has(k) and not auto:
+            t.fail(k, 'applies to rates = "auto" only', t.data[k])
+    return w
+
+
+class OpenLoop(WorkloadKind[OpenLoopConfig]):
+    name = "open_loop"
+    config = OpenLoopConfig
+    report_sections = ("capacity",)
+
+    async def plan(self, sender: Sender, prior: Plan | None = None) -> Plan:
+        sc = sender.spec.scenario
+        w = self.cfg(sc)
+        pool = prior.prompts if prior is not None else await build_pool(sender, w)
+        load = load_of(sender)
+        seed = sc.prompts.seed if w.seed is None else w.seed
+        times: tuple[float, ...] = ()
+        if load.mode == "rate":
+            assert load.rate is not None
+            times = tuple(float(t) for t in schedule.send_times(w, load.rate, seed))
+            n, warmup = len(times), w.warmup_requests
+        else:  # probes: a closed loop, counted from its first request
+            n = SERIAL_PROBE_REQUESTS if load.mode == "serial" else PROBE_PER_CONNECTION * w.auto_concurrency
+            warmup = 0
+        rng = random.Random(f"{seed}/schedule/{load.label}")
+        order = tuple((i, rng.randrange(w.pool)) for i in range(n))
+        return Plan(n, pool, order, times, warmup)
+
+    async def drive(
+        self, sender: Sender, plan: Plan, take: Schedule | None = None, connections: int | None = None, first: int = 0
+    ) -> None:
+        load = load_of(sender)
+        if load.mode != "rate":  # a probe: a closed loop on its own connections (ArmSpec.connections)
+            await closed_loop.drive(sender, plan, take, connections, first)
+            return
+        spec = sender.spec
+        # max_concurrency over all processes: each of several holds its share (`connections`)
+        cap = self.cfg(spec.scenario).max_concurrency and (spec.connections if connections is None else connections)
+        await send_timed(sender, plan, take, cap, connections, self.cfg(spec.scenario).warmup_shares_prefixes)
+
+    async def run_arm(self, sc: Scenario, measure: MeasureLoad, console: Console, arm: str) -> None:
+        w = self.cfg(sc)
+        if not w.sweep_rates:
+            await measure(Load("rate", w.rates[0]), None)
+            return
+        await RateSweep(w, measure, console, arm, sc.slo.share if sc.slo else None).run()
+
+    def after_arms(self, done: ArmsDone) -> None:
+        """The arms' curves and capacities: capacity.json beside the folders, and the tier's
+        benefit in the terminal."""
+        folders = [f for f in done.folders if (f / "run.json").exists()]
+        if not folders:
+            return
+        doc = capacity.document(load_runs(folders, itl=False))
+        path = done.results / f"{done.run_id}-capacity.json"
+        name = done.scenario.name
+        write_file(path, json.dumps({"run_id": done.run_id, "scenario_name": name, **doc}, indent=1) + "\n")
+        for arm in doc["arms"]:
+            c = arm["capacity_at_slo"]
+            if c["bound"] != "no_slo":
+                done.console.print(f"{arm['arm']}: {capacity.capacity_text(c)}", markup=False)
+        for b in doc["benefit"]:
+            text = capacity.sentence(b)
+            done.console.print(text[0].upper() + text[1:], markup=False)
+        done.console.print(f"Capacity summary: {path}", markup=False)
+
+    def figures(
+        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
+    ) -> dict[str, Any]:
+        t = stats.throughput(counted)
+        out: dict[str, Any] = {
+            "steady_req_per_s": t.steady_req_per_s,
+            "tpot_s": stats.describe(stats.values(stats.ok(counted), "tpot_s")),
+            "warmup_requests": len(records) - len(counted),
+            "mean_in_flight": t.mean_concurrency,
+            "saturation": stats.saturation(counted),
+        }
+        if slo:
+            out["slo"] = stats.goodput(counted, slo)
+        out["schedule_lag"] = stats.schedule_lag(counted)
+        return out
+
+    def lines(self, s: dict[str, Any]) -> list[str]:
+        lag, tpot, fmt = s["schedule_lag"], s["tpot_s"], progress.fmt
+        line = f"TPOT p50 {fmt(tpot['p50'], 4)} s, p99 {fmt(tpot['p99'], 4)} s"
+        if lag["requests"]:
+            line += f"; {progress.sent(lag)}"
+        if (slo := s.get("slo")) is not None:
+            line += f"; SLO met by {slo['met']}/{slo['requests']}, goodput {fmt(slo['goodput_req_per_s'], 3)} req/s"
+        if (s.get("saturation") or {}).get("saturated"):
+            line += "; saturated"
+        return [line]
+
+    def gate_figures(self, run: RunResult) -> GateFigures:
+        """Goodput and the share meeting the SLO, beside the throughput."""
+        out: GateFigures = {}
+        if (slo := capacity.slo_of(run)) is not None:
+            g = stats.goodput(run.records, slo[0])
+            for name in ("goodput_req_per_s", "share_met"):
+                if g[name] is not None:
+                    out[("slo_share_met" if name == "share_met" else name, None)] = float(g[name])
+        return {**out, **super().gate_figures(run)}
+
+
+class RateSweep:
+    """An open loop's arm at each of its rates, one result folder each, from the lowest up; with
+    `rates = "auto"` first the two probes (one request at a time, then a saturated closed loop)
+    whose throughputs bound the rates. It stops going up once the SLO fails at a rate or the
+    server saturates."""
+
+    def __init__(
+        self, w: OpenLoopConfig, measure: MeasureLoad, console: Console, arm: str, share: float | None
+    ) -> None:
+        self.w, self.measure, self.console, self.arm, self.share = w, measure, console, arm, share
+
+    async def _one(self, load: Load) -> Any:
+        return await self.measure(load, load.label)
+
+    async def run(self) -> None:
+        w = self.w
+        rates = list(w.rates)
+        if w.rates_auto:
+            serial = await self._one(Load("serial", index=0))
+            if serial.ends_run:
+                return
+            saturated = await self._one(Load("saturated", concurrency=w.auto_concurrency, index=1))
+            if saturated.ends_run:
+                return
+            low = serial.summary.get("req_per_s")
+            high = saturated.summary.get("steady_req_per_s") or saturated.summary.get("req_per_s")
+            if not low or not high:
+                self.console.print("[yellow]warning:[/] the probes measured no throughput: no rates to run")
+                return
+            rates = capacity.auto_rates(low, high, w.auto_points)
+            listed = ", ".join(f"{r:.3g}" for r in rates)
+            self.console.print(
+                f"{self.arm}: one at a time {low:.3g} req/s, saturated {high:.3g} req/s: rates {listed}", markup=False
+            )
+        for i, rate in enumerate(rates):
+            o = await self._one(Load("rate", rate, index=i + (2 if w.rates_auto else 0)))
+            if o.ends_run:
+                return
+            why = capacity.stop_reason(o.summary, self.share)
+            if why is not None and i + 1 < len(rates):
+                self.console.print(f"{self.arm}: stopped going up at {rate:.3g} req/s: {why}", markup=False)
+                break
+
+
+KIND = OpenLoop()
+
+
 def load_of(sender: Sender) -> Load:
     load = sender.spec.load
     assert load is not None, "the runner gives every open-loop arm its load"
     return load
 
 
-async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
-    sc = sender.spec.scenario
-    w = sc.workload
-    pool = prior.prompts if prior is not None else await build_pool(sender)
-    load = load_of(sender)
-    seed = sc.prompts.seed if w.seed is None else w.seed
-    times: tuple[float, ...] = ()
-    if load.mode == "rate":
-        assert load.rate is not None
-        times = tuple(float(t) for t in schedule.send_times(w, load.rate, seed))
-        n, warmup = len(times), w.warmup_requests
-    else:  # probes: a closed loop, counted from its first request
-        n = SERIAL_PROBE_REQUESTS if load.mode == "serial" else PROBE_PER_CONNECTION * w.auto_concurrency
-        warmup = 0
-    rng = random.Random(f"{seed}/schedule/{load.label}")
-    order = tuple((i, rng.randrange(w.pool)) for i in range(n))
-    return Plan(n, pool, order, times, warmup)
-
-
-async def drive(
+async def send_timed(
     sender: Sender,
     plan: Plan,
-    take: Schedule | None = None,
+    take: Schedule | None,
+    cap: int | None,
     connections: int | None = None,
-    first: int = 0,
-) -> None:
-    load = load_of(sender)
-    if load.mode != "rate":  # a probe: a closed loop on its own connections (ArmSpec.connections)
-        await closed_loop.drive(sender, plan, take, connections, first)
-        return
-    spec = sender.spec
-    # max_concurrency over all processes: each of several holds its share (`connections`)
-    cap = spec.scenario.workload.max_concurrency and (spec.connections if connections is None else connections)
-    await send_timed(sender, plan, take, cap, connections)
-
-
-async def send_timed(
-    sender: Sender, plan: Plan, take: Schedule | None, cap: int | None, connections: int | None = None
+    warmup_shares_prefixes: bool = False,
 ) -> None:
     """Each request of the plan at its time (plan.times, after the warm-up is answered), with at
     most `cap` in flight. With `connections`, this is one of several processes sharing the
@@ -121,7 +329,7 @@ async def send_timed(
             prompt = plan.prompts[p]
             phase = "warmup" if i < plan.warmup else "run"
             intended = plan.times[i] + clock.between(0, shift)
-            own = phase == "warmup" and not spec.bust and not spec.scenario.workload.warmup_shares_prefixes
+            own = phase == "warmup" and not spec.bust and not warmup_shares_prefixes
             lead = spec.reuse_lead(prompt, "warmup/") if own else sender.lead_for(prompt)
             r = await sender.send(prompt, phase, lead, schedule_index=i, intended_s=intended, held_s=held)
             if phase == "warmup" and r.ok and r.e2e_s is not None:  # a failed one says nothing of latency

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness.scenario import Workload
+if TYPE_CHECKING:
+    from harness.workloads.open_loop import OpenLoopConfig
 
 
 def _rng(seed: int, rate: float) -> np.random.Generator:
@@ -32,7 +34,7 @@ def gaps(arrivals: str, rate: float, n: int, shape: float, rng: np.random.Genera
     return rng.gamma(shape, 1.0 / (shape * rate), n)
 
 
-def send_times(w: Workload, rate: float, seed: int) -> np.ndarray:
+def send_times(w: OpenLoopConfig, rate: float, seed: int) -> np.ndarray:
     """Send times at `rate`: warm-up requests first, then `requests`, or as many as arrive
     within `duration_s` after the warm-up."""
     rng = _rng(seed, rate)

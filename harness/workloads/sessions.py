@@ -15,50 +15,124 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Self
 
 import numpy as np
 
+from harness import progress, stats
+from harness.kinds import WorkloadConfig
 from harness.prompts import BlockPrompts, Prompt
-from harness.scenario import Seconds, Workload
+from harness.results import RequestRecord
+from harness.tables import Table
 from harness.workloads import open_loop, schedule
-from harness.workloads.base import Plan, Schedule, Sender, SessionPlan, draw_length
+from harness.workloads.base import Plan, Schedule, Sender, SessionPlan
+from harness.workloads.draws import Distribution, Seconds, distribution, draw_length, draw_seconds, longest, seconds
+from harness.workloads.kind import Taken, WorkloadKind
 
-NAME = "sessions"
-SHARES_SCHEDULE = True
-
-
-def think(d: Seconds, rng: random.Random) -> float:
-    if d.kind == "fixed":
-        return d.value
-    if d.kind == "uniform":
-        return rng.uniform(d.min, d.max)
-    return rng.expovariate(1.0 / d.mean)
+HISTORIES = ("synthetic", "real")  # what goes into the history as the answers
 
 
-def shape(w: Workload, seed: int) -> list[tuple[list[int], list[float]]]:
+@dataclass(frozen=True, kw_only=True)
+class SessionsConfig(WorkloadConfig):
+    kind: str = "sessions"
+    users: int
+    turns: Distribution
+    think_s: Seconds
+    message_tokens: Distribution  # the user's message per turn
+    answer_tokens: int  # the answer kvbench writes into the history (and asks for)
+    system_prompt_tokens: int = 0  # shared by every user
+    user_context_tokens: int = 0  # each user's own document, sent with every turn
+    history: Literal["synthetic", "real"] = "synthetic"  # "real": the server's own answers go into it
+    start_rate: float | None = None  # new sessions per second (None: all at once)
+    max_active: int | None = None  # sessions in flight at most
+    seed: int | None = None  # the sessions' shapes' seed (default: prompts.seed)
+
+    @classmethod
+    def parse(cls, t: Table) -> Self:
+        tokens = "an integer number of tokens"
+        return cls(
+            users=t.integer("users", required=True, minimum=1, what="an integer number of users"),
+            turns=distribution(t, "turns", "turns"),
+            think_s=seconds(t, "think_s"),
+            system_prompt_tokens=t.integer("system_prompt_tokens", 0, minimum=0, what=tokens),
+            user_context_tokens=t.integer("user_context_tokens", 0, minimum=0, what=tokens),
+            message_tokens=distribution(t, "message_tokens"),
+            answer_tokens=t.integer("answer_tokens", required=True, minimum=1, what=tokens),
+            history=t.text("history", cls.history, HISTORIES),
+            start_rate=t.number("start_rate", 0.0, positive=True) or None,
+            max_active=t.integer("max_active", None, minimum=1, what="an integer number of sessions"),
+            seed=t.integer("seed", None, minimum=0),
+        )
+
+    def connections(self) -> int:
+        return self.max_active or self.users  # sessions in flight at most: one turn each
+
+    def longest_prompts(self, out: int) -> list[tuple[str, int, str]]:
+        """The last turn resends everything before it."""
+        per_turn = longest(self.message_tokens) + self.answer_tokens
+        n = self.system_prompt_tokens + self.user_context_tokens + longest(self.turns) * per_turn
+        how = " (the last turn: system_prompt_tokens + user_context_tokens + turns x (message_tokens + answer_tokens))"
+        return [("workload.turns", n, how)]
+
+
+class Sessions(WorkloadKind[SessionsConfig]):
+    name = "sessions"
+    config = SessionsConfig
+    batch_limit = 1  # a session is long, and stays where it went
+    report_sections = ("sessions", "versus_recompute")
+
+    async def plan(self, sender: Sender, prior: Plan | None = None) -> Plan:
+        return await plan(self.cfg(sender.spec.scenario), sender)
+
+    async def drive(
+        self, sender: Sender, plan: Plan, take: Schedule | None = None, connections: int | None = None, first: int = 0
+    ) -> None:
+        await drive(self.cfg(sender.spec.scenario), sender, plan, take, connections)
+
+    def untaken(self, plan: Plan, index: int, prompt: int, seen: Taken) -> tuple[int, dict[str, Any]] | None:
+        """The session's next turn, if it has one left."""
+        done = seen.turns.get(index, 0)
+        if done >= len(plan.sessions[index].prompts):
+            return None
+        return plan.sessions[index].prompts[done], {"session": index, "turn": done + 1}
+
+    def figures(
+        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
+    ) -> dict[str, Any]:
+        return {"cached_share": stats.cached_share(counted)}
+
+    def lines(self, s: dict[str, Any]) -> list[str]:
+        return [*progress.cached_lines(s), *super().lines(s)]
+
+
+KIND = Sessions()
+
+
+def shape(w: SessionsConfig, seed: int) -> list[tuple[list[int], list[float]]]:
     """Per user: message tokens per turn, think times between turns (pure, seeded)."""
-    assert w.turns is not None and w.message_tokens is not None and w.think_s is not None
     out = []
     for u in range(w.users):
         rng = random.Random(f"{seed}/session/{u}")
         n = max(1, draw_length(w.turns, rng))
         out.append(
-            ([draw_length(w.message_tokens, rng) for _ in range(n)], [think(w.think_s, rng) for _ in range(n - 1)])
+            (
+                [draw_length(w.message_tokens, rng) for _ in range(n)],
+                [draw_seconds(w.think_s, rng) for _ in range(n - 1)],
+            )
         )
     return out
 
 
-def starts(w: Workload, seed: int) -> list[float]:
+def starts(w: SessionsConfig, seed: int) -> list[float]:
     if w.start_rate is None:
         return [0.0] * w.users
     g = schedule.gaps("poisson", w.start_rate, w.users, 1.0, np.random.default_rng([seed, 7]))
     return [0.0, *np.cumsum(g[:-1]).tolist()]
 
 
-async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
+async def plan(w: SessionsConfig, sender: Sender) -> Plan:
     sc = sender.spec.scenario
-    w = sc.workload
     seed = sc.prompts.seed if w.seed is None else w.seed
     sender.progress.note(f"building {w.users} sessions")
     pieces = BlockPrompts(sender.builder, 1)  # its pieces of exact length; no trace blocks
@@ -98,11 +172,7 @@ def with_answers(prompt: Prompt, answers: list[str]) -> Prompt:
 
 
 async def drive(
-    sender: Sender,
-    plan: Plan,
-    take: Schedule | None = None,
-    connections: int | None = None,
-    first: int = 0,
+    w: SessionsConfig, sender: Sender, plan: Plan, take: Schedule | None = None, connections: int | None = None
 ) -> None:
     spec = sender.spec
     clock = spec.clock
@@ -110,7 +180,7 @@ async def drive(
     if share < 1:  # a process of several dealt no session slot: the others send them all
         return
     slots = asyncio.Semaphore(share)
-    real = spec.scenario.workload.history == "real"
+    real = w.history == "real"
     queue = take if take is not None else Schedule(plan.schedule)
     tasks: set[asyncio.Task[None]] = set()
 

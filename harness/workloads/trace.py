@@ -9,16 +9,127 @@ reuse it makes possible, for the report's "captured" figure."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Self
 
-from harness import traces
+from harness import progress, stats, traces
 from harness.errors import InputError
+from harness.kinds import WorkloadConfig
 from harness.prompts import BlockPrompts
+from harness.results import RequestRecord
+from harness.scenario import Context
+from harness.tables import Table
 from harness.workloads import closed_loop, open_loop
-from harness.workloads.base import Plan, Schedule, Sender
+from harness.workloads.base import OPEN_LOOP_CONNECTIONS, Plan, Schedule, Sender
+from harness.workloads.kind import WorkloadKind
 
-NAME = "trace"
-SHARES_SCHEDULE = True
+
+@dataclass(frozen=True, kw_only=True)
+class TraceConfig(WorkloadConfig):
+    kind: str = "trace"
+    path: str
+    trace_format: Literal["auto", "mooncake", "bailian"] = "auto"
+    block_tokens: int | None = None  # tokens per hash_ids block (default: the format's)
+    speed: float = 1.0  # timestamps replayed this many times faster
+    start_s: float = 0.0  # the slice of the trace replayed: [start_s, end_s) after its first request
+    end_s: float | None = None
+    max_requests: int | None = None
+    skip_bad: bool = False  # leave bad trace lines out (counted) instead of stopping
+    lru_blocks: tuple[int, ...] = ()  # also the reuse possible with LRU caches of these many trace blocks
+    concurrency: int | None = None  # as fast as that many connections allow, instead of the timestamps
+
+    @classmethod
+    def parse(cls, t: Table) -> Self:
+        concurrency = t.integer("concurrency", None, minimum=1, what="an integer number of connections")
+        if concurrency is not None and t.has("speed"):
+            t.fail("speed", "applies when the trace's timestamps are kept (no concurrency)", t.data["speed"])
+        w = cls(
+            path=t.text("path", required=True),
+            trace_format=t.text("format", cls.trace_format, ("auto", "mooncake", "bailian")),
+            block_tokens=t.integer("block_tokens", None, minimum=1, what="an integer number of tokens"),
+            speed=t.number("speed", cls.speed, positive=True),
+            start_s=t.number("start_s", cls.start_s, minimum=0.0),
+            end_s=t.number("end_s", 0.0, positive=True) or None,
+            max_requests=t.integer("max_requests", None, minimum=1, what="an integer number of requests"),
+            skip_bad=t.flag("skip_bad", cls.skip_bad),
+            lru_blocks=_lru_blocks(t),
+            concurrency=concurrency,
+        )
+        if w.end_s is not None and w.end_s <= w.start_s:
+            t.fail("end_s", f"expected more than start_s ({w.start_s:g})", w.end_s)
+        return w
+
+    @property
+    def closed(self) -> bool:
+        """`concurrency` given: as fast as that many connections allow."""
+        return self.concurrency is not None
+
+    def check_files(self, scenario_path: str) -> None:
+        if not Path(self.path).is_file():
+            raise InputError(
+                f"{scenario_path}: workload.path: no trace file {self.path!r} "
+                "(paths are relative to the current directory)"
+            )
+
+    def connections(self) -> int:
+        return self.concurrency or OPEN_LOOP_CONNECTIONS
+
+    def read(self, context: Context) -> tuple[traces.Trace, list[str]]:
+        """The trace, every line checked against the model's context, and what to warn of it."""
+        trace = traces.read(
+            self.path, self.trace_format, self.block_tokens, self.skip_bad, context.tokens, f", {context.source}"
+        )
+        warnings = [w for w in (trace.misfit_warning(),) if w is not None]
+        if trace.skipped:
+            n = len(trace.skipped)
+            more = f" (and {n - 1} more)" if n > 1 else ""
+            lines = "lines" if n > 1 else "line"
+            warnings.append(f"{n} bad {lines} of the trace skipped (skip_bad = true): {trace.skipped[0]}{more}")
+        return trace, warnings
+
+    def check_inputs(self, context: Context) -> tuple[str, list[str]]:
+        trace, warnings = self.read(context)
+        return f"trace {self.path}: {len(trace.requests):,} requests", warnings
+
+
+def _lru_blocks(t: Table) -> tuple[int, ...]:
+    v = t.get("lru_blocks")
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not v:
+        t.fail("lru_blocks", "expected a non-empty list of cache sizes in trace blocks", v)
+    return tuple(
+        sorted({t.check_int(f"lru_blocks[{i}]", n, 1, "an integer number of blocks") for i, n in enumerate(v)})
+    )
+
+
+class Trace(WorkloadKind[TraceConfig]):
+    name = "trace"
+    config = TraceConfig
+    report_sections = ("reuse", "versus_recompute")
+
+    async def plan(self, sender: Sender, prior: Plan | None = None) -> Plan:
+        return await plan(self.cfg(sender.spec.scenario), sender)
+
+    async def drive(
+        self, sender: Sender, plan: Plan, take: Schedule | None = None, connections: int | None = None, first: int = 0
+    ) -> None:
+        if self.cfg(sender.spec.scenario).closed:
+            await closed_loop.drive(sender, plan, take, connections, first)
+        else:
+            await open_loop.send_timed(sender, plan, take, None, connections)
+
+    def figures(
+        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
+    ) -> dict[str, Any]:
+        return {"cached_share": stats.cached_share(counted)}
+
+    def lines(self, s: dict[str, Any]) -> list[str]:
+        return [*progress.cached_lines(s), *super().lines(s)]
+
+
+KIND = Trace()
 
 
 def select(
@@ -30,18 +141,10 @@ def select(
     return out[:cap] if cap is not None else out
 
 
-async def plan(sender: Sender, prior: Plan | None = None) -> Plan:
-    w = sender.spec.scenario.workload
-    assert w.path is not None
-    context = sender.spec.context_bound
-    trace = traces.read(w.path, w.trace_format, w.block_tokens, w.skip_bad, context.tokens, f", {context.source}")
-    if (misfits := trace.misfit_warning()) is not None:
-        sender.warn(misfits)
-    if trace.skipped:
-        n = len(trace.skipped)
-        more = f" (and {n - 1} more)" if n > 1 else ""
-        lines = "lines" if n > 1 else "line"
-        sender.warn(f"{n} bad {lines} of the trace skipped (skip_bad = true): {trace.skipped[0]}{more}")
+async def plan(w: TraceConfig, sender: Sender) -> Plan:
+    trace, warnings = w.read(sender.spec.context_bound)
+    for warning in warnings:
+        sender.warn(warning)
     reqs = select(trace.requests, w.start_s, w.end_s, w.max_requests)
     if not reqs:
         raise InputError(f"{w.path}: no request in the slice start_s = {w.start_s:g}, end_s = {w.end_s}")
@@ -94,16 +197,3 @@ def _info(
         "possible_in_trace_blocks_share": in_trace_blocks.share,
         "prompt_tokens": possible.prompt_tokens,
     }
-
-
-async def drive(
-    sender: Sender,
-    plan: Plan,
-    take: Schedule | None = None,
-    connections: int | None = None,
-    first: int = 0,
-) -> None:
-    if sender.spec.scenario.workload.closed:
-        await closed_loop.drive(sender, plan, take, connections, first)
-    else:
-        await open_loop.send_timed(sender, plan, take, None, connections)
