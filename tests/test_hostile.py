@@ -39,6 +39,7 @@ class FaultServer:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.requests = 0
+        self.transports: set[asyncio.BaseTransport] = set()  # every connection a request came on
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -75,6 +76,8 @@ class FaultServer:
 
     async def chat(self, r: web.Request) -> web.StreamResponse:
         self.requests += 1
+        if r.transport is not None:
+            self.transports.add(r.transport)
         body = await r.json()
         if self.mode == "hang":
             await self.stall()
@@ -103,12 +106,13 @@ class FaultServer:
 
     async def _stop(self) -> None:
         server = self.runner.server
-        open_now = [h.transport for h in (server.connections if server is not None else [])]
+        open_now = {h.transport for h in (server.connections if server is not None else [])} | self.transports
         await self.runner.cleanup()
         # A closed transport closes its socket only once its write buffer is sent: one that a
         # flood filled, to a client that stopped reading, never is. Aborted, it closes at once.
         # (Left to the collector, the socket was a ResourceWarning that the suite's
         # filterwarnings turned into a failure of whatever test ran next, on a busy machine.)
+        # Those a handler had finished with are no longer the server's: they are kept here.
         for transport in open_now:
             if transport is not None:
                 transport.abort()

@@ -3,7 +3,7 @@
 A baseline keeps, per (arm, phase, length), up to MAX_SAMPLES per-request values of each metric
 (a seeded uniform subsample beyond that, enough for the significance test) plus summaries, and
 per arm the run-level figures of every run it was made from. It also keeps what makes runs
-comparable (scenario name and hash, concurrency, lengths, time scale) so that the gate refuses
+comparable (scenario name, the hash of its file as written, kind, time scale) so that the gate refuses
 to compare runs of different tests.
 """
 
@@ -29,27 +29,34 @@ MAX_SAMPLES = 5000
 def identity(runs: list[RunResult]) -> dict[str, Any]:
     """What must match between a baseline and a candidate."""
     metas = [r.meta for r in runs]
-    sc = metas[0].get("scenario", {})
-    w = sc.get("workload", {})
+    w = metas[0].get("scenario", {}).get("workload", {})
     return {
         "scenario_name": metas[0].get("scenario_name"),
+        # the scenario file's keys as written, the workload's all included (Scenario.digest)
         "scenario_hash": sorted({m.get("scenario_hash") for m in metas}),
         "kind": w.get("kind"),
-        "concurrency": w.get("concurrency"),
-        "lengths": w.get("lengths") or [],
-        "prompt_tokens": w.get("prompt_tokens"),
         "time_scale": sorted({float(m.get("time_scale", 1.0)) for m in metas}),
         "arms": sorted({str(m.get("arm")) for m in metas}),
+        "workload": w,  # the kind's keys, to say which of them differ
     }
+
+
+# Workload keys a baseline saved before the kinds had configs of their own kept beside the hash
+LEGACY_WORKLOAD_KEYS = ("concurrency", "lengths", "prompt_tokens")
 
 
 def check_compatible(base: dict[str, Any], cand: dict[str, Any]) -> None:
     """Refuse to compare runs of different tests; say what differs."""
     diffs = [
         f"{k}: baseline {base.get(k)!r}, candidate {cand.get(k)!r}"
-        for k in ("scenario_name", "scenario_hash", "kind", "concurrency", "lengths", "prompt_tokens", "time_scale")
+        for k in ("scenario_name", "scenario_hash", "kind", "time_scale")
         if base.get(k) != cand.get(k)
     ]
+    was = base.get("workload") or {k: base[k] for k in LEGACY_WORKLOAD_KEYS if k in base}
+    now = cand.get("workload") or {}
+    # (a key the candidate lacks is left to the hash: an older baseline's concurrency of a sweep)
+    changed = [k for k in sorted(was) if was[k] != now.get(k, was[k])]
+    diffs += [f"workload.{k}: baseline {was[k]!r}, candidate {now[k]!r}" for k in changed]
     missing = sorted(set(cand.get("arms", [])) - set(base.get("arms", [])))
     if missing:
         diffs.append(f"arms {missing} are not in the baseline")
