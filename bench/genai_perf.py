@@ -38,7 +38,7 @@ from pathlib import Path
 from ceiling import once
 from common import Firehose, client_cores, pin
 
-from harness.prompts import VOCAB
+from harness.inputs.prompts import VOCAB
 
 POOL = 50
 WORDS = 1000

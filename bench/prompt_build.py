@@ -15,8 +15,10 @@ from pathlib import Path
 import aiohttp
 from common import ROOT
 
-from harness import endpoint, prompts, scenario
+from harness.config import scenario
 from harness.emulator.serve import EmbeddedEmulator
+from harness.inputs import prompts
+from harness.server import endpoint
 
 
 async def build_all(base: str, cache_dir: Path | None) -> tuple[float, int]:

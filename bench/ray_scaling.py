@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from common import POISSON, SERVER_CORE, STREAMING, Firehose, client_cores, kvbench_run, pin
 
-from harness.stats import CI_LEVEL, STATISTICS, bootstrap_ci
+from harness.analysis.stats import CI_LEVEL, STATISTICS, bootstrap_ci
 
 ROUNDS = 3
 # The pairs (one process, one Ray worker apart) in turns on one cluster, and their requests: short

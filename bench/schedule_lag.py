@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import POISSON, STREAMING, Firehose, client_cores, kvbench_run
 
-from harness import stats
+from harness.analysis import stats
 from harness.results import read_requests
 
 

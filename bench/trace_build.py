@@ -18,8 +18,9 @@ from pathlib import Path
 
 from common import EmbeddedEmulator
 
-from harness import endpoint, traces
-from harness.prompts import BlockPrompts, PromptBuilder
+from harness.inputs import traces
+from harness.inputs.prompts import BlockPrompts, PromptBuilder
+from harness.server import endpoint
 
 
 def make(path: Path, n: int) -> None:

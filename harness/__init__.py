@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.frames import Runs
+    from harness.analysis.frames import Runs
 
 
 def load(paths: str | Path | list[str | Path]) -> Runs:
     """Result folders (or globs of them) as DataFrames: `.requests()`, `.summary()`,
-    `.by_length()` (harness/frames.py). pandas is loaded here, never on the run path."""
-    from harness.frames import load as load_frames
+    `.by_length()` (harness/analysis/frames.py). pandas is loaded here, never on the run path."""
+    from harness.analysis.frames import load as load_frames
 
     return load_frames(paths)
 

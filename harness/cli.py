@@ -1,6 +1,6 @@
 """The `kvbench` command line: only wiring. Each command lives in its own module (harness/commands/,
 and harness/gate/command.py); every user mistake ends in a one-line message and a documented exit
-code (see harness/errors.py), never a traceback."""
+code (see harness/core/errors.py), never a traceback."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import typer
 from rich.markup import escape
 
 from harness import __version__
-from harness.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError, files_error
-from harness.progress import stderr_console
-from harness.scenario import EmulatorCfg
+from harness.config.scenario import EmulatorCfg
+from harness.core.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError, files_error
+from harness.monitor.progress import stderr_console
 
 
 def _handled(fn: Callable[..., int]) -> Callable[..., int]:

@@ -26,7 +26,7 @@ from typing import IO, Any
 import orjson
 
 from harness import __version__
-from harness.errors import InputError, files_error, write_file
+from harness.core.errors import InputError, files_error, write_file
 
 SCHEMA_VERSION = 1
 

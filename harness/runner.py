@@ -22,32 +22,26 @@ import aiohttp
 from rich.console import Console
 from rich.markup import escape
 
-from harness import (
-    aio,
-    checks,
-    endpoint,
-    hf_tokenizer,
-    kinds,
-    metrics,
-    prompts,
-    raypool,
-    reference,
-    selfcheck,
-    stats,
-)
-from harness.clock import ModelClock
-from harness.errors import EndpointError, ExitCode, FilesError
-from harness.progress import RunProgress
-from harness.prompts import PromptBuilder
+from harness.analysis import stats
+from harness.config import kinds, reference
+from harness.config.scenario import Arm, Context, DistributedCfg, Scenario
+from harness.core import aio
+from harness.core.clock import ModelClock
+from harness.core.errors import EndpointError, ExitCode, FilesError
+from harness.core.units import human_bandwidth
+from harness.distributed import raypool
+from harness.distributed.workers import WorkerPool
+from harness.inputs import hf_tokenizer, prompts
+from harness.inputs.prompts import PromptBuilder
+from harness.monitor import selfcheck
+from harness.monitor.progress import RunProgress
+from harness.monitor.selfcheck import LoopMonitor
 from harness.results import RunWriter, iso, machine, read_requests, utc_stamp, versions
-from harness.scenario import Arm, Context, DistributedCfg, Scenario
-from harness.scrape import Scraper
-from harness.selfcheck import LoopMonitor
+from harness.server import checks, endpoint, metrics
+from harness.server.scrape import Scraper
 from harness.traffic import make_driver
 from harness.traffic.base import TrafficDriver, TrafficResult
-from harness.units import human_bandwidth
 from harness.wire.client import StreamingClient, client_for
-from harness.workers import WorkerPool
 from harness.workloads.base import ArmSpec, Load, Plan, Sender
 from harness.workloads.kind import ArmsDone
 

@@ -88,7 +88,7 @@ def interrupt(
 def other_warnings(meta: dict[str, Any]) -> list[str]:
     """A run's warnings but the emulator's report of its own lateness, which a busy machine can
     cause (and which must then agree with run.json's emulator.lateness: checked here)."""
-    from harness.selfcheck import emulator_warning
+    from harness.monitor.selfcheck import emulator_warning
 
     late = emulator_warning((meta.get("emulator") or {}).get("lateness"))
     return [w for w in meta["warnings"] if w != late]

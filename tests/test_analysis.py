@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import analysis, kinds, stats
-from harness.reference import redbooks
+from harness.analysis import findings, stats
+from harness.config import kinds
+from harness.config.reference import redbooks
 from harness.results import RequestRecord
 
 
@@ -69,7 +70,7 @@ def test_cost_fit_recovers_known_parameters() -> None:
                 rec(phase="cold", target_tokens=n, prompt_tokens=n, ttft_s=(a * n + b * n * n) * rng.normal(1, 0.01))
             )
             recs.append(rec(phase="warm", target_tokens=n, prompt_tokens=n, ttft_s=(c + s * n) * rng.normal(1, 0.01)))
-    fit = analysis.fit_cost_model(recs, 73728)
+    fit = findings.fit_cost_model(recs, 73728)
     assert fit is not None
     assert fit.a == pytest.approx(a, rel=0.1) and fit.b == pytest.approx(b, rel=0.05)
     assert fit.c == pytest.approx(c, rel=0.05) and fit.s_per_token == pytest.approx(s, rel=0.05)
@@ -86,12 +87,12 @@ def test_cache_verification() -> None:
         rec(phase="cold", cached_tokens=0),
         rec(phase="cold", cached_tokens=500),
     ]
-    v = analysis.cache_verification(recs, cold_allowance=64)
+    v = findings.cache_verification(recs, cold_allowance=64)
     assert (v["warm_served_from_cache"], v["warm_reported"], v["cold_not_cold"]) == (1, 2, 1)
 
 
 def test_claims_audit_flags_the_18_percent() -> None:
-    claims = {c.name: c for c in analysis.claims_audit(redbooks(), {"traffic_drop_pct": 15.0})}
+    claims = {c.name: c for c in findings.claims_audit(redbooks(), {"traffic_drop_pct": 15.0})}
     drop = claims["Throughput drop under competing traffic"]
     assert drop.recomputed == pytest.approx(15.49, abs=0.01) and drop.flag and "18.9x" in drop.flag
     assert drop.measured == 15.0
@@ -117,7 +118,7 @@ def test_group_stats() -> None:
     recs = [rec(phase="warm", ttft_s=float(t), itl_s=[0.01, 0.02]) for t in range(1, 11)] + [
         rec(phase="warm", ok=False)
     ]
-    g = analysis.group_stats(recs)[0]
+    g = findings.group_stats(recs)[0]
     assert (g["count"], g["errors"]) == (11, 1)
     assert g["ttft_s_p50"] == pytest.approx(5.5) and g["itl_s_p50"] == pytest.approx(0.015)
 
@@ -126,11 +127,11 @@ def test_many_distinct_lengths_are_grouped_in_power_of_two_bins() -> None:
     """A trace's 286 lengths would make 286 rows of one request each: beyond 12 distinct lengths,
     rows are power-of-two bins, every request in exactly one; up to 12, a row per length."""
     recs = [rec(id=k, target_tokens=300 + 7 * k) for k in range(286)]
-    rows = analysis.group_stats(recs)
+    rows = findings.group_stats(recs)
     assert [x["tokens"] for x in rows] == ["256-511", "512-1,023", "1,024-2,047", "2,048-4,095"]
     assert sum(x["count"] for x in rows) == 286 and all(x["target_tokens"] is None for x in rows)
     assert rows[0]["count"] == len([k for k in range(286) if 300 + 7 * k <= 511])
-    few = analysis.group_stats([rec(target_tokens=n) for n in (1000, 2000, 1000)])
+    few = findings.group_stats([rec(target_tokens=n) for n in (1000, 2000, 1000)])
     assert [(x["tokens"], x["count"]) for x in few] == [("1,000", 2), ("2,000", 1)]
 
 
@@ -168,7 +169,7 @@ def test_a_restore_before_the_request_is_part_of_its_ttft() -> None:
     (row,) = stats.sweep_rows(cold + warm)
     assert row["warm_ttft_p50_s"] == pytest.approx(0.048) and row["speedup"] == pytest.approx(9.376 / 0.048)
     assert row["warm_request_ttft_p50_s"] == pytest.approx(0.017)
-    rows = analysis.restores(cold + warm)["rows"]  # type: ignore[index]
+    rows = findings.restores(cold + warm)["rows"]  # type: ignore[index]
     assert rows[0]["with_restore_s_p50"] == row["warm_ttft_p50_s"] and rows[0]["warm_ttft_s_p50"] == 0.017
     s = kinds.get("sweep").summary(warm)
     assert s["ttft_includes_restore"] is True and s["request_ttft_s"]["p50"] == pytest.approx(0.017)

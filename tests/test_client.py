@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import aio
-from harness.scenario import Timeouts
+from harness.config.scenario import Timeouts
+from harness.core import aio
 from harness.wire.client import OTHER_FILES, Exchange, StreamingClient, reserve_descriptors
 from harness.wire.connection import Habit
 from harness.wire.sse import SSEDecoder, SSEEvent, SSELimitError

@@ -8,10 +8,10 @@ import json
 import aiohttp
 import pytest
 
+from harness.config.reference import redbooks
 from harness.emulator.kvcache import KVCache, Tier, block_hashes
 from harness.emulator.profiles import get_profile
 from harness.emulator.serve import EmbeddedEmulator
-from harness.reference import redbooks
 
 
 def test_calibration_reproduces_the_published_ttft() -> None:

@@ -14,14 +14,16 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from harness import analysis, checks, kinds, stats
+from harness.analysis import findings, stats
 from harness.commands import compare
+from harness.config import kinds
 from harness.gate import baselines, figures
 from harness.gate.rules import parse_rules
 from harness.gate.verdicts import evaluate
-from harness.progress import RunProgress
+from harness.monitor.progress import RunProgress
 from harness.report.build import build_context
 from harness.results import RunResult, load_runs
+from harness.server import checks
 from tests.conftest import kvbench, write_scenario
 
 GOLDEN = Path(__file__).parent / "golden" / "runs"
@@ -67,8 +69,8 @@ def test_recorded_results_give_the_same_figures(name: str) -> None:
         summary = kinds.get(run.kind).summary(run.records)
         same(summary, w["summary"], f"{run.label} summary")
         same(summary, run.meta["summary"], f"{run.label} run.json")
-        same(no_intervals(analysis.group_stats(run.records)), w["group_stats"], f"{run.label} groups")
-        cache = analysis.cache_verification(run.records, checks.allowance_of(run.meta))
+        same(no_intervals(findings.group_stats(run.records)), w["group_stats"], f"{run.label} groups")
+        cache = findings.cache_verification(run.records, checks.allowance_of(run.meta))
         same(cache, {k: v for k, v in w["cache_verification"].items() if k != "label"}, f"{run.label} cache")
         if run.kind == "sweep":
             rows = stats.sweep_rows(run.records, intervals=True)
@@ -77,7 +79,7 @@ def test_recorded_results_give_the_same_figures(name: str) -> None:
             for r in rows:
                 if r["speedup_ci_lo"] is not None:
                     assert r["speedup_ci_lo"] <= r["speedup"] <= r["speedup_ci_hi"]
-            fit = analysis.fit_cost_model(run.records, 73728)
+            fit = findings.fit_cost_model(run.records, 73728)
             same(None if fit is None else {k: getattr(fit, k) for k in w["fit"]}, w["fit"], f"{run.label} fit")
         else:
             t = stats.throughput(run.records)

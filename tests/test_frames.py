@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import load, stats
+from harness import load
+from harness.analysis import stats
 from harness.commands.export import to_csv
 from harness.gate import figures
 from harness.report.build import build_context

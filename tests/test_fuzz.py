@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.errors import ExitCode
+from harness.core.errors import ExitCode
 
 GOLDEN = Path(__file__).parent / "golden" / "runs"
 DOCUMENTED = {int(c) for c in ExitCode}

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.core.errors import InputError
 from harness.emulator.serve import EmbeddedEmulator
-from harness.errors import InputError
 from harness.gate import figures
 from harness.gate import output as gate_output
 from harness.gate import rules as gate

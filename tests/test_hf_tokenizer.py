@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import hf_tokenizer
+from harness.core.errors import InputError
 from harness.emulator import tokenizer as emulator_tokenizer
-from harness.errors import InputError
+from harness.inputs import hf_tokenizer
 from harness.results import read_requests, read_run
 from tests.conftest import arm_folders, kvbench, write_scenario
 

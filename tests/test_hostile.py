@@ -560,8 +560,8 @@ EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
     ids=["at-once", "mid-body"],
 )
 def test_broken_chunked_encoding_is_a_protocol_error_at_once(first: bytes, then: bytes) -> None:
-    from harness import aio
-    from harness.scenario import Timeouts
+    from harness.config.scenario import Timeouts
+    from harness.core import aio
     from harness.wire.client import StreamingClient
 
     sock, url = raw_server(first, then)
@@ -657,8 +657,8 @@ class CountingServer(ThreadedServer):
 
 
 def exchanges(server: CountingServer, n: int, pause_s: float, awake_s: float = 0.0) -> list[Any]:
-    from harness import aio
-    from harness.scenario import Timeouts
+    from harness.config.scenario import Timeouts
+    from harness.core import aio
     from harness.wire.client import StreamingClient
 
     async def go() -> list[Any]:
@@ -679,7 +679,7 @@ def exchanges(server: CountingServer, n: int, pause_s: float, awake_s: float = 0
 
 
 def test_lateness_within_the_loops_timer_granularity_is_not_falling_behind() -> None:
-    from harness.selfcheck import emulator_warning
+    from harness.monitor.selfcheck import emulator_warning
 
     def late(p50_s: float, share: float, scale: float = 10.0) -> dict[str, object]:
         return {
@@ -728,8 +728,8 @@ def test_a_fault_after_a_kept_alive_answer_is_a_failed_request_not_a_resend() ->
 
 
 def test_an_idle_connection_is_not_reused_once_the_server_may_have_closed_it() -> None:
-    from harness import aio
-    from harness.scenario import Timeouts
+    from harness.config.scenario import Timeouts
+    from harness.core import aio
     from harness.wire.client import StreamingClient
     from harness.wire.connection import KEEPALIVE_S
 

@@ -113,7 +113,7 @@ def test_no_published_figure_is_written_outside_the_reference_file() -> None:
 
 
 def test_every_workload_kind_is_one_module_behind_the_interface() -> None:
-    from harness import kinds
+    from harness.config import kinds
     from harness.workloads.kind import WorkloadKind
 
     for name, module in kinds.BUILTIN.items():
@@ -142,7 +142,7 @@ def test_no_code_reaches_a_private_attribute_of_another_object() -> None:
 
 def _kind_names(node: ast.expr) -> list[str]:
     """The built-in workload kind names a comparison's operand spells out."""
-    from harness import kinds
+    from harness.config import kinds
 
     if isinstance(node, ast.Constant) and node.value in kinds.BUILTIN:
         return [str(node.value)]
@@ -162,3 +162,88 @@ def test_no_workload_kind_is_compared_outside_the_workloads_package() -> None:
         if isinstance(node, ast.Compare) and any(_kind_names(x) for x in (node.left, *node.comparators))
     ]
     assert found == []
+
+
+# The packages from the bottom up (docs/architecture.md): a module imports only from its own
+# package or from those listed before it. The emulator stands apart: it imports only the pure
+# cores (it is a server kvbench runs against, never a client).
+LAYERS = (
+    "harness.core",
+    "harness.config",
+    "harness.results",
+    "harness.inputs",
+    "harness.wire",
+    "harness.server",
+    "harness.analysis",
+    "harness.monitor",
+    "harness.traffic",
+    "harness.engines",
+    "harness.workloads",
+    "harness.distributed",
+    "harness.runner",
+    "harness.report",
+    "harness.gate",
+    "harness.commands",
+    "harness.cli",
+)
+STANDALONE = {"harness.emulator": ("harness.core", "harness.config", "harness.results", "harness.analysis")}
+
+
+def package_of(module: str) -> str:
+    """The layer a dotted module name belongs to ("harness" itself and __main__: the top)."""
+    for name in (*LAYERS, *STANDALONE):
+        if module == name or module.startswith(name + "."):
+            return name
+    return "harness.cli"
+
+
+def runtime_imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import of a harness module, at any depth, but those under
+    `if TYPE_CHECKING:` (annotations only: no import happens). `from harness import x` imports
+    the module harness.x; `from harness import __version__` reads the version, no module."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            skip |= {id(n) for n in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("harness"):
+            if node.module == "harness":
+                submodules = [
+                    a.name for a in node.names if (HARNESS / a.name).exists() or (HARNESS / f"{a.name}.py").exists()
+                ]
+                yield from ((node.lineno, f"harness.{name}") for name in submodules)
+            else:
+                yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names if a.name.startswith("harness"))
+
+
+def test_imports_run_one_way_between_every_pair_of_packages() -> None:
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    wrong = []
+    for path, tree in modules():
+        own = package_of(path.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
+        for line, module in runtime_imports(tree):
+            to = package_of(module)
+            if to == own:
+                continue
+            if own in STANDALONE:
+                ok = to in STANDALONE[own]
+            elif to in STANDALONE:  # who starts the emulator: the test above
+                ok = path.startswith(EMULATOR_IMPORTERS)
+            else:
+                ok = rank[to] < rank[own]
+            if not ok:
+                wrong.append(f"{path}:{line}: {own} imports {module}")
+    assert wrong == []
+
+
+def test_every_package_is_placed_and_described() -> None:
+    """A new package gets its place in the order above and its line in docs/architecture.md."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    packages = sorted(p.parent.name for p in HARNESS.glob("*/__init__.py"))
+    placed = {n.removeprefix("harness.") for n in (*LAYERS, *STANDALONE)}
+    assert set(packages) <= placed, set(packages) - placed
+    assert [p for p in packages if f"`{p}/`" not in doc] == []

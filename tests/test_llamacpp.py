@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.checks import COLD_START_TOKENS
 from harness.engines.llamacpp import LlamaServer, binary
 from harness.engines.models import make as make_model
 from harness.report.build import render
 from harness.results import load_runs, read_requests
+from harness.server.checks import COLD_START_TOKENS
 from tests.browser import assert_clean, inspect_page
 from tests.conftest import arm_folders, interrupt, kvbench, write_scenario
 
@@ -301,9 +301,9 @@ def test_a_disk_arm_headlines_ttft_with_its_restore(tier_runs: tuple[Path, str],
     table's "with restore" column; the request alone stays under its own name."""
     import numpy as np
 
-    from harness.analysis import restores
+    from harness.analysis.findings import restores
+    from harness.analysis.stats import RESTORE_NOTE
     from harness.gate.figures import run_level
-    from harness.stats import RESTORE_NOTE
 
     out, stderr = tier_runs
     folder = arm_folders(out, "llama-tiers")["disk"]

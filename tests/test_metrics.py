@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import metrics
+from harness.server import metrics
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -99,7 +99,7 @@ def test_the_block_size_vllm_publishes_is_read() -> None:
 def test_a_warm_request_is_judged_by_the_servers_blocks(
     cached: int, prompt: int, block: int | None, warm: bool
 ) -> None:
-    from harness import checks
+    from harness.server import checks
 
     assert checks.warm_hit(cached, prompt, block) is warm
 

@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from harness import aio, capacity, scenario, stats
-from harness.capacity import Point
-from harness.errors import InputError
+from harness.analysis import capacity, stats
+from harness.analysis.capacity import Point
+from harness.config import scenario
+from harness.core import aio
+from harness.core.errors import InputError
 from harness.results import read_requests, read_run
 from harness.workloads import open_loop, schedule
 from harness.workloads.base import Plan
@@ -326,7 +328,7 @@ def test_the_connections_an_open_loop_opens_ahead() -> None:
 def test_the_capacity_sentence_follows_the_sign() -> None:
     """Issue 34, case 3: a reuse arm worse than its bust arm lowers the capacity; the verb is
     never "raises" by default."""
-    from harness.capacity import sentence
+    from harness.analysis.capacity import sentence
 
     def b(
         with_: float | None,

@@ -9,9 +9,9 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import prompts
 from harness.emulator import tokenizer
-from harness.prompts import PromptBuilder
+from harness.inputs import prompts
+from harness.inputs.prompts import PromptBuilder
 
 
 def chat_counter(calls: list[int]) -> prompts.Counter:

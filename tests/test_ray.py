@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from harness.clock import Offset
-from harness.raypool import (
+from harness.core.clock import Offset
+from harness.distributed.raypool import (
     CLOSED_BATCH,
     CLOSED_BATCH_S,
     HELLO_BYTES,
@@ -498,7 +498,7 @@ def test_a_record_crosses_from_a_workers_client_to_the_coordinator_intact() -> N
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from harness.raypool import relayed, unrelayed
+    from harness.distributed.raypool import relayed, unrelayed
 
     @given(
         st.booleans(),

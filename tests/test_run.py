@@ -264,8 +264,8 @@ def test_usage_calibrated_counting_is_close(emulator: EmbeddedEmulator) -> None:
 
     import aiohttp
 
-    from harness import endpoint
     from harness.emulator import tokenizer
+    from harness.server import endpoint
 
     async def go() -> list[tuple[int, int]]:
         async with aiohttp.ClientSession() as s:
@@ -291,8 +291,8 @@ def test_an_estimated_count_is_never_below_zero() -> None:
     import aiohttp
     from aiohttp import web
 
-    from harness import checks, endpoint
-    from harness.endpoint import _UNITS_RE
+    from harness.server import checks, endpoint
+    from harness.server.endpoint import _UNITS_RE
 
     async def completions(request: web.Request) -> web.Response:
         text = (await request.json())["messages"][0]["content"]

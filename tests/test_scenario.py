@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import scenario
-from harness.errors import InputError
+from harness.config import scenario
+from harness.core.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = """
@@ -180,7 +180,7 @@ def test_hash_changes_with_content_not_path() -> None:
 
 
 def test_urls_are_redacted_and_joined() -> None:
-    from harness.endpoint import join, redact, root
+    from harness.server.endpoint import join, redact, root
 
     assert redact("https://user:pw@host:8000/v1?key=s3cret#x") == "https://host:8000/v1"
     assert join("http://h:1/v1?api-version=2", "/models") == "http://h:1/v1/models?api-version=2"

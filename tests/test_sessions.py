@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.config.scenario import EmulatorCfg
 from harness.emulator.profiles import get_profile
 from harness.results import read_requests
-from harness.scenario import EmulatorCfg
 from tests.conftest import kvbench, write_scenario
 
 SESSIONS = """
@@ -100,8 +100,8 @@ def test_sessions_get_a_connection_per_session_that_may_be_active() -> None:
     to 7 s late (schedule lag, model seconds)."""
     import tomllib
 
+    from harness.config.scenario import parse
     from harness.runner import connections
-    from harness.scenario import parse
 
     for extra, n in (("", 4), ("max_active = 2", 2)):
         sc = parse(tomllib.loads("schema_version = 1\n" + SESSIONS.format(extra=extra)), "s.toml")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import analysis, traces
+from harness.analysis import findings
+from harness.inputs import traces
 from harness.results import read_requests, read_run
 from tests.conftest import kvbench, write_scenario
 
@@ -75,7 +76,7 @@ def test_a_trace_replay_on_the_emulator_captures_what_it_could(tmp_path: Path) -
         assert trace["possible_lru"] == [
             {"capacity_blocks": n, "cached_share": traces.reuse(reqs, 64, n).share} for n in (3, 8)
         ]
-        got = analysis.captured_reuse(run)
+        got = findings.captured_reuse(run)
         assert got is not None and [u["capacity_blocks"] for u in got["possible_lru"]] == [3, 8]
         if arm == "recompute":
             assert got["cached_share"] == 0
@@ -102,7 +103,7 @@ def test_a_three_request_trace_never_captures_more_than_possible(tmp_path: Path)
     r = kvbench("run", str(sc), "--arm", "cached", "--out", str(tmp_path / "out"), timeout=300)
     assert r.returncode == 0, r.stderr
     (folder,) = (tmp_path / "out" / "tr").iterdir()
-    got = analysis.captured_reuse(read_run(folder))
+    got = findings.captured_reuse(read_run(folder))
     assert got is not None and got["cached_share"] and got["cached_share"] > 0
     assert got["captured"] is not None and 0 < got["captured"] <= 1.0
 
@@ -171,7 +172,7 @@ def test_a_missing_or_bad_trace_stops_before_anything_runs(tmp_path: Path) -> No
 def test_the_emulators_hits_on_a_trace_equal_what_trace_inspect_computes(tmp_path: Path, capacity: int | None) -> None:
     """With the emulator's block size (16 tokens), the completions API (no chat template: the
     trace's blocks start where the emulator's do) and one request at a time, the emulator's LRU
-    tier serves exactly the cached tokens that harness/traces.py computes for the same size."""
+    tier serves exactly the cached tokens that harness/inputs/traces.py computes for the same size."""
     rows = []
     for k in range(40):
         doc = [100 * (k % 5) + j for j in range(1 + k % 4)]

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import traces
-from harness.errors import InputError
+from harness.core.errors import InputError
+from harness.inputs import traces
 from tests.conftest import ROOT, kvbench
 
 SAMPLES = ROOT / "scenarios" / "traces"

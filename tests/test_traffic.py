@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.clock import ModelClock
+from harness.config.scenario import TrafficCfg
+from harness.core.clock import ModelClock
+from harness.core.errors import InputError
+from harness.core.units import parse_bandwidth, parse_size
 from harness.engines.process import free_port
-from harness.errors import InputError
-from harness.scenario import TrafficCfg
 from harness.traffic.base import TrafficResult, cleanup_directory, prepare_directory
 from harness.traffic.fio import FioDriver, job_file, json_objects, snapshots, timeline
-from harness.units import parse_bandwidth, parse_size
 from tests.conftest import ROOT, kvbench, write_scenario
 
 GOLDEN = Path(__file__).parent / "golden"

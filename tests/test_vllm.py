@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import metrics
 from harness.engines.vllm import VllmServer, python
 from harness.results import read_requests
+from harness.server import metrics
 from tests.conftest import ROOT, arm_folders, kvbench, write_scenario
 
 PYTHON = python()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.distributed.workers import deal
 from harness.results import read_requests
-from harness.workers import deal
 from tests.conftest import interrupt, kvbench, write_scenario
 
 LOOP = """

@@ -14,10 +14,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Self
 
-from harness import stats
-from harness.kinds import WorkloadConfig
+from harness.analysis import stats
+from harness.config.kinds import WorkloadConfig
+from harness.config.tables import Table
 from harness.results import RequestRecord, RunResult
-from harness.tables import Table
 from harness.workloads.base import Plan, Schedule, Sender
 from harness.workloads.kind import GateFigures, Section, WorkloadKind
 

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from harness.prompts import VOCAB  # noqa: E402  (stdlib only: importable from vLLM's Python)
+from harness.inputs.prompts import VOCAB  # noqa: E402  (stdlib only: importable from vLLM's Python)
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import kinds, stats
-from harness.errors import ExitCode, InputError
+from harness.analysis import stats
+from harness.config import kinds
+from harness.core.errors import ExitCode, InputError
 from harness.report.format import num
 from harness.results import RunResult, load_runs, skipped_warning
 
@@ -68,7 +69,7 @@ def main(base: Path, candidate: Path) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from harness.progress import stderr_console
+    from harness.monitor.progress import stderr_console
 
     runs = load_runs([base]), load_runs([candidate])
     if warning := skipped_warning([*runs[0], *runs[1]]):

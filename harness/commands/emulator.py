@@ -6,10 +6,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import aio
-from harness.clock import check_scale
-from harness.errors import EndpointError, ExitCode, InputError
-from harness.scenario import EmulatorCfg
+from harness.config.scenario import EmulatorCfg
+from harness.core import aio
+from harness.core.clock import check_scale
+from harness.core.errors import EndpointError, ExitCode, InputError
 
 
 @dataclass(frozen=True)

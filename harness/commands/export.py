@@ -1,5 +1,5 @@
 """`kvbench export RESULT... --format csv|parquet|jsonl [-o FILE]`: a result's table on disk (or
-on standard output), for spreadsheets, notebooks and dashboards: the frames of harness/frames.py."""
+on standard output), for spreadsheets, notebooks and dashboards: the frames of harness/analysis/frames.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.errors import ExitCode, InputError, files_error, write_file
+from harness.core.errors import ExitCode, InputError, files_error, write_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,8 +21,8 @@ TABLES = ("requests", "summary", "by_length")
 def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
     from rich.markup import escape
 
-    from harness import frames
-    from harness.progress import stderr_console
+    from harness.analysis import frames
+    from harness.monitor.progress import stderr_console
     from harness.results import skipped_warning
 
     if fmt not in FORMATS:

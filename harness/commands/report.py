@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.errors import ExitCode
+from harness.core.errors import ExitCode
 
 
 def main(results: list[Path], output: Path | None) -> int:
     from rich.markup import escape
 
-    from harness.progress import stderr_console
+    from harness.monitor.progress import stderr_console
     from harness.report.build import render
     from harness.results import load_runs, skipped_warning
 

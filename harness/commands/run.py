@@ -14,9 +14,12 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
-from harness import aio, endpoint, kinds, scenario
-from harness.clock import ModelClock, check_scale
-from harness.errors import InputError, KvbenchError, Redactor
+from harness.config import kinds, scenario
+from harness.core import aio
+from harness.core.clock import ModelClock, check_scale
+from harness.core.errors import InputError, KvbenchError, Redactor
+from harness.gate.rules import check_rules
+from harness.server import endpoint
 
 if TYPE_CHECKING:
     from harness.engines.llamacpp import Started
@@ -92,7 +95,7 @@ def distributed(opts: RunOptions, sc: scenario.Scenario) -> scenario.Distributed
     """Ray, if --ray or the scenario's [distributed] asks for it (--ray's address first)."""
     if opts.ray is None and sc.distributed is None:
         return None
-    from harness import raypool
+    from harness.distributed import raypool
 
     raypool.require()
     cfg = sc.distributed or scenario.DistributedCfg()
@@ -112,6 +115,7 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
     from harness.runner import Target, run_arms
 
     sc = _with_timeouts(scenario.load(opts.scenario), opts.timeouts)
+    check_rules(sc)
     headers = _secret_headers(opts)
     arms = tuple(sc.arm(name) for name in opts.arms) if opts.arms else sc.arms
     url = opts.endpoint or os.environ.get("OPENAI_BASE_URL") or sc.endpoint.url

@@ -1,7 +1,7 @@
 """`kvbench trace inspect FILE`: what a request trace holds and the reuse it makes possible:
 request count and span, input and output length distributions, the arrival rate over time, and
 the share of prompt tokens an infinite prefix cache, and LRU caches of the sizes given, would
-serve (harness/traces.py defines it)."""
+serve (harness/inputs/traces.py defines it)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from harness import stats, traces
-from harness.errors import ExitCode, InputError
-from harness.scenario import MAX_CONTEXT_TOKENS
+from harness.analysis import stats
+from harness.config.scenario import MAX_CONTEXT_TOKENS
+from harness.core.errors import ExitCode, InputError
+from harness.inputs import traces
 
 RATE_WINDOWS = 10  # the arrival rate over time: the span cut into this many equal windows
 
@@ -117,7 +118,7 @@ def main(
     doc = inspect(trace, lru_blocks)
     show(doc, console)
     if json_out is not None:
-        from harness.errors import write_file
+        from harness.core.errors import write_file
 
         write_file(json_out, json.dumps(doc, indent=1) + "\n")
     return ExitCode.OK

@@ -5,14 +5,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.errors import ExitCode
+from harness.core.errors import ExitCode
 
 
 def main(scenarios: list[Path]) -> int:
-    from harness.scenario import Context, load
+    from harness.config.scenario import Context, load
+    from harness.gate.rules import check_rules
 
     for path in scenarios:
         sc = load(path)
+        check_rules(sc)
         w = sc.workload
         what, warnings = w.check_inputs(Context.of(sc))
         for warning in warnings:

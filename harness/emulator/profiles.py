@@ -39,9 +39,9 @@ import math
 from dataclasses import dataclass, replace
 from functools import cache
 
+from harness.config.reference import redbooks
+from harness.config.scenario import EMULATOR_PROFILES
 from harness.emulator.kvcache import Tier
-from harness.reference import redbooks
-from harness.scenario import EMULATOR_PROFILES
 
 RECOMPUTE, REDBOOKS_G4, TIERED = EMULATOR_PROFILES
 

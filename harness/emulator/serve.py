@@ -18,9 +18,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from harness.core.errors import EndpointError
 from harness.emulator.profiles import get_profile, with_capacities
 from harness.emulator.server import Emulator
-from harness.errors import EndpointError
 
 READY_PREFIX = "kvbench emulator listening on "
 

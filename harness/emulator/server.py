@@ -19,12 +19,12 @@ from typing import IO, Any
 
 from aiohttp import web
 
+from harness.analysis.stats import percentile
+from harness.core.clock import SENT_HEADER
 from harness.emulator import tokenizer
 from harness.emulator.kvcache import KVCache, Match, block_hashes
 from harness.emulator.metrics import Counters, render
 from harness.emulator.profiles import Profile
-from harness.stats import percentile
-from harness.wire.request import SENT_HEADER
 
 _PROMPT_CACHE_SIZE = 256
 LATE_KEPT = 100_000  # requests whose lateness is kept (bounded memory for endless runs)

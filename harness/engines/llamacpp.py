@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.config.scenario import EngineCfg
 from harness.engines.process import ServerProcess, installed
-from harness.scenario import EngineCfg
 
 VERSION = "0.3.36"  # the llama-cpp-python release whose llama.cpp engines/llamacpp/build.sh builds
 
@@ -96,8 +96,8 @@ class Started:
 def start(cfg: EngineCfg, where: str) -> Iterator[Started]:
     """llama-server as the scenario's `[engine]` says (scenario.EngineCfg), stopped on the way out
     whatever happens; the models it makes and a slot directory it made are removed then."""
+    from harness.core.errors import EndpointError, InputError
     from harness.engines import models
-    from harness.errors import EndpointError, InputError
 
     server = binary()
     if server is None:

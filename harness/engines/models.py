@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import InputError
-from harness.prompts import VOCAB  # the words prompts are made of
+from harness.core.errors import InputError
+from harness.inputs.prompts import VOCAB  # the words prompts are made of
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from harness import __version__, stats
-from harness.errors import InputError, read_input, write_file
+from harness import __version__
+from harness.analysis import stats
+from harness.core.errors import InputError, read_input, write_file
 from harness.gate import figures
 from harness.gate.figures import Figures
 from harness.results import RunResult

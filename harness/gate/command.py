@@ -10,11 +10,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.errors import ExitCode, InputError, read_input, write_file
+from harness.core.errors import ExitCode, InputError, read_input, write_file
 from harness.gate import baselines, figures, output
 from harness.gate.rules import Rules, merge, parse_rules
 from harness.gate.verdicts import evaluate
-from harness.progress import stderr_console
+from harness.monitor.progress import stderr_console
 from harness.results import load_runs, skipped_warning
 
 STEP_SUMMARY_LIMIT = 1 << 20

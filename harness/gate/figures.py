@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness import capacity, kinds, stats
+from harness.analysis import capacity, stats
+from harness.config import kinds
 from harness.gate.rules import Selector
 from harness.results import RunResult
 

@@ -30,9 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness import kinds
-from harness.errors import InputError
-from harness.stats import PER_REQUEST
+from harness.analysis.stats import PER_REQUEST
+from harness.config import kinds
+from harness.config.scenario import Scenario
+from harness.core.errors import InputError
 
 PER_RUN = (
     "req_per_s",
@@ -208,3 +209,9 @@ def merge(base: Rules, override: Rules) -> Rules:
         tuple(r for r in base.regressions if (r.key, r.aggregate) not in r_keys) + override.regressions,
         override.noise if override.regressions else base.noise,
     )
+
+
+def check_rules(sc: Scenario) -> None:
+    """A scenario's [gate] table read as the gate reads it: its errors before anything runs."""
+    if sc.gate is not None:
+        parse_rules(sc.gate, sc.path)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness import stats
+from harness.analysis import stats
 from harness.gate.figures import Figures
 from harness.gate.rules import OPS, PER_REQUEST, Regression, Rules, Selector
 

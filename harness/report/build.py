@@ -10,8 +10,8 @@ from typing import Any
 import jinja2
 
 from harness import __version__
-from harness.errors import write_file
-from harness.reference import redbooks
+from harness.config.reference import redbooks
+from harness.core.errors import write_file
 from harness.report import sections
 from harness.report.format import num
 from harness.results import RunResult

@@ -1,5 +1,5 @@
 """The report's sections, each built from the runs' raw records by the statistics core and
-analysis.py; published figures come from the reference file. One function per section, each
+findings.py; published figures come from the reference file. One function per section, each
 returning the template variables it fills."""
 
 from __future__ import annotations
@@ -11,11 +11,14 @@ from typing import Any
 import numpy as np
 from markupsafe import Markup
 
-from harness import analysis, capacity, checks, kinds, reference, selfcheck, stats
-from harness.reference import redbooks
+from harness.analysis import capacity, findings, stats
+from harness.config import kinds, reference
+from harness.config.reference import redbooks
+from harness.monitor import selfcheck
 from harness.report import plots
 from harness.report.format import num
 from harness.results import RunResult, skipped_warning
+from harness.server import checks
 from harness.traffic.base import ACHIEVED_WARN_SHARE
 
 # (reference test, arm) -> the measured figure of the claims audit it provides
@@ -118,7 +121,7 @@ def _ttft_series(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return series
 
 
-def _fit_svg(fit: analysis.CostFit) -> Markup:
+def _fit_svg(fit: findings.CostFit) -> Markup:
     def points(phase: str) -> tuple[np.ndarray, np.ndarray]:
         rows = [r for r in fit.residuals if r["phase"] == phase]
         return np.asarray([r["tokens"] for r in rows]), np.asarray([r["measured_s"] for r in rows])
@@ -130,14 +133,14 @@ def _fit_svg(fit: analysis.CostFit) -> Markup:
 
 def sweep(run: RunResult) -> dict[str, Any]:
     rows = stats.sweep_rows(run.records, intervals=True)
-    groups = analysis.group_stats(stats.ok(run.records), by=("phase", "target_tokens"))
+    groups = findings.group_stats(stats.ok(run.records), by=("phase", "target_tokens"))
     series = _ttft_series(groups)
     published, pub_speedup = _published_sweep() if run.reference_test == "ttft" else ([], [])
-    restores = analysis.restores(run.records)
+    restores = findings.restores(run.records)
     # KV bytes per token: the scenario's, else what the engine's restores read, else the paper's model's
     engine_kv = restores["kv_bytes_per_token"] if restores else None
     kv = int(run.scenario.get("model", {}).get("kv_bytes_per_token") or engine_kv or reference.kv_bytes_per_token())
-    fit = analysis.fit_cost_model(run.records, kv)
+    fit = findings.fit_cost_model(run.records, kv)
     speedup_svg = plots.speedup_vs_length(
         [r["length"] for r in rows],
         [r["speedup"] for r in rows],
@@ -170,7 +173,7 @@ def loops(runs: list[RunResult]) -> dict[str, Any]:
                 "ttft": stats.describe(stats.values(r.records, "ttft_s")),
                 "published": reference.req_per_s(r.reference_test, r.arm),
                 "concurrency": r.scenario.get("workload", {}).get("concurrency"),
-                "restores": analysis.restores(r.records),
+                "restores": findings.restores(r.records),
                 "tiers": r.meta.get("tiers") if isinstance(r.meta.get("tiers"), dict) else None,
             }
         )
@@ -228,7 +231,7 @@ def claims(measured: dict[str, float | None]) -> dict[str, Any]:
                 "published_drop_pct": pub["drop_pct"],
             }
         )
-    return {"claims": analysis.claims_audit(redbooks(), measured), "comparisons": comparisons}
+    return {"claims": findings.claims_audit(redbooks(), measured), "comparisons": comparisons}
 
 
 def cards(
@@ -328,7 +331,7 @@ def verification(runs: list[RunResult]) -> dict[str, Any]:
     cache_rows = [
         {
             "label": r.label,
-            **analysis.cache_verification(r.records, checks.allowance_of(r.meta), checks.block_of(r.meta)),
+            **findings.cache_verification(r.records, checks.allowance_of(r.meta), checks.block_of(r.meta)),
             "block": checks.block_of(r.meta),
             "block_source": (r.meta.get("warm_rule") or {}).get("source"),
         }
@@ -342,7 +345,7 @@ def verification(runs: list[RunResult]) -> dict[str, Any]:
     group_tables = []
     for r in runs:
         if r.records:
-            rows = analysis.group_stats(r.records)
+            rows = findings.group_stats(r.records)
             group_tables.append({"label": r.label, "rows": rows, "binned": any("tokens_bin" in x for x in rows)})
     return {"cache_rows": cache_rows, "errors": errors, "group_tables": group_tables}
 
@@ -464,7 +467,7 @@ def open_loop(runs: list[RunResult]) -> dict[str, Any]:
 def reuse(runs: list[RunResult]) -> dict[str, Any]:
     """Trace replays: the reuse captured, against what was possible, by tier where known; and a
     plain sentence wherever an arm that reuses the cache was slower than recomputing."""
-    rows = [c for r in feeding(runs, "reuse") if (c := analysis.captured_reuse(r)) is not None]
+    rows = [c for r in feeding(runs, "reuse") if (c := findings.captured_reuse(r)) is not None]
     return {"reuse_rows": rows, "slower_than_recompute": slower_than_recompute(runs)}
 
 
@@ -520,7 +523,7 @@ def sessions(runs: list[RunResult]) -> dict[str, Any]:
         share.append({"label": r.label, "x": [q.idle_s for q in ok], "y": y, "style": i})
     return {
         "session_runs": [
-            {"label": r.label, "by_turn": analysis.by_turn(r.records), "by_idle": analysis.by_idle(r.records)}
+            {"label": r.label, "by_turn": findings.by_turn(r.records), "by_idle": findings.by_idle(r.records)}
             for r in rs
         ],
         "session_idle_svg": Markup(

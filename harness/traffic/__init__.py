@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.clock import ModelClock
-from harness.scenario import TrafficCfg
+from harness.config.scenario import TrafficCfg
+from harness.core.clock import ModelClock
 from harness.traffic.base import TrafficDriver
 
 

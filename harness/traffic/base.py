@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.clock import ModelClock
-from harness.errors import InputError, write_file
-from harness.scenario import TrafficCfg, check_traffic_directory
-from harness.units import human_bandwidth
+from harness.config.scenario import TrafficCfg, check_traffic_directory
+from harness.core.clock import ModelClock
+from harness.core.errors import InputError, write_file
+from harness.core.units import human_bandwidth
 
 # Below this share of the target the run did not apply the load it claims.
 ACHIEVED_WARN_SHARE = 0.9

@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from harness.clock import ModelClock
-from harness.scenario import TrafficCfg
+from harness.config.scenario import TrafficCfg
+from harness.core.clock import ModelClock
 from harness.traffic.base import TrafficResult, cleanup_directory, prepare_directory, settings_of
 
 

@@ -8,9 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness.clock import ModelClock
-from harness.errors import EndpointError
-from harness.scenario import TrafficCfg
+from harness.config.scenario import TrafficCfg
+from harness.core.clock import ModelClock
+from harness.core.errors import EndpointError
 from harness.traffic.base import TrafficResult, die_with_parent, settings_of, stop_process
 
 

@@ -8,10 +8,10 @@ import time
 
 import aiohttp
 
-from harness import endpoint
-from harness.clock import ModelClock
-from harness.errors import EndpointError
-from harness.scenario import TrafficCfg
+from harness.config.scenario import TrafficCfg
+from harness.core.clock import ModelClock
+from harness.core.errors import EndpointError
+from harness.server import endpoint
 from harness.traffic.base import TrafficResult, settings_of
 
 PATH = "/kvbench/traffic"

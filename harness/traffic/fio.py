@@ -12,9 +12,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.clock import ModelClock
-from harness.errors import EndpointError
-from harness.scenario import TrafficCfg
+from harness.config.scenario import TrafficCfg
+from harness.core.clock import ModelClock
+from harness.core.errors import EndpointError
 from harness.traffic.base import (
     TrafficResult,
     cleanup_directory,

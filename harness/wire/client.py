@@ -18,8 +18,8 @@ from typing import Literal
 
 import aiohttp
 
-from harness.errors import Redactor
-from harness.scenario import MAX_LINE_BYTES, EndpointCfg, Timeouts
+from harness.config.scenario import MAX_LINE_BYTES, EndpointCfg, Timeouts
+from harness.core.errors import Redactor
 from harness.wire.connection import KEPT_ALIVE, ONE_PER_REQUEST, TransportError
 from harness.wire.liveness import Liveness
 from harness.wire.stream import StreamState

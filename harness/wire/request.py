@@ -6,11 +6,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from harness import __version__
+from harness.core.clock import SENT_HEADER
 from harness.wire.connection import Origin
 
-# The name of the request header that tells the embedded emulator when a request left, so that
-# at a time scale X its modelled delays start from the send time (see emulator/server.py).
-SENT_HEADER = "X-Kvbench-Sent-Ns"
 # Headers kvbench writes itself (from the body and the connection's use), whatever a user gives
 _OWN = frozenset(("content-length", "transfer-encoding", "connection", "x-request-id"))
 

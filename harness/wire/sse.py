@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.scenario import MAX_LINE_BYTES
+from harness.config.scenario import MAX_LINE_BYTES
 
 
 class SSELimitError(ValueError):

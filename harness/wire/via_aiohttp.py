@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from harness.core.clock import SENT_HEADER
 from harness.wire.connection import KEPT_ALIVE, BrokenFraming, ConnectFailed, CutShort, Disconnected, IdleTimeout
-from harness.wire.request import SENT_HEADER
 from harness.wire.response import TooManyTokens, too_many
 from harness.wire.sse import SSEDecoder, SSELimitError
 from harness.wire.transport import PARSE_TIME, TooLong

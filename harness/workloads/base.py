@@ -16,15 +16,16 @@ from typing import Any, Literal
 import orjson
 from rich.markup import escape
 
-from harness import checks, endpoint, prompts
-from harness.clock import ModelClock
-from harness.kinds import WorkloadConfig
-from harness.progress import RunProgress
-from harness.prompts import Prompt, PromptBuilder
+from harness.config.kinds import WorkloadConfig
+from harness.config.scenario import Arm, Context, Scenario
+from harness.config.tables import Table
+from harness.core.clock import ModelClock
+from harness.inputs import prompts
+from harness.inputs.prompts import Prompt, PromptBuilder
+from harness.monitor.progress import RunProgress
 from harness.results import RequestRecord
-from harness.scenario import Arm, Context, Scenario
-from harness.scrape import Scraper
-from harness.tables import Table
+from harness.server import checks, endpoint
+from harness.server.scrape import Scraper
 from harness.wire.client import Exchange, StreamingClient
 from harness.wire.turns import TURNS
 from harness.workloads.draws import Distribution, distribution, draw_length, longest, smallest

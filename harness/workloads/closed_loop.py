@@ -11,10 +11,10 @@ import random
 from dataclasses import dataclass
 from typing import Any, Self
 
-from harness import tiers
-from harness.errors import InputError
-from harness.scenario import Scenario
-from harness.tables import Table
+from harness.config.scenario import Scenario
+from harness.config.tables import Table
+from harness.core.errors import InputError
+from harness.engines import tiers
 from harness.workloads.base import Plan, PoolConfig, Schedule, Sender, build_pool
 from harness.workloads.kind import WorkloadKind
 

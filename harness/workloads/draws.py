@@ -9,8 +9,8 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from harness.errors import InputError
-from harness.tables import Table
+from harness.config.tables import Table
+from harness.core.errors import InputError
 
 
 @dataclass(frozen=True)

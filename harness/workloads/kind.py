@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cas
 from rich.console import Console
 from rich.markup import escape
 
-from harness import progress, stats
-from harness.kinds import WorkloadConfig
+from harness.analysis import stats
+from harness.config.kinds import WorkloadConfig
+from harness.monitor import progress
 from harness.results import RequestRecord, RunResult
 from harness.workloads.base import Load, Plan, Schedule, Sender
 
 if TYPE_CHECKING:
-    from harness.scenario import Scenario
+    from harness.config.scenario import Scenario
 
 C = TypeVar("C", bound=WorkloadConfig)
 GateFigures = dict[tuple[str, int | None], float]  # (figure, prompt length or None) -> value

@@ -27,11 +27,13 @@ from typing import Any, Literal, Self, cast
 
 from rich.console import Console
 
-from harness import aio, capacity, progress, stats
-from harness.errors import write_file
+from harness.analysis import capacity, stats
+from harness.config.scenario import Scenario
+from harness.config.tables import Table
+from harness.core import aio
+from harness.core.errors import write_file
+from harness.monitor import progress
 from harness.results import RequestRecord, RunResult, load_runs
-from harness.scenario import Scenario
-from harness.tables import Table
 from harness.wire.turns import TURNS
 from harness.workloads import closed_loop, schedule
 from harness.workloads.base import OPEN_LOOP_CONNECTIONS, Load, Plan, PoolConfig, Schedule, Sender, build_pool

@@ -20,11 +20,12 @@ from typing import Any, Literal, Self
 
 import numpy as np
 
-from harness import progress, stats
-from harness.kinds import WorkloadConfig
-from harness.prompts import BlockPrompts, Prompt
+from harness.analysis import stats
+from harness.config.kinds import WorkloadConfig
+from harness.config.tables import Table
+from harness.inputs.prompts import BlockPrompts, Prompt
+from harness.monitor import progress
 from harness.results import RequestRecord
-from harness.tables import Table
 from harness.workloads import open_loop, schedule
 from harness.workloads.base import Plan, Schedule, Sender, SessionPlan
 from harness.workloads.draws import Distribution, Seconds, distribution, draw_length, draw_seconds, longest, seconds

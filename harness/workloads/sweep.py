@@ -11,12 +11,14 @@ from typing import Any, Self
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from harness import progress, stats, tiers
-from harness.errors import InputError
-from harness.kinds import WorkloadConfig
+from harness.analysis import stats
+from harness.config.kinds import WorkloadConfig
+from harness.config.scenario import Scenario
+from harness.config.tables import Table
+from harness.core.errors import InputError
+from harness.engines import tiers
+from harness.monitor import progress
 from harness.results import RunResult
-from harness.scenario import Scenario
-from harness.tables import Table
 from harness.workloads.base import Plan, Schedule, Sender
 from harness.workloads.kind import GateFigures, WorkloadKind
 

@@ -1,4 +1,4 @@
-"""`kind = "trace"`: a request trace (Mooncake or Qwen-Bailian, harness/traces.py) replayed: at
+"""`kind = "trace"`: a request trace (Mooncake or Qwen-Bailian, harness/inputs/traces.py) replayed: at
 its timestamps (divided by `speed`, sent as open_loop.py sends), or with `concurrency` as fast as
 that many connections allow (as closed_loop.py sends). Each request's prompt is built from the
 trace's hash_ids, so requests sharing leading ids share that text (prompts.BlockPrompts), with the
@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from harness import progress, stats, traces
-from harness.errors import InputError
-from harness.kinds import WorkloadConfig
-from harness.prompts import BlockPrompts
+from harness.analysis import stats
+from harness.config.kinds import WorkloadConfig
+from harness.config.scenario import Context
+from harness.config.tables import Table
+from harness.core.errors import InputError
+from harness.inputs import traces
+from harness.inputs.prompts import BlockPrompts
+from harness.monitor import progress
 from harness.results import RequestRecord
-from harness.scenario import Context
-from harness.tables import Table
 from harness.workloads import closed_loop, open_loop
 from harness.workloads.base import OPEN_LOOP_CONNECTIONS, Plan, Schedule, Sender
 from harness.workloads.kind import WorkloadKind

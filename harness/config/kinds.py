@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any, Self
 
-from harness.errors import InputError
-from harness.tables import Table
+from harness.config.tables import Table
+from harness.core.errors import InputError
 
 if TYPE_CHECKING:
-    from harness.scenario import Context, Scenario
+    from harness.config.scenario import Context, Scenario
     from harness.workloads.kind import WorkloadKind
 
 BUILTIN = {name: f"harness.workloads.{name}" for name in ("sweep", "closed_loop", "open_loop", "trace", "sessions")}

@@ -50,11 +50,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness import aio, kinds
-from harness.clock import CLOCK_WARN_NS, ModelClock, Offset
-from harness.errors import EndpointError, InputError
+from harness.config import kinds
+from harness.core import aio
+from harness.core.clock import CLOCK_WARN_NS, ModelClock, Offset
+from harness.core.errors import EndpointError, InputError
+from harness.distributed.workers import ID_STRIDE, Share, combine_health, deal, send_share
 from harness.results import RequestRecord, RunWriter, versions
-from harness.workers import ID_STRIDE, Share, combine_health, deal, send_share
 from harness.workloads.base import Plan, Schedule, Sender
 
 INSTALL_HINT = "pip install 'kvbench[ray]' (on this host and on every client host of the cluster)"
@@ -104,7 +105,9 @@ PR_SET_PDEATHSIG = 1  # prctl(2)
 # How a Ray worker starts its client: a plain interpreter, so that the client imports neither Ray
 # (multiprocessing's spawn would: it imports the actor's __main__, Ray's worker) nor anything else
 # the actor has loaded; the ends of its two pipes follow.
-CLIENT_ENTRY = "import sys; from harness.raypool import client_process; client_process(*map(int, sys.argv[1:]))"
+CLIENT_ENTRY = (
+    "import sys; from harness.distributed.raypool import client_process; client_process(*map(int, sys.argv[1:]))"
+)
 
 
 def require() -> None:

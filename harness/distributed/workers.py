@@ -21,12 +21,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness import aio, kinds
-from harness.clock import ModelClock
-from harness.progress import RunProgress
-from harness.prompts import PromptBuilder
+from harness.config import kinds
+from harness.core import aio
+from harness.core.clock import ModelClock
+from harness.inputs.prompts import PromptBuilder
+from harness.monitor.progress import RunProgress
+from harness.monitor.selfcheck import LoopMonitor
 from harness.results import RequestRecord, RunWriter, read_requests
-from harness.selfcheck import LoopMonitor
 from harness.wire.client import KEPT_ALIVE, ONE_PER_REQUEST, client_for
 from harness.workloads.base import ArmSpec, Plan, Schedule, Sender
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import aiohttp
 
-from harness import metrics
-from harness.checks import HIGH_COLD_HIT_RATIO, LOW_WARM_HIT_RATIO
-from harness.clock import ModelClock
-from harness.endpoint import redact
-from harness.errors import write_file
+from harness.core.clock import ModelClock
+from harness.core.errors import write_file
 from harness.results import RequestRecord
+from harness.server import metrics
+from harness.server.checks import HIGH_COLD_HIT_RATIO, LOW_WARM_HIT_RATIO
+from harness.server.endpoint import redact
 
 
 @dataclass

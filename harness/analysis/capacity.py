@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from harness import stats
+from harness.analysis import stats
+from harness.config.scenario import Slo
 from harness.results import RunResult
-from harness.scenario import Slo
 
 # rates = "auto" goes this far beyond the saturated throughput, so that a rate fails
 AUTO_BEYOND = 1.2

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import EndpointError
+from harness.core.errors import EndpointError
 
 Counter = Callable[[str], Awaitable[int]]
 
@@ -324,7 +324,7 @@ class PromptBuilder:
 def load_file(path: str, builder: PromptBuilder) -> list[Prompt]:
     """Prompts from a JSONL file, one `{"id": ..., "prompt": ...}` per line, used as they are
     (their length is whatever the server counts; it is recorded per request)."""
-    from harness.errors import InputError
+    from harness.core.errors import InputError
 
     out: list[Prompt] = []
     try:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import capacity, kinds, stats
-from harness.errors import InputError
+from harness.analysis import capacity, stats
+from harness.config import kinds
+from harness.core.errors import InputError
 from harness.results import RunResult, load_runs
 
 if TYPE_CHECKING:

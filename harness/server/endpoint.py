@@ -11,10 +11,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from harness import prompts
-from harness.errors import EndpointError, InputError
-from harness.prompts import Counter
-from harness.scenario import Hook
+from harness.config.scenario import Hook
+from harness.core.errors import EndpointError, InputError
+from harness.inputs import prompts
+from harness.inputs.prompts import Counter
 
 _UNITS_RE = re.compile(r"\w+|[^\w\s]")
 

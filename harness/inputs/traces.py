@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.errors import InputError
+from harness.core.errors import InputError
 
 FORMATS = ("mooncake", "bailian")
 Format = Literal["mooncake", "bailian"]

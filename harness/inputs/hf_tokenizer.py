@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from harness.errors import InputError
+from harness.core.errors import InputError
 
 Counter = Callable[[str], Awaitable[int]]
 

@@ -14,7 +14,11 @@ import operator
 import time
 from dataclasses import dataclass, replace
 
-from harness.errors import InputError
+from harness.core.errors import InputError
+
+# The name of the request header that tells the embedded emulator when a request left (this
+# host's monotonic ns), so that at a time scale X its modelled delays start from the send time.
+SENT_HEADER = "X-Kvbench-Sent-Ns"
 
 # The fastest time scale accepted: far beyond what any emulated test keeps (the shipped ones keep
 # at most 50), and small enough that model times stay ordinary numbers.

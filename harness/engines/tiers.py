@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from harness import endpoint
-from harness.errors import EndpointError
+from harness.core.errors import EndpointError
+from harness.server import endpoint
 from harness.traffic import fio
 
 if TYPE_CHECKING:

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from harness import checks, stats
+from harness.analysis import stats
 from harness.results import RequestRecord, RunResult
+from harness.server import checks
 
 Records = Sequence[RequestRecord]
 GROUP_METRICS = ("ttft_s", "first_byte_s", "e2e_s", "itl_s")

@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any, NoReturn
 
-from harness.errors import InputError
+from harness.core.errors import InputError
 
 
 def describe(value: Any) -> str:
@@ -132,7 +132,7 @@ class Table:
 
 
 def size(t: Table, k: str, default: int) -> int:
-    from harness.units import parse_size
+    from harness.core.units import parse_size
 
     v = t.get(k)
     if v is None:

@@ -20,7 +20,7 @@ Definitions:
   requests and failures. Schedule lag: real send time (start_s) - intended send time.
 - TPOT: (e2e - TTFT) / (output tokens - 1), per request (vLLM's definition).
 - reuse captured (trace replay): the share of prompt tokens the server reported cached, over the
-  share an infinite prefix cache could have served (harness/traces.py), both over the requests
+  share an infinite prefix cache could have served (harness/inputs/traces.py), both over the requests
   replayed.
 - a request meets the SLO when it succeeded and its TTFT, TPOT and e2e are within every limit
   given (a one-token answer has no TPOT and is not judged on it); share met: requests meeting

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness.stats import percentile
+from harness.analysis.stats import percentile
 
 RECENT = 200  # requests the live TTFT median is taken over
 REFRESH_S = 0.1  # terminal display

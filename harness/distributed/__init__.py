@@ -1,0 +1,1 @@
+"""An arm sent from many client processes (--workers) or a Ray cluster's workers (--ray)."""

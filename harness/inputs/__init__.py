@@ -1,0 +1,1 @@
+"""What is sent: prompts built to exact lengths, request traces, tokenizer files."""

@@ -1,0 +1,1 @@
+"""The run watched as it goes: the progress display and the client's own health."""
