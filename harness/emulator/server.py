@@ -296,9 +296,8 @@ class Emulator:
 
     # --- generation ----------------------------------------------------------------------
 
-    async def _generate(
-        self, request: web.Request, body: dict[str, Any], text: str, arrived: float, chat: bool
-    ) -> web.StreamResponse:
+    def _accepted(self, body: dict[str, Any], text: str) -> web.Response | tuple[int, list[int], int]:
+        """The request's prompt tokens, block hashes and max_tokens, or the error a server gives."""
         if body.get("model") not in (None, self.model):
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
@@ -315,6 +314,15 @@ class Emulator:
                 f"However, you requested {n + max_tokens} tokens ({n} in the messages, "
                 f"{max_tokens} in the completion).",
             )
+        return n, hashes, max_tokens
+
+    async def _generate(
+        self, request: web.Request, body: dict[str, Any], text: str, arrived: float, chat: bool
+    ) -> web.StreamResponse:
+        accepted = self._accepted(body, text)
+        if isinstance(accepted, web.Response):
+            return accepted
+        n, hashes, max_tokens = accepted
         stream_opts = body.get("stream_options")
         include_usage = isinstance(stream_opts, dict) and bool(stream_opts.get("include_usage"))
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
@@ -361,21 +369,22 @@ class Emulator:
             self.counters.request_errors += 1
             raise
         finally:
-            if self._timing is not None:
-                self._timing.write(
-                    json.dumps(
-                        {
-                            "request_id": request_id,
-                            "recv_ns": int(arrived * 1e9),
-                            "first_token_ns": first_token_ns or None,
-                            "end_ns": time.perf_counter_ns(),
-                            "prompt_tokens": n,
-                            "cached_tokens": prefill.match.cached_tokens,
-                        }
-                    )
-                    + "\n"
-                )
-                self._timing.flush()
+            self._log_timing(request_id, arrived, first_token_ns, n, prefill.match.cached_tokens)
+
+    def _log_timing(self, request_id: str, arrived: float, first_token_ns: int, n: int, cached: int) -> None:
+        """One line of the timing log (`timing_log`): when the request came, its first token went, it ended."""
+        if self._timing is None:
+            return
+        line = {
+            "request_id": request_id,
+            "recv_ns": int(arrived * 1e9),
+            "first_token_ns": first_token_ns or None,
+            "end_ns": time.perf_counter_ns(),
+            "prompt_tokens": n,
+            "cached_tokens": cached,
+        }
+        self._timing.write(json.dumps(line) + "\n")
+        self._timing.flush()
 
     def _count_prefill(self, n: int, match: Match) -> None:
         c = self.counters

@@ -306,24 +306,74 @@ async def send_timed(
     most `cap` in flight. With `connections`, this is one of several processes sharing the
     schedule, with that share of the arm's connections (and so of its arrivals). The connections
     it is expected to need are opened once the warm-up is answered."""
-    spec = sender.spec
-    share = 1.0 if connections is None else connections / spec.connections
-    clock = spec.clock
-    slots = asyncio.Semaphore(cap) if cap else None
-    tasks: set[asyncio.Task[None]] = set()
-    setup: deque[int] = deque(maxlen=PACE_WINDOW)  # from its time to the request written, ns
-    warmup_e2e: list[float] = []
+    timed = TimedSends(sender, plan, cap, warmup_shares_prefixes)
+    share = 1.0 if connections is None else connections / sender.spec.connections
+    await timed.run(take if take is not None else Schedule(plan.schedule), share)
 
-    async def one(i: int, p: int, shift: int, due: int) -> None:
+
+class TimedSends:
+    """The requests of one process's part of a timed schedule, each sent in a task of its own
+    that waits for its time: how early to dispatch each (learnt from the last sends), the
+    warm-up's latencies, and the shift that starts the measured part once the warm-up is in."""
+
+    def __init__(self, sender: Sender, plan: Plan, cap: int | None, warmup_shares_prefixes: bool) -> None:
+        self.sender, self.plan, self.cap = sender, plan, cap
+        self.warmup_shares_prefixes = warmup_shares_prefixes
+        self.clock = sender.spec.clock
+        self.slots = asyncio.Semaphore(cap) if cap else None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.setup: deque[int] = deque(maxlen=PACE_WINDOW)  # from its time to the request written, ns
+        self.warmup_e2e: list[float] = []
+        self.shift_ns = 0  # the measured schedule starts when the warm-up has been answered
+
+    async def run(self, queue: Schedule, share: float) -> None:
+        plan, sender = self.plan, self.sender
+        with aio.collections_in_gaps() as collector:
+            async for i, p in queue:
+                if i >= plan.warmup and plan.warmup and not self.shift_ns:
+                    await self.measured_part(queue, share)
+                await self.dispatch(i, p, collector)
+                if sender.stop.is_set():
+                    break
+            if self.tasks:
+                await asyncio.gather(*self.tasks)
+
+    async def measured_part(self, queue: Schedule, share: float) -> None:
+        """The warm-up answered (a cold first prefix, queues drained): the connections the measured
+        part is expected to need opened, and its start agreed with the other processes."""
+        plan, clock, cap = self.plan, self.clock, self.cap
+        if self.tasks:
+            await asyncio.gather(*self.tasks)
+        need = in_flight(plan, max(self.warmup_e2e, default=0.0), share)
+        await self.sender.client.open_idle(self.sender.spec.url, min(need, cap or need))
+        self.setup.clear()  # the warm-up's were slowed by new connections
+        start = await queue.measured_start(time.perf_counter_ns())
+        # the same for every process: the first measured request is sent at `start`
+        self.shift_ns = max(1, start - clock.t0_ns - round(clock.wall_s(plan.times[plan.warmup]) * 1e9))
+
+    async def dispatch(self, i: int, p: int, collector: aio.Collections) -> None:
+        clock, setup = self.clock, self.setup
+        early = min(PACE_MAX_NS, max(0, round(statistics.median(setup)))) if setup else 0
+        due = clock.t0_ns + self.shift_ns + round(clock.wall_s(self.plan.times[i]) * 1e9) - early
+        collector.in_gap(due - time.perf_counter_ns())
+        if (wait := due - LEAD_NS - time.perf_counter_ns()) > 0:
+            await asyncio.sleep(wait / 1e9)
+        if not self.sender.stop.is_set():
+            task = asyncio.create_task(self.one(i, p, self.shift_ns, due))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def one(self, i: int, p: int, shift: int, due: int) -> None:
         TURNS.expect(due)  # parsing yields to this send as it falls due, until it is written
         try:
             await until(due)
-            if not sender.stop.is_set():
-                await send(i, p, shift)
+            if not self.sender.stop.is_set():
+                await self.send(i, p, shift)
         finally:
             TURNS.written()
 
-    async def send(i: int, p: int, shift: int) -> None:
+    async def send(self, i: int, p: int, shift: int) -> None:
+        sender, spec, clock, plan, slots = self.sender, self.sender.spec, self.clock, self.plan, self.slots
         dispatched = time.perf_counter_ns()
         held_ns = None if slots is None else await hold(slots)
         held = None if held_ns is None else clock.between(0, held_ns)
@@ -331,48 +381,17 @@ async def send_timed(
             prompt = plan.prompts[p]
             phase = "warmup" if i < plan.warmup else "run"
             intended = plan.times[i] + clock.between(0, shift)
-            own = phase == "warmup" and not spec.bust and not warmup_shares_prefixes
+            own = phase == "warmup" and not spec.bust and not self.warmup_shares_prefixes
             lead = spec.reuse_lead(prompt, "warmup/") if own else sender.lead_for(prompt)
             r = await sender.send(prompt, phase, lead, schedule_index=i, intended_s=intended, held_s=held)
             if phase == "warmup" and r.ok and r.e2e_s is not None:  # a failed one says nothing of latency
-                warmup_e2e.append(r.e2e_s)
+                self.warmup_e2e.append(r.e2e_s)
             if held is None:
-                setup.append(round(clock.wall_s(r.start_s - clock.since_start(dispatched)) * 1e9))
+                self.setup.append(round(clock.wall_s(r.start_s - clock.since_start(dispatched)) * 1e9))
             sender.check_bust(r)
         finally:
             if slots is not None:
                 slots.release()
-
-    queue = take if take is not None else Schedule(plan.schedule)
-    shift_ns = 0  # the measured schedule starts when the warm-up has been answered
-
-    async def dispatch(i: int, p: int) -> None:
-        early = min(PACE_MAX_NS, max(0, round(statistics.median(setup)))) if setup else 0
-        due = clock.t0_ns + shift_ns + round(clock.wall_s(plan.times[i]) * 1e9) - early
-        collector.in_gap(due - time.perf_counter_ns())
-        if (wait := due - LEAD_NS - time.perf_counter_ns()) > 0:
-            await asyncio.sleep(wait / 1e9)
-        if not sender.stop.is_set():
-            task = asyncio.create_task(one(i, p, shift_ns, due))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-
-    with aio.collections_in_gaps() as collector:
-        async for i, p in queue:
-            if i >= plan.warmup and plan.warmup and not shift_ns:
-                if tasks:  # every warm-up request answered (a cold first prefix, queues drained)
-                    await asyncio.gather(*tasks)
-                need = in_flight(plan, max(warmup_e2e, default=0.0), share)
-                await sender.client.open_idle(spec.url, min(need, cap or need))
-                setup.clear()  # the warm-up's were slowed by new connections
-                start = await queue.measured_start(time.perf_counter_ns())
-                # the same for every process: the first measured request is sent at `start`
-                shift_ns = max(1, start - clock.t0_ns - round(clock.wall_s(plan.times[plan.warmup]) * 1e9))
-            await dispatch(i, p)
-            if sender.stop.is_set():
-                break
-        if tasks:
-            await asyncio.gather(*tasks)
 
 
 async def hold(slots: asyncio.Semaphore) -> int | None:
