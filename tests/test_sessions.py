@@ -101,11 +101,10 @@ def test_sessions_get_a_connection_per_session_that_may_be_active() -> None:
     import tomllib
 
     from harness.config.scenario import parse
-    from harness.runner import connections
 
     for extra, n in (("", 4), ("max_active = 2", 2)):
         sc = parse(tomllib.loads("schema_version = 1\n" + SESSIONS.format(extra=extra)), "s.toml")
-        assert connections(sc) == n
+        assert sc.workload.most_connections() == n
 
 
 def test_sessions_start_at_a_rate_and_keep_to_max_active(tmp_path: Path) -> None:
