@@ -11,16 +11,15 @@ import json
 import math
 import os
 import re
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from harness.config import kinds, reference
 from harness.config.kinds import WorkloadConfig
-from harness.config.tables import Table, size
+from harness.config.tables import Table, read_toml, size
 from harness.core.clock import MAX_TIME_SCALE
-from harness.core.errors import InputError, read_input
+from harness.core.errors import InputError
 
 SCHEMA_VERSION = 1
 # The longest SSE line (or event) a response may send, by default: far above any chunk an engine sends.
@@ -239,15 +238,7 @@ class Scenario:
 
 
 def load(path: str | Path) -> Scenario:
-    p = Path(path)
-    text = read_input(p, "scenario file")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise InputError(f"{p}: invalid TOML: {e}") from None
-    except RecursionError:
-        raise InputError(f"{p}: tables or arrays nested too deeply") from None
-    return parse(data, str(p))
+    return parse(read_toml(Path(path), "scenario file"), str(path))
 
 
 def parse(data: dict[str, Any], file: str) -> Scenario:

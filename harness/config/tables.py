@@ -11,9 +11,11 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import tomllib
+from pathlib import Path
 from typing import Any, NoReturn
 
-from harness.core.errors import InputError
+from harness.core.errors import InputError, read_input
 
 
 def describe(value: Any) -> str:
@@ -148,3 +150,14 @@ def size(t: Table, k: str, default: int) -> int:
     if n <= 0:
         t.fail(k, "expected a size > 0", v)
     return n
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """A TOML file (a scenario, gate rules), its errors naming the file and never a traceback."""
+    text = read_input(path, what)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise InputError(f"{path}: tables or arrays nested too deeply") from None

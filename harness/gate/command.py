@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.core.errors import ExitCode, InputError, read_input, write_file
+from harness.config.tables import read_toml
+from harness.core.errors import ExitCode, InputError, write_file
 from harness.gate import baselines, figures, output
 from harness.gate.rules import Rules, merge, parse_rules
 from harness.gate.verdicts import evaluate
@@ -21,13 +21,7 @@ STEP_SUMMARY_LIMIT = 1 << 20
 
 
 def load_rules_file(path: Path) -> Rules:
-    text = read_input(path, "rules file")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise InputError(f"{path}: cannot read rules: {e}") from None
-    except RecursionError:
-        raise InputError(f"{path}: cannot read rules: tables or arrays nested too deeply") from None
+    data = read_toml(path, "rules file")
     table = data.get("gate", data)
     if not isinstance(table, dict):
         raise InputError(f"{path}: expected a [gate] table")

@@ -182,3 +182,17 @@ class WorkloadKind(ABC, Generic[C]):
     def sections(self, runs: list[RunResult]) -> list[Section]:
         """Report sections of the kind's own, over its runs (those with records)."""
         return []
+
+
+class ReusesAcrossRequests(WorkloadKind[C]):
+    """A kind whose requests reuse each other's prefixes as they come (a trace, sessions): its
+    summary says what share of the prompt tokens the server served from cache, and the terminal
+    says it beside what an infinite cache could have."""
+
+    def figures(
+        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
+    ) -> dict[str, Any]:
+        return {"cached_share": stats.cached_share(counted)}
+
+    def lines(self, s: dict[str, Any]) -> list[str]:
+        return [*progress.cached_lines(s), *super().lines(s)]

@@ -20,16 +20,13 @@ from typing import Any, Literal, Self
 
 import numpy as np
 
-from harness.analysis import stats
 from harness.config.kinds import WorkloadConfig
 from harness.config.tables import Table
 from harness.inputs.prompts import BlockPrompts, Prompt
-from harness.monitor import progress
-from harness.results import RequestRecord
 from harness.workloads import open_loop, schedule
 from harness.workloads.base import Plan, Schedule, Sender, SessionPlan
 from harness.workloads.draws import Distribution, Seconds, distribution, draw_length, draw_seconds, longest, seconds
-from harness.workloads.kind import Taken, WorkloadKind
+from harness.workloads.kind import ReusesAcrossRequests, Taken
 
 HISTORIES = ("synthetic", "real")  # what goes into the history as the answers
 
@@ -77,7 +74,7 @@ class SessionsConfig(WorkloadConfig):
         return [("workload.turns", n, how)]
 
 
-class Sessions(WorkloadKind[SessionsConfig]):
+class Sessions(ReusesAcrossRequests[SessionsConfig]):
     name = "sessions"
     config = SessionsConfig
     batch_limit = 1  # a session is long, and stays where it went
@@ -97,14 +94,6 @@ class Sessions(WorkloadKind[SessionsConfig]):
         if done >= len(plan.sessions[index].prompts):
             return None
         return plan.sessions[index].prompts[done], {"session": index, "turn": done + 1}
-
-    def figures(
-        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
-    ) -> dict[str, Any]:
-        return {"cached_share": stats.cached_share(counted)}
-
-    def lines(self, s: dict[str, Any]) -> list[str]:
-        return [*progress.cached_lines(s), *super().lines(s)]
 
 
 KIND = Sessions()

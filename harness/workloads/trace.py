@@ -13,18 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from harness.analysis import stats
 from harness.config.kinds import WorkloadConfig
 from harness.config.scenario import Context
 from harness.config.tables import Table
 from harness.core.errors import InputError
 from harness.inputs import traces
 from harness.inputs.prompts import BlockPrompts
-from harness.monitor import progress
-from harness.results import RequestRecord
 from harness.workloads import closed_loop, open_loop
 from harness.workloads.base import OPEN_LOOP_CONNECTIONS, Plan, Schedule, Sender
-from harness.workloads.kind import WorkloadKind
+from harness.workloads.kind import ReusesAcrossRequests
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +103,7 @@ def _lru_blocks(t: Table) -> tuple[int, ...]:
     )
 
 
-class Trace(WorkloadKind[TraceConfig]):
+class Trace(ReusesAcrossRequests[TraceConfig]):
     name = "trace"
     config = TraceConfig
     report_sections = ("reuse", "versus_recompute")
@@ -121,14 +118,6 @@ class Trace(WorkloadKind[TraceConfig]):
             await closed_loop.drive(sender, plan, take, connections, first)
         else:
             await open_loop.send_timed(sender, plan, take, None, connections)
-
-    def figures(
-        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
-    ) -> dict[str, Any]:
-        return {"cached_share": stats.cached_share(counted)}
-
-    def lines(self, s: dict[str, Any]) -> list[str]:
-        return [*progress.cached_lines(s), *super().lines(s)]
 
 
 KIND = Trace()
