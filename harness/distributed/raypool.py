@@ -380,9 +380,10 @@ class FedOrder(Schedule):
         kind: str,
         connections: int,
         offset_ns: int,
+        clock: Callable[[], int] = time.perf_counter_ns,  # the pace's clock (a test's own)
     ) -> None:
         super().__init__(())
-        self.tell, self.times, self.connections = tell, times_wall_s, connections
+        self.tell, self.times, self.connections, self.clock = tell, times_wall_s, connections, clock
         self.limit = kinds.get(kind).batch_limit
         self.offset_ns = offset_ns
         self.buf: deque[tuple[int, int]] = deque()
@@ -428,7 +429,7 @@ class FedOrder(Schedule):
     def _ask(self) -> None:
         if not self.asked:
             self.asked = True
-            now = time.perf_counter_ns()
+            now = self.clock()
             self.tell({"want": self.wanted(now)})
             self.asked_ns, self.handed = now, 0
 
