@@ -10,12 +10,12 @@ has a host of its own); "1, apart" is one Ray worker on core 0 with the coordina
 node on core 1 beside the server, as on a host of their own; two of either run on both cores,
 sharing core 1 with the server. The cluster is local (ray.cluster_utils: a head node without
 CPUs, and a node per worker), started afresh for each run and let settle. "Sender CPU per
-request" is the sending processes' (or workers') own CPU time per request, without the
-coordinator's: what every further worker costs (a Ray worker's is its client process's; its
-actor, which only waits for it, and its node's raylet add about 1 % of a core). "Share of a
-core" is what each sending process (or worker's client) had of a core, on average: where it has
-a core of its own, the rest of that core went to what coordinates it (a Ray worker's actor and
-its node's raylet). Unlike req/s, which moves with this host's speed (by 10-20 % within minutes
+request" is the sending processes' own CPU time per request, without the coordinator's: what
+every further worker costs (a Ray worker's is its worker process's; its actor, which relays the
+process's pipe as Ray calls, and its node's raylet are not in it). "Share of a core" is what each
+sending process had of a core, on average: where it has a core of its own, the rest of that core
+went to what coordinates it (a Ray worker's actor, its node's raylet). Unlike req/s, which moves
+with this host's speed (by 10-20 % within minutes
 here), that ratio is the same in every round within a percent or so: it is the steadiest figure
 of what a worker costs its host.
 
@@ -164,8 +164,8 @@ def measured(meta: dict[str, Any]) -> dict[str, Any]:
         "rps": s["req_per_s"],
         # CPU seconds of the sending processes (or workers) per request, ms
         "cpu_ms": sum(c for _, c in per) * s["duration_s"] / s["requests"] * 1e3 if "duration_s" in s else None,
-        # what each sending process (or worker's client) had of a core, on average: on a client's
-        # core of its own, the rest went to what coordinates it (a Ray worker's actor, the node's raylet)
+        # what each sending process had of a core, on average: on a core of its own, the rest
+        # went to what coordinates it (a Ray worker's actor, the node's raylet)
         "share": sum(c for _, c in per) / len(per),
         "lag_p99_ms": lag["p99_s"] * 1e3 if lag.get("p99_s") is not None else None,
         "lag_by_worker": by_worker,

@@ -248,7 +248,7 @@ class RunWriter:
 
     def reorder(self) -> None:
         """The records written so far, put in start order and numbered from 1: requests.jsonl
-        of a run whose clients' records came in as each ended (raypool.py). Replaced at once."""
+        of a run whose workers' records came in as each ended (distributed/). Replaced at once."""
         path, tmp = self.folder / REQUESTS, self.folder / (REQUESTS + ".tmp")
         records = sorted(read_requests(path), key=lambda r: r.start_s)
         try:

@@ -30,7 +30,8 @@ from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError, ExitCode, FilesError
 from harness.core.units import human_bandwidth
 from harness.distributed import raypool
-from harness.distributed.workers import WorkerPool
+from harness.distributed.coordinator import Pool
+from harness.distributed.local import LocalPool
 from harness.inputs import hf_tokenizer, prompts
 from harness.inputs.prompts import PromptBuilder
 from harness.monitor import selfcheck
@@ -142,7 +143,8 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
         session = await open_session(t, client)
         if (d := t.distributed) is not None:
             console.print(f"Joining the Ray cluster at {d.address} ...", markup=False)
-            state.cluster = stack.enter_context(raypool.connect(d.address, d.workers, t.base_url))
+            state.cluster = stack.enter_context(raypool.connect(d.address, d.workers, t.base_url, d.lost_after_s))
+            _on_sigint(state, console)  # again: ray.init put its own SIGTERM handler in place of it
             hosts = {m.info["hostname"] for m in state.cluster.members}
             console.print(f"{len(state.cluster.members)} Ray workers on {len(hosts)} host(s)", markup=False)
         kind = kinds.get(t.scenario.workload.kind)
@@ -323,11 +325,12 @@ class ArmLifecycle:
         self.before = await self.scraper.snapshot() if self.scraper is not None and sender.scraper is None else None
         if t.emulated:
             await self._emulator_lateness("POST")  # a new count for this arm
-        pool: WorkerPool | raypool.RayPool | None = None
+        pool: Pool | None = None
         if self.state.cluster is not None:
             pool = raypool.RayPool(self.state.cluster, sender, self.kind.name, plan, writer, t.emulated)
         elif t.workers > 1:
-            pool = WorkerPool(sender, self.kind.name, plan, t.workers, writer, t.emulated)
+            lost_after_s = (sc.distributed or DistributedCfg()).lost_after_s
+            pool = LocalPool(sender, self.kind.name, plan, t.workers, writer, t.emulated, lost_after_s)
         if pool is not None:
             await pool.ready()  # processes started before the clock: an open loop's time 0 is theirs too
         aio.freeze_heap()
@@ -345,7 +348,9 @@ class ArmLifecycle:
             else:
                 self.progress.start(self.arm.name, plan.total)
                 job = self.kind.drive(sender, plan)
-            result = (await aio.until_done_or_stopped(job, self.state.stop)).result()
+            # a pool stops its workers itself and bounds its own wait for their last records
+            grace_s = pool.grace_s if pool is not None else aio.GRACE_S
+            result = (await aio.until_done_or_stopped(job, self.state.stop, grace_s)).result()
             self.health = result if isinstance(result, dict) else None
         finally:
             self.progress.stop()

@@ -86,10 +86,12 @@ def interrupt(
 
 
 def other_warnings(meta: dict[str, Any]) -> list[str]:
-    """A run's warnings but the emulator's report of its own lateness, which a busy machine can
-    cause (and which must then agree with run.json's emulator.lateness: checked here)."""
+    """A run's warnings but those a busy machine can cause, each of which must agree with what
+    run.json measured (checked here): the emulator's report of its own lateness
+    (emulator.lateness) and the client's of its own loop lag and CPU (client_health.warning)."""
     from harness.monitor.selfcheck import emulator_warning
 
     late = emulator_warning((meta.get("emulator") or {}).get("lateness"))
-    return [w for w in meta["warnings"] if w != late]
+    busy = (meta.get("client_health") or {}).get("warning")
+    return [w for w in meta["warnings"] if w not in (late, busy)]
 

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,21 +19,19 @@ from typing import Any
 import pytest
 
 from harness.core.clock import Offset
-from harness.distributed.raypool import (
+from harness.distributed.dispatch import (
     CLOSED_BATCH,
     CLOSED_BATCH_S,
-    HELLO_BYTES,
     MAX_BATCH,
     OPEN_WINDOW_S,
     START_MARGIN_NS,
     Dispatch,
     FedOrder,
-    Relay,
-    start_client,
 )
+from harness.emulator.serve import EmbeddedEmulator
 from harness.results import RequestRecord, read_requests, read_run
 from tests.conftest import ROOT, kvbench, user_env, write_scenario
-from tests.test_workers import LOOP
+from tests.test_workers import LOOP, answered
 
 ray = pytest.importorskip("ray")
 # A local cluster per module: the file runs on one worker (--dist loadfile), one cluster at a time
@@ -129,90 +127,6 @@ def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None
         assert list(timed.own[1]) == order and not timed.own[0]
 
     asyncio.run(open_loop())
-
-
-def test_the_dispatch_serves_its_arms_clients_only_and_keeps_whole_records() -> None:
-    async def relay() -> None:
-        order = [(i, 0) for i in range(6)]
-        d = Dispatch(order, [0.0, 0.0, 0.0, 0.0, 1.0, 1.0], {0: 1, 1: 1})  # an open loop, dealt in turn
-        host, port, token = await d.listen("127.0.0.1")
-
-        async def connect(first: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-            r, w = await asyncio.open_connection(host, port)
-            w.write(first)
-            await w.drain()
-            return r, w
-
-        async def hear(r: asyncio.StreamReader) -> Any:
-            return json.loads(await asyncio.wait_for(r.readline(), 5))
-
-        # anybody without the token, with a past arm's number, as no worker, for no known use, or
-        # with a first line past HELLO_BYTES is hung up on, and nothing they send is kept
-        for first in (
-            b"0" * 32 + b" 1 0 records\n",
-            f"{token} 0 0 records\n".encode(),
-            f"{token} 1 7 records\n".encode(),
-            f"{token} 1 0 other\n".encode(),
-            b"x" * (HELLO_BYTES + 1),
-            b"\xff\n",
-        ):
-            r, w = await connect(first + b"1 - 0 -\t{}\n")
-            assert await r.read() == b""
-            w.close()
-        _, w0 = await connect(f"{token} 1 0 records\na\nb\nc".encode())
-        await asyncio.sleep(0.05)
-        r, w = await connect(f"{token} 1 0 records\nx\n".encode())  # a second one of the same worker
-        assert await r.read() == b""
-        w.close()
-        assert await d.drain() == {0: b"a\nb\n"}  # the line under way stays until it is whole
-        w0.write(b"d\ne")
-        last = asyncio.ensure_future(d.drain((0,)))
-        await asyncio.sleep(0.05)
-        assert not last.done()  # an ended worker's last records: once its client hangs up
-        w0.close()
-        assert await last == {0: b"cd\n"}  # and a line it left cut short is dropped
-        assert await d.drain((0,)) == {}
-
-        # the rest goes on a client's second connection: its batches, the go, the start line, the stop
-        r1, w1 = await connect(f'{token} 1 1 control\n{{"want": 64}}\n{{"up": 1}}\n'.encode())
-        assert await hear(r1) == {"items": [[1, 0], [3, 0]]}  # its own, dealt in turn, due within a window
-        assert d.waiting() == [1]
-        d.go(12_345)
-        assert await hear(r1) == {"go": 12_345}
-        r0, w0 = await connect(f'{token} 1 0 control\n{{"ready_at": 100}}\n'.encode())
-        assert await hear(r0) == {"go": 12_345}  # one that comes late hears it at once
-        w1.write(b'{"ready_at": 250}\n')
-        assert await hear(r1) == await hear(r0) == {"start": 250 + START_MARGIN_NS}
-        d.stop()
-        assert await hear(r0) == await hear(r1) == {"stop": 1}
-        w1.close()  # a client that hangs up is gone: its untaken requests go to the others
-        await asyncio.sleep(0.05)
-        for items in ([[0, 0], [2, 0]], [[4, 0], [5, 0]]):
-            w0.write(b'{"want": 64}\n')
-            assert await hear(r0) == {"items": items}
-        w0.close()
-
-        assert d.reset(order, [], {0: 1}) == 2  # the next arm: its clients give its number
-        r, w = await connect(f"{token} 1 0 records\n".encode())
-        assert await r.read() == b""
-        w.close()
-        d.server.close()
-        await d.server.wait_closed()
-
-    asyncio.run(relay())
-
-
-def test_a_client_that_cannot_reach_the_dispatch_says_where_and_what_to_check() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nobody listens there once it is closed
-    client, up, down = start_client()
-    down.send((None, Relay("127.0.0.1", port, "token", 1), 0))  # it goes no further than its connections
-    kind, why = up.recv()
-    assert kind == "failed" and f"127.0.0.1:{port}" in why and "firewall" in why, why
-    assert client.wait(timeout=60) == 0
-    up.close()
-    down.close()
 
 
 def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
@@ -383,13 +297,26 @@ def _wait(check: Any, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-def _sending(tmp_path: Path, name: str, address: str) -> tuple[subprocess.Popen[str], Path]:
-    """A 150-request closed loop over the cluster, once its first records are in."""
-    sc = write_scenario(tmp_path / f"{name}.toml", loop(name, 150, 1.0))
+def _sending(
+    tmp_path: Path, name: str, address: str, scenario: str = "", worker: int | None = None
+) -> tuple[subprocess.Popen[str], Path]:
+    """A 150-request closed loop over the cluster (`scenario`'s extra lines added), once its first
+    records are in (and, given `worker`, one of that worker's: it has reported something)."""
+    sc = write_scenario(tmp_path / f"{name}.toml", loop(name, 150, 1.0) + scenario)
     out = tmp_path / "out"
     proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", address, "--out", str(out)])
-    _wait(lambda: _lines(out) >= 6)
+    _wait(lambda: _lines(out) >= 6 and (worker is None or worker in _reported(out)))
     return proc, out
+
+
+def _reported(out: Path) -> set[int]:
+    """The workers with a record in the run's file so far."""
+    return {
+        json.loads(line)["process"]
+        for p in out.glob("*/*/requests.jsonl")
+        for line in p.read_bytes().splitlines()
+        if line.strip()
+    }
 
 
 def _worker(k: int) -> Any:
@@ -412,7 +339,7 @@ def _lost_with(folder: Path) -> int:
 
 
 def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: Path, cluster: str) -> None:
-    proc, out = _sending(tmp_path, "rk", cluster)
+    proc, out = _sending(tmp_path, "rk", cluster, worker=1)
     ray.kill(_worker(1))
     _, err = proc.communicate(timeout=300)
     assert "Ray worker 1" in err and "was lost" in err
@@ -434,53 +361,55 @@ def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: P
     assert "Client processes and hosts" in html and "worker 1 on" in html and "was lost" in html
 
 
-def test_a_worker_whose_client_process_dies_keeps_what_it_finished(tmp_path: Path, nodes: Any) -> None:
-    proc, out = _sending(tmp_path, "rp", str(nodes.address))
-    client, _ = _client_under_a_raylet(_raylets(nodes))
-    assert b"_raylet" not in Path(f"/proc/{client}/maps").read_bytes()  # a client without Ray in it
-    (folder,) = (out / "rp").iterdir()
+@pytest.mark.parametrize("victim", ["actor", "process"])
+def test_a_worker_whose_process_dies_keeps_what_it_finished(tmp_path: Path, cluster: str, victim: str) -> None:
+    """SIGKILL of a worker's actor (Ray says it died) or of the worker process it started (its
+    actor's relay says it ended without a word): that worker is lost, and only what it held."""
+    proc, out = _sending(tmp_path, f"rp{victim}", cluster, worker=2)
+    actor = ray.get(_worker(2).info.remote())["pid"]
+    (sender,) = [p for p in _worker_processes() if _parent(p) == actor]
+    assert b"_raylet" not in Path(f"/proc/{sender}/maps").read_bytes()  # a worker process without Ray in it
+    (folder,) = (out / f"rp{victim}").iterdir()
     before = {(x.process, x.schedule_index) for x in read_requests(folder) if x.ok}
-    os.kill(client, signal.SIGKILL)
+    os.kill(actor if victim == "actor" else sender, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
-    k = _lost_with(folder)
-    assert f"Ray worker {k}" in err and "client process ended" in err
+    assert _lost_with(folder) == 2 and "Ray worker 2" in err and "was lost" in err
+    if victim == "process":
+        assert "its worker process ended without a word" in err
     recs = read_requests(folder)
     lost = [x for x in recs if not x.ok]
     assert proc.returncode == (4 if lost else 0), err  # (none lost if it had nothing in flight)
-    # what every worker had finished before, the one whose client died too, is kept (beside
-    # other work that one may not have finished any yet)
+    # what every worker had finished before, the one that died too, is kept
     assert before <= {(x.process, x.schedule_index) for x in recs if x.ok}
 
 
-def _clients() -> list[int]:
-    """The workers' client processes on this machine (a worker's actor is busy with it, and
-    answers no other call meanwhile)."""
+def _worker_processes() -> list[int]:
+    """The worker processes Ray workers started on this machine."""
     return [
         int(p.name)
         for p in Path("/proc").iterdir()
-        if p.name.isdigit() and b"client_process" in _read(p / "cmdline") and b"pytest" not in _read(p / "cmdline")
+        if p.name.isdigit() and b"process_main" in _read(p / "cmdline") and b"pytest" not in _read(p / "cmdline")
     ]
 
 
-def _raylets(nodes: Any) -> dict[int, Any]:
-    """The cluster's worker nodes by their raylet's pid."""
-    return {n.all_processes["raylet"][0].process.pid: n for n in nodes.worker_nodes}
+def _node_of(nodes: Any, k: int) -> Any:
+    """The cluster node worker actor k of the run now sending is on."""
+    node_id = ray.get(_worker(k).info.remote())["node_id"]
+    (node,) = [n for n in nodes.worker_nodes if n.node_id == node_id]
+    return node
 
 
-def _client_under_a_raylet(raylets: dict[int, Any]) -> tuple[int, Any]:
-    """A worker's client process of the run now sending, and its node: its actor is the node's
-    raylet's child. A client of an earlier arm or test that is still ending has no raylet above
-    it any more, and one of another cluster has none of these: both passed over."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for client in _clients():
-            pid = client
-            while pid > 1 and pid not in raylets:
-                pid = _parent(pid)
-            if pid in raylets:
-                return client, raylets[pid]
-        time.sleep(0.1)
-    raise AssertionError("no worker's client process under a raylet")
+def _tree(pid: int) -> list[int]:
+    """A process and every process under it."""
+    children: dict[int, list[int]] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            children.setdefault(_parent(int(p.name)), []).append(int(p.name))
+    out, todo = [], [pid]
+    while todo:
+        out.append(q := todo.pop())
+        todo += children.get(q, [])
+    return out
 
 
 def _read(path: Path) -> bytes:
@@ -496,11 +425,11 @@ def _parent(pid: int) -> int:
     return int(stat[1].split()[1]) if len(stat) == 2 else 0
 
 
-def test_a_record_crosses_from_a_workers_client_to_the_coordinator_intact() -> None:
+def test_a_record_crosses_from_a_worker_to_the_coordinator_intact() -> None:
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from harness.distributed.raypool import relayed, unrelayed
+    from harness.distributed.dispatch import tagged, untagged
 
     @given(
         st.booleans(),
@@ -534,16 +463,16 @@ def test_a_record_crosses_from_a_workers_client_to_the_coordinator_intact() -> N
             schedule_index=index,
             session=session,
         )
-        line = relayed(r)
+        line = tagged(r)
         assert line.endswith(b"\n") and line.count(b"\n") == 1
-        assert unrelayed(line[:-1]) == (r.to_json(), ok, ttft, index, session)
+        assert untagged(line[:-1]) == (r.to_json(), ok, ttft, index, session)
 
     check()
 
 
 def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: Any) -> None:
     proc, out = _sending(tmp_path, "rn", nodes.address)
-    _, node = _client_under_a_raylet(_raylets(nodes))
+    node = _node_of(nodes, 0)
     try:
         nodes.remove_node(node)
         _, err = proc.communicate(timeout=300)
@@ -551,10 +480,79 @@ def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: A
         nodes.add_node(num_cpus=1)  # the cluster as the other tests expect it
         nodes.wait_for_nodes()
     (folder,) = (out / "rn").iterdir()
-    k = _lost_with(folder)
+    assert _lost_with(folder) == 0
     lost = [x for x in read_requests(folder) if not x.ok]
     assert proc.returncode == (4 if lost else 0), err  # (none lost if it had taken nothing yet)
-    assert [w["node_id"] for w in _run_json(folder)["distributed"]["workers"] if w["worker"] == k] == [node.node_id]
+    assert [w["node_id"] for w in _run_json(folder)["distributed"]["workers"] if w["worker"] == 0] == [node.node_id]
+
+
+def test_a_frozen_node_is_declared_lost_by_its_silence(tmp_path: Path, nodes: Any) -> None:
+    """SIGSTOP of a node (its raylet and every process under it): no error comes from Ray for a
+    long while, but the worker there stops sending records and heartbeats, and is declared lost
+    after the scenario's lost_after_s; the others finish the schedule."""
+    extra = '\n[distributed]\nengine = "ray"\nlost_after_s = 3\n'
+    proc, out = _sending(tmp_path, "rf", str(nodes.address), extra, worker=1)
+    node = _node_of(nodes, 1)
+    frozen = _tree(node.all_processes["raylet"][0].process.pid)
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        nodes.remove_node(node)
+        nodes.add_node(num_cpus=1)
+        nodes.wait_for_nodes()
+    (folder,) = (out / "rf").iterdir()
+    assert _lost_with(folder) == 1
+    (fault,) = _run_json(folder)["distributed"]["faults"]
+    assert "neither records nor a heartbeat for 3 s" in fault["reason"], fault
+    lost = [x for x in read_requests(folder) if not x.ok]
+    assert proc.returncode == (4 if lost else 0), err
+
+
+def test_sigterm_under_ray_drains_and_keeps_every_answered_request(tmp_path: Path, cluster: str) -> None:
+    """ray.init installs its own SIGTERM handler; kvbench's is put back after it: a SIGTERM (as
+    `timeout`, CI cancellation and a pod's deletion send) stops the workers at once, lets them
+    finish what is in flight, and every request the server answered has its record."""
+    sc = write_scenario(tmp_path / "rt.toml", loop("rt", 400, 1.0))
+    out = tmp_path / "out"
+    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+        proc = _popen(
+            ["run", str(sc), "--arm", "reuse", "--ray", cluster, "--endpoint", emu.base_url, "--out", str(out)]
+        )
+        _wait(lambda: _lines(out) >= 6)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        served = answered(emu.base_url)
+    assert proc.returncode == 130, err
+    (folder,) = (out / "rt").iterdir()
+    meta = _run_json(folder)
+    assert (
+        meta["status"] == "interrupted" and meta["distributed"]["engine"] == "ray" and not meta["distributed"]["faults"]
+    )
+    recs = read_requests(folder)
+    assert 6 <= len(recs) < 400 and len({x.schedule_index for x in recs}) == len(recs)
+    assert sum(x.ok for x in recs) == served  # every answer recorded, nothing recorded twice
+
+
+def test_a_cluster_short_of_cpus_says_so_in_seconds(tmp_path: Path, cluster: str) -> None:
+    """Two of the three CPUs held by other work: three workers cannot be placed, and the run says
+    so (after the placement timeout) instead of waiting for the CPUs."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    held = placement_group([{"CPU": 1}] * 2, strategy="SPREAD")
+    ray.get(held.ready(), timeout=60)
+    try:
+        sc = write_scenario(tmp_path / "rc.toml", loop("rc", 12, 10.0))
+        r = kvbench("run", str(sc), "--ray", cluster, "--out", str(tmp_path / "o"))
+    finally:
+        remove_placement_group(held)
+    assert r.returncode == 3, r.stderr
+    assert f"could not give {NODES} worker(s) a CPU each" in r.stderr and "1 of its 3 CPU(s) free" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_ctrl_c_stops_every_ray_worker_and_keeps_merged_partial_results(tmp_path: Path, cluster: str) -> None:
@@ -615,6 +613,7 @@ def test_more_workers_than_the_cluster_has_cpus_is_refused(tmp_path: Path, clust
         ('engine = "ray"\nworkers = 0', "distributed.workers"),
         ('engine = "ray"\naddress = " "', "distributed.address"),
         ('engine = "ray"\nadress = "auto"', "distributed.adress"),
+        ('engine = "ray"\nlost_after_s = 1', "distributed.lost_after_s"),  # less than two heartbeats
     ],
 )
 def test_bad_distributed_section_names_the_key(tmp_path: Path, section: str, key: str) -> None:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from harness.distributed.workers import deal
+from harness.distributed.worker import deal
+from harness.emulator.serve import EmbeddedEmulator
 from harness.results import read_requests
-from tests.conftest import interrupt, kvbench, write_scenario
+from tests.conftest import interrupt, kvbench, start_kvbench, write_scenario
 
 LOOP = """
 name = "w"
@@ -47,7 +52,7 @@ def test_two_processes_merge_into_one_result(tmp_path: Path) -> None:
         assert [x.start_s for x in recs] == sorted(x.start_s for x in recs)
         meta = json.loads((folder / "run.json").read_text())
         assert meta["status"] == "completed" and meta["client_health"]["processes"] == 2
-        assert not list(folder.glob("requests.part-*"))
+        assert meta["distributed"]["engine"] == "processes" and not meta["distributed"]["faults"]
         if folder.name.endswith("bust"):
             assert all(x.cached_tokens == 0 for x in recs)
 
@@ -62,8 +67,7 @@ def test_ctrl_c_with_workers_keeps_merged_partial_results(tmp_path: Path) -> Non
     sc = write_scenario(tmp_path / "w.toml", LOOP.format(requests=400, tokens=20000, scale=1.0))
 
     def four_done() -> bool:
-        parts = list(tmp_path.glob("out/w/*/requests.part-*.jsonl"))
-        return sum(len(p.read_text().splitlines()) for p in parts) >= 4
+        return _lines(tmp_path / "out") >= 4
 
     code, err = interrupt(["run", str(sc), "--workers", "2", "--out", str(tmp_path / "out")], four_done)
     assert code == 130, err
@@ -71,4 +75,78 @@ def test_ctrl_c_with_workers_keeps_merged_partial_results(tmp_path: Path) -> Non
     assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
     recs = read_requests(folder)
     assert 4 <= len(recs) < 400 and [x.id for x in recs] == list(range(1, len(recs) + 1))
-    assert not list(folder.glob("requests.part-*"))
+
+
+def answered(base_url: str) -> int:
+    """How many requests an emulator answered to the end (its own counter)."""
+    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    (value,) = [line.split()[-1] for line in text.splitlines() if line.startswith("vllm:request_success_total")]
+    return int(float(value))
+
+
+def _lines(out: Path) -> int:
+    return sum(len(p.read_bytes().splitlines()) for p in out.glob("*/*/requests.jsonl"))
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The worker processes (multiprocessing's spawn) a kvbench process started."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            spawned = p.name.isdigit() and b"spawn_main" in (p / "cmdline").read_bytes()
+            if spawned and int((p / "stat").read_bytes().rsplit(b")", 1)[1].split()[1]) == pid:
+                found.append(int(p.name))
+        except OSError:  # gone meanwhile
+            continue
+    return sorted(found)
+
+
+@pytest.mark.slow
+def test_sigterm_with_workers_stops_them_and_keeps_every_answered_request(tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "w.toml", LOOP.format(requests=400, tokens=2000, scale=1.0))
+    out = tmp_path / "out"
+    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+        proc = start_kvbench(
+            "run", str(sc), "--arm", "reuse", "--workers", "2", "--endpoint", emu.base_url, "--out", str(out)
+        )
+        deadline = time.monotonic() + 120
+        while _lines(out) < 6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        served = answered(emu.base_url)
+    assert proc.returncode == 130, err
+    (folder,) = (out / "w").iterdir()
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "interrupted" and not meta["distributed"]["faults"]
+    recs = read_requests(folder)
+    assert 6 <= len(recs) < 400 and len({x.schedule_index for x in recs}) == len(recs)
+    assert sum(x.ok for x in recs) == served  # every answer recorded, nothing recorded twice
+
+
+@pytest.mark.slow
+def test_a_killed_worker_process_loses_only_what_it_held(tmp_path: Path) -> None:
+    sc = write_scenario(tmp_path / "w.toml", LOOP.format(requests=150, tokens=2000, scale=1.0))
+    out = tmp_path / "out"
+    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+        proc = start_kvbench(
+            "run", str(sc), "--arm", "reuse", "--workers", "2", "--endpoint", emu.base_url, "--out", str(out)
+        )
+        deadline = time.monotonic() + 120
+        while (_lines(out) < 6 or len(_workers_of(proc.pid)) < 2) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        first, _ = _workers_of(proc.pid)
+        os.kill(first, signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+        served = answered(emu.base_url)
+    (folder,) = (out / "w").iterdir()
+    recs = read_requests(folder)
+    assert sorted(x.schedule_index for x in recs) == list(range(150))  # each once: sent or lost
+    (fault,) = json.loads((folder / "run.json").read_text())["distributed"]["faults"]
+    lost = [x for x in recs if not x.ok]
+    assert all(x.error_kind == "lost" and x.process == fault["worker"] for x in lost)
+    assert fault["lost_requests"] == len(lost) and f"worker process {fault['worker']}" in err
+    assert proc.returncode == (4 if lost else 0), err
+    # the server may have answered some that the killed process never recorded: never more
+    assert sum(x.ok for x in recs) <= served

@@ -188,6 +188,9 @@ class DistributedCfg:
     engine: Literal["ray"] = "ray"
     address: str = "auto"  # a Ray cluster's address; "auto": the cluster this host belongs to
     workers: int | None = None  # worker actors, one CPU each; default: one per CPU of the cluster
+    # a worker that sends neither records nor a heartbeat (one a second) this long is lost (s);
+    # also the rule for `--workers` processes
+    lost_after_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -447,6 +450,7 @@ def _distributed(t: Table) -> DistributedCfg:
         engine=t.text("engine", required=True, choices=("ray",)),
         address=t.text("address", DistributedCfg.address),
         workers=t.integer("workers", None, minimum=1, what="an integer number of workers"),
+        lost_after_s=t.number("lost_after_s", DistributedCfg.lost_after_s, minimum=2.0),  # two heartbeats
     )
     if not cfg.address.strip():
         t.fail("address", 'expected a Ray cluster address, or "auto"', cfg.address)

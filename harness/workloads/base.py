@@ -367,7 +367,7 @@ class Plan:
 class Schedule(AsyncIterator[tuple[int, int]]):
     """Where connections take the next (schedule index, prompt index) pair, and where an open
     loop's processes agree on when its measured part starts (after the warm-up is answered).
-    Asynchronous: several processes or hosts may share one (workers.py, raypool.py)."""
+    Asynchronous: several processes or hosts may share one (distributed/dispatch.py FedOrder)."""
 
     def __init__(self, order: Iterable[tuple[int, int]]) -> None:
         self.order = iter(order)

@@ -1,6 +1,6 @@
 """`kind = "closed_loop"`: `concurrency` connections each take the next request of one schedule
 drawn (seeded) before the run, `requests` picks from a pool of `pool` prompts, until all are
-sent. With `--workers N` the processes share the schedule (workers.py). An arm's
+sent. With `--workers N` the processes share the schedule (distributed/). An arm's
 `warm_from = "disk"` has each connection keep to an engine slot of its own, and every request of a
 prompt computed before come back from that prompt's slot file (tiers.py)."""
 
@@ -78,7 +78,7 @@ async def drive(
     first: int = 0,
 ) -> None:
     """`take`: where each connection gets its next (schedule index, prompt index) pair (default:
-    the plan's schedule; workers.py passes one shared by all processes); `connections`: how many
+    the plan's schedule; a distributed arm passes its worker's share); `connections`: how many
     (default: all of the arm's; a process of several gets its share, maybe none), numbered from
     `first`."""
     queue = take if take is not None else Schedule(plan.schedule)

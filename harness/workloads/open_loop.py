@@ -9,7 +9,7 @@ measured.
 The probes of `rates = "auto"` run here too: one request at a time ("serial") and a closed loop
 of `auto_concurrency` connections ("saturated"), as closed_loop.py sends them.
 
-With `--workers N` the processes take the schedule's next request in turn (workers.py) and
+With `--workers N` the processes take the schedule's next request in turn (distributed/) and
 send it at its time on the shared clock; the measured part starts for all once every process has
 its warm-up answered."""
 

@@ -1,0 +1,297 @@
+"""The coordinator of a distributed arm, whatever launched its workers: one model for `--workers`
+(local processes, local.py) and `--ray` (actors, raypool.py).
+
+Every worker takes its requests from the arm's Dispatch (dispatch.py) in batches and ships its
+finished records back as they end (worker.py). The coordinator hears from each worker as events
+(`up`, `records`, `end`, `failed`, or `lost` from the launcher), one at a time from one queue: the
+records go into the arm's one requests.jsonl at once, and what it tracks (progress, which schedule
+items and session turns are recorded) follows. It starts the arm's clock for all (`go`) and stops
+them all (`stop`) the moment the run is told to stop. A worker that says nothing for
+`lost_after_s` (not even a heartbeat, worker.HEARTBEAT_S) is declared lost and stopped; a lost
+worker's requests that it took and did not report are recorded as failed (`error_kind = "lost"`),
+and the others go on with the rest of the schedule. run.json's `distributed` names the workers and
+what happened to them.
+
+A launcher only places and supervises (`Pool`'s abstract methods): it starts the workers, carries
+what the coordinator says to one (`tell`), kills one, calls the Dispatch, and says where each runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from harness.config import kinds
+from harness.core import aio
+from harness.core.clock import ModelClock
+from harness.core.errors import EndpointError
+from harness.distributed.dispatch import untagged
+from harness.distributed.worker import ID_STRIDE, Share, combine_health, deal
+from harness.results import RequestRecord, RunWriter
+from harness.workloads.base import Plan, Sender
+
+# How long workers have to be ready to send (s): started, connected, their client up.
+READY_TIMEOUT_S = 60.0
+# After the grace period of a stop (aio.GRACE_S), how long the coordinator still waits for the
+# workers' last records before it records what they hold as lost (s).
+END_WAIT_S = 5.0
+
+
+@dataclass
+class Taken:
+    """What the coordinator has recorded of an arm's requests (workloads/kind.py `untaken`)."""
+
+    indexes: set[int] = field(default_factory=set)  # schedule indexes
+    turns: dict[int, int] = field(default_factory=dict)  # session -> turns recorded
+
+
+class Pool(ABC):
+    """The arm of `sender` over `workers` (index -> its connections); records go into `sink` as
+    they come and are put in start order at the end. `ready()` starts the workers and waits until
+    each can send; `run(clock)` starts them all on `clock` (just started), and returns the
+    workers' combined client health."""
+
+    # how long the run waits for the pool once stopped (it stops its workers and bounds its own wait)
+    grace_s: ClassVar[float] = aio.GRACE_S + END_WAIT_S + 1.0
+    noun: ClassVar[str]  # what the progress line calls the workers
+    one: ClassVar[str]  # what a message calls one of them
+    engine: ClassVar[str]  # run.json distributed.engine
+
+    def __init__(
+        self, sender: Sender, kind: str, plan: Plan, sink: RunWriter, workers: list[int], lost_after_s: float
+    ) -> None:
+        """`workers`: their indexes (a Ray run keeps its workers' numbers over its arms)."""
+        self.sender, self.kind, self.plan, self.sink, self.lost_after_s = sender, kind, plan, sink, lost_after_s
+        spec = sender.spec
+        dealt = deal(spec.connections, len(workers))
+        self.shares = {
+            k: Share(k, spec, kind, {}, plan, dealt[pos], sum(dealt[:pos]), self.send_clock(k))
+            for pos, k in enumerate(workers)
+        }
+        self.times = [spec.clock.wall_s(t) for t in plan.times]
+        self.events: asyncio.Queue[tuple[int, tuple[Any, ...]]] = asyncio.Queue()
+        self.heard: dict[int, float] = {}  # worker -> when it was last heard from (monotonic s)
+        self.running: set[int] = set()  # started, neither ended nor lost
+        self.healths: dict[int, dict[str, Any]] = {}
+        self.lost: dict[int, str] = {}  # worker -> why it is gone
+        self.seen = Taken()
+        self.faults: list[dict[str, Any]] = []
+        self.started = self.stopping = False
+
+    # -- what a launcher does ----------------------------------------------------------------
+
+    @abstractmethod
+    def send_clock(self, k: int) -> bool:
+        """Whether worker k tells the embedded emulator when its requests left (on its host only)."""
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Start every worker of self.shares; each puts its events on self.events."""
+
+    @abstractmethod
+    async def tell(self, k: int, said: dict[str, Any]) -> None:
+        """Carry `go` or `stop` to worker k (no error if it is gone)."""
+
+    @abstractmethod
+    async def dispatch(self, method: str, *args: Any) -> Any:
+        """A call on the arm's Dispatch (None if it is gone: the run then ends)."""
+
+    @abstractmethod
+    def kill(self, k: int) -> None:
+        """Worker k is lost: make sure it sends nothing more."""
+
+    @abstractmethod
+    def where(self, k: int) -> dict[str, Any]:
+        """Where worker k runs (run.json and messages): at least `hostname`."""
+
+    @abstractmethod
+    async def describe(self) -> dict[str, Any]:
+        """run.json's `distributed`, but its faults."""
+
+    # -- the arm -----------------------------------------------------------------------------
+
+    async def ready(self) -> None:
+        self.running = set(self.shares)
+        self.heard = dict.fromkeys(self.shares, time.monotonic())
+        await self.start()
+        up: set[int] = set()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while self.running - up:
+            if (left := deadline - time.monotonic()) <= 0:
+                late = ", ".join(map(str, sorted(self.running - up)))
+                await self._end()
+                raise EndpointError(f"worker(s) {late} were not ready to send within {READY_TIMEOUT_S:g} s")
+            try:
+                async with asyncio.timeout(left):
+                    k, event = await self.events.get()
+            except TimeoutError:
+                continue
+            if event[0] == "up":
+                up.add(k)
+            else:
+                await self._handle(k, event)
+        if not self.running:
+            raise EndpointError(f"every worker was lost before the arm began: {'; '.join(self.lost.values())}")
+
+    async def run(self, clock: ModelClock) -> dict[str, Any]:
+        sender = self.sender
+        sender.progress.start(f"{sender.spec.arm.name} ({len(self.shares)} {self.noun})", self.plan.total)
+        self.started = True
+        for k in sorted(self.running):
+            await self.tell(k, {"go": clock.t0_ns})
+        try:
+            while self.running:
+                if sender.stop.is_set() and not self.stopping:
+                    await self._stop_all()
+                await self._next_event(until_stop=not self.stopping)
+                self._watch()
+        finally:
+            await self._end()
+        healths = [self.healths[k] for k in sorted(self.healths)]
+        out = combine_health(healths, len(self.shares)) if healths else {"processes": len(self.shares)}
+        return {**out, "engine": self.engine}
+
+    async def _next_event(self, until_stop: bool) -> None:
+        """Handle the next event, if one comes within a heartbeat (or before a stop)."""
+        get = asyncio.ensure_future(self.events.get())
+        waits: set[asyncio.Future[Any]] = {get}
+        if until_stop:
+            waits.add(asyncio.ensure_future(self.sender.stop.wait()))
+        try:
+            await asyncio.wait(waits, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if get.done() and not get.cancelled():
+            await self._handle(*get.result())
+
+    async def _handle(self, k: int, event: tuple[Any, ...]) -> None:
+        if k not in self.running:  # a lost worker's last words: not counted
+            return
+        self.heard[k] = time.monotonic()
+        what = event[0]
+        if what == "records":
+            self._record(event[1])
+        elif what == "end":
+            self._ended(k, event[1])
+            await self.dispatch("gone", k)
+        elif what in ("failed", "lost"):
+            await self._lose(k, event[1])
+        elif what == "up":
+            pass  # up again: it was told already
+
+    def _record(self, data: bytes) -> None:
+        if not data:
+            return  # a heartbeat
+        got = [untagged(line) for line in data.splitlines()]
+        self.sink.add_lines([line for line, *_ in got])
+        for _, ok, ttft, index, session in got:
+            self.sender.progress.advance(ok, ttft)
+            if session is not None:
+                self.seen.turns[session] = self.seen.turns.get(session, 0) + 1
+            elif index is not None:
+                self.seen.indexes.add(index)
+
+    def _ended(self, k: int, end: dict[str, Any]) -> None:
+        self.running.discard(k)
+        self.healths[k] = {**end["client_health"], "worker": k, **self.where(k)}
+        for w in end["warnings"]:
+            if w not in self.sender.warnings:
+                self.sender.warn(w)
+        if end["aborted"] and not self.sender.aborted:
+            self.sender.aborted = end["aborted"]
+            self.sender.stop.set()
+
+    def _watch(self) -> None:
+        """Workers silent for lost_after_s are lost (found here, handled as their event)."""
+        now = time.monotonic()
+        for k in sorted(self.running):
+            if now - self.heard[k] > self.lost_after_s:
+                self.kill(k)
+                self.heard[k] = now  # one event, not one per look
+                self.events.put_nowait(
+                    (k, ("lost", f"it sent neither records nor a heartbeat for {self.lost_after_s:g} s"))
+                )
+
+    async def _stop_all(self) -> None:
+        self.stopping = True
+        for k in sorted(self.running):
+            await self.tell(k, {"stop": 1})
+
+    async def _lose(self, k: int, reason: str) -> None:
+        """Worker k is gone: what it took and did not report is recorded as failed."""
+        self.running.discard(k)
+        self.lost[k] = reason
+        self.kill(k)
+        await self.dispatch("gone", k)
+        taken = await self.dispatch("taken", k) or []
+        at_s = self.sender.spec.clock.since_start(time.perf_counter_ns()) if self.started else 0.0
+        lost = [r for r in (self._lost_record(k, i, p, at_s, reason) for i, p in taken) if r is not None]
+        for r in lost:
+            self.sink.add(r)
+            self.sender.progress.advance(False, None)
+        where = self.where(k)
+        self.faults.append({"worker": k, **where, "at_s": at_s, "reason": reason, "lost_requests": len(lost)})
+        others = bool(self.running)
+        self.sender.warn(
+            f"{self.one} {k} on {where['hostname']} was lost: {reason}; the {len(lost)} request(s) it had taken "
+            "and not reported are recorded as failed" + (", the others go on" if others else "")
+        )
+        if not others and not self.stopping and not self.sender.aborted:
+            self.sender.aborted = "every worker was lost"
+            self.sender.stop.set()
+
+    def _lost_record(self, k: int, i: int, p: int, at_s: float, reason: str) -> RequestRecord | None:
+        """The failed record of what worker k took as schedule item (i, p) and did not report:
+        a request, or a session's next turn."""
+        plan, spec = self.plan, self.sender.spec
+        untaken = kinds.get(self.kind).untaken(plan, i, p, self.seen)
+        if untaken is None:
+            return None
+        p, extra = untaken
+        prompt = plan.prompts[p]
+        self.sender.seq += 1
+        return RequestRecord(
+            id=(max(self.shares) + 2) * ID_STRIDE + self.sender.seq,  # unique until renumbered
+            arm=spec.arm.name,
+            phase="warmup" if i < plan.warmup else "run",
+            prompt_id=prompt.id,
+            target_tokens=prompt.target_tokens,
+            prompt_tokens=None,
+            cached_tokens=None,
+            completion_tokens=None,
+            start_s=at_s,
+            ttft_s=None,
+            first_byte_s=None,
+            first_content_s=None,
+            headers_s=None,
+            e2e_s=None,
+            itl_s=[],
+            ok=False,
+            error=f"lost with {self.one} {k} ({reason}): it was in flight or about to be sent",
+            error_kind="lost",
+            http_status=None,
+            retried=False,
+            process=k,
+            **extra,
+        )
+
+    async def _end(self) -> None:
+        """Stopped early or done: every worker stops, and what they send is kept (bounded)."""
+        if self.running:
+            await self._stop_all()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(aio.GRACE_S + END_WAIT_S):
+                    while self.running:
+                        await self._next_event(until_stop=False)
+                        self._watch()
+        while not self.events.empty():  # said before it ended
+            await self._handle(*self.events.get_nowait())
+        for k in sorted(self.running):  # did not stop in time: what it holds is lost with it
+            await self._lose(k, f"it did not stop within {aio.GRACE_S + END_WAIT_S:g} s")
+        self.sink.reorder()
+        self.sink.meta["distributed"] = {**await self.describe(), "faults": self.faults}

@@ -1,0 +1,118 @@
+"""`kvbench run --workers N`: an arm sent by N processes on this host, one event loop each, so
+that the client can use more than one core; coordinated as a Ray run is (coordinator.py), the
+Dispatch in this process, each worker's messages over a pipe of its own (multiprocessing's).
+All processes share the monotonic clock, so times line up without offsets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import platform
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from harness.core import aio
+from harness.distributed.coordinator import Pool
+from harness.distributed.dispatch import Dispatch
+from harness.distributed.worker import process_main
+from harness.results import RunWriter
+from harness.workloads.base import Plan, Sender
+
+
+class LocalPool(Pool):
+    noun = "processes"
+    one = "worker process"
+    engine = "processes"
+
+    def __init__(
+        self, sender: Sender, kind: str, plan: Plan, n: int, sink: RunWriter, send_clock: bool, lost_after_s: float
+    ) -> None:
+        self.emulator_here = send_clock
+        super().__init__(sender, kind, plan, sink, list(range(n)), lost_after_s)
+        self.table = Dispatch(list(plan.schedule), self.times, {k: s.connections for k, s in self.shares.items()})
+        self.ctx = multiprocessing.get_context("spawn")
+        self.procs: dict[int, Any] = {}
+        self.conns: dict[int, Connection] = {}
+        self.answering: set[asyncio.Task[None]] = set()
+
+    def send_clock(self, k: int) -> bool:
+        return self.emulator_here
+
+    async def start(self) -> None:
+        headers = dict(self.sender.client.headers)
+        loop = asyncio.get_running_loop()
+        for k, share in self.shares.items():
+            mine, theirs = self.ctx.Pipe(duplex=True)
+            proc = self.ctx.Process(target=process_main, args=(theirs,), daemon=True)
+            proc.start()
+            theirs.close()
+            mine.send((replace(share, headers=headers), 0))  # one clock: no offset
+            self.procs[k], self.conns[k] = proc, mine
+            loop.add_reader(mine.fileno(), self._readable, k)
+
+    def _readable(self, k: int) -> None:
+        conn = self.conns[k]
+        try:
+            while conn.poll():
+                said = conn.recv()
+                if said[0] == "tell":
+                    self._answer(k, said[1])
+                else:
+                    self.events.put_nowait((k, said))
+        except (EOFError, OSError):
+            asyncio.get_running_loop().remove_reader(conn.fileno())
+            proc = self.procs[k]
+            proc.join(timeout=0.5)  # it is ending: its exit code
+            self.events.put_nowait((k, ("lost", f"its process ended without a word (exit code {proc.exitcode})")))
+
+    def _answer(self, k: int, ask: dict[str, int]) -> None:
+        if "want" in ask:
+            self._send(k, {"items": self.table.take(k, ask["want"])})
+        elif "ready_at" in ask:
+            task = asyncio.ensure_future(self._start_line(k, ask["ready_at"]))
+            self.answering.add(task)
+            task.add_done_callback(self.answering.discard)
+
+    async def _start_line(self, k: int, ready_ns: int) -> None:
+        self._send(k, {"start": await self.table.start_line(k, ready_ns)})
+
+    def _send(self, k: int, said: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError, ValueError):  # it is gone: its end is seen by the reader
+            self.conns[k].send(said)
+
+    async def tell(self, k: int, said: dict[str, Any]) -> None:
+        self._send(k, said)
+
+    async def dispatch(self, method: str, *args: Any) -> Any:
+        got = getattr(self.table, method)(*args)
+        return await got if asyncio.iscoroutine(got) else got
+
+    def kill(self, k: int) -> None:
+        if (proc := self.procs.get(k)) is not None and proc.is_alive():
+            proc.kill()
+
+    def where(self, k: int) -> dict[str, Any]:
+        proc = self.procs.get(k)
+        return {"hostname": platform.node(), "pid": proc.pid if proc is not None else None}
+
+    async def describe(self) -> dict[str, Any]:
+        for task in self.answering:  # start lines of an arm that is over
+            task.cancel()
+        loop = asyncio.get_running_loop()
+        for conn in self.conns.values():
+            with contextlib.suppress(ValueError, OSError):
+                loop.remove_reader(conn.fileno())
+        for proc in self.procs.values():  # each has said its last word, or is lost
+            proc.join(timeout=aio.GRACE_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns.values():
+            conn.close()
+        workers = [
+            {"worker": k, **self.where(k), "connections": s.connections, "lost": self.lost.get(k)}
+            for k, s in self.shares.items()
+        ]
+        return {"engine": self.engine, "workers": workers}

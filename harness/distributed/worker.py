@@ -1,0 +1,266 @@
+"""A worker's side of a distributed arm, whatever launched it (a process of `--workers`, an actor
+of `--ray`): its share of the connections, sent on its own client and event loop (`send_share`),
+the schedule taken from the coordinator's Dispatch in batches (dispatch.FedOrder), and its
+records and heartbeats handed to a thread that ships them (`WorkerSide`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import random
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from harness.config import kinds
+from harness.core import aio
+from harness.distributed.dispatch import FedOrder, tagged
+from harness.inputs.prompts import PromptBuilder
+from harness.monitor.progress import RunProgress
+from harness.monitor.selfcheck import LoopMonitor
+from harness.results import RequestRecord
+from harness.wire.client import KEPT_ALIVE, ONE_PER_REQUEST, client_for
+from harness.workloads.base import ArmSpec, Plan, Schedule, Sender
+
+# The ids a worker gives its requests start at index x ID_STRIDE, unique until the coordinator
+# renumbers them in start order.
+ID_STRIDE = 10**9
+# How often a worker hands its finished records on (s): a record reaches the coordinator's file
+# this long after it ended, at most (plus the trip); one message per FLUSH_S, not per record.
+FLUSH_S = 0.1
+# A worker with nothing to send says it is alive this often (s): an empty batch of records.
+HEARTBEAT_S = 1.0
+
+# What a worker hands its shipping thread: ("up",) once it can send; ("tell", message) for the
+# Dispatch (--workers: the coordinator answers for it); ("records", lines) of tagged records, empty
+# as a heartbeat; last ("end", what it saw) or ("failed", why).
+Outbox = queue.SimpleQueue
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one worker sends of an arm."""
+
+    index: int
+    spec: ArmSpec
+    kind: str
+    headers: dict[str, str]  # may hold the API key: travels through a pipe or Ray's RPC, never argv or disk
+    plan: Plan
+    connections: int
+    first_connection: int
+    send_clock: bool  # tell the embedded emulator when requests left: only on the emulator's own host
+
+
+class WorkerSide:
+    """One worker's share of an arm, in its client's event loop. What the coordinator says comes
+    to `hear` (from another thread: `hear_threadsafe`): a batch of the schedule (`items`), the
+    arm's start (`go`, coordinator ns), an open loop's start line (`start`), `stop`. What it tells
+    the Dispatch goes to `tell`; everything else into `out` for the launcher to ship."""
+
+    def __init__(self, share: Share, offset_ns: int, out: Outbox[tuple[Any, ...]], tell: Callable[[Any], None]) -> None:
+        self.share, self.offset_ns, self.out = share, offset_ns, out
+        self.loop = asyncio.get_running_loop()
+        self.stop = asyncio.Event()
+        self.go_at: asyncio.Future[int] = self.loop.create_future()
+        times = [share.spec.clock.wall_s(t) for t in share.plan.times]
+        self.order = FedOrder(tell, times, share.kind, share.connections, offset_ns)
+        self.pending: list[bytes] = []
+        self.shipped_ns = time.perf_counter_ns()
+
+    def hear(self, said: dict[str, Any]) -> None:
+        if "items" in said:
+            self.order.arrive([(i, p) for i, p in said["items"]])
+        elif "go" in said:
+            _resolve(self.go_at, said["go"] + self.offset_ns)
+        elif "start" in said:
+            self.order.start_at(said["start"])
+        elif "stop" in said:
+            self.stop.set()
+            _resolve(self.go_at, time.perf_counter_ns())
+            self.order.arrive([])  # nothing more comes
+
+    def hear_threadsafe(self, said: dict[str, Any]) -> None:
+        self.loop.call_soon_threadsafe(self.hear, said)
+
+    async def run(self) -> dict[str, Any]:
+        """The share, sent: what send_share saw. Its records go out every FLUSH_S as they end."""
+        flusher = asyncio.ensure_future(self._flush_every())
+        try:
+            end = await send_share(self.share, self.order, self.stop, [self._keep], self._go)
+        finally:
+            flusher.cancel()
+            self._flush(heartbeat=False)
+        return end
+
+    async def _go(self) -> int:
+        self.out.put(("up",))
+        return await self.go_at
+
+    def _keep(self, r: RequestRecord) -> None:
+        self.pending.append(tagged(replace(r, process=self.share.index)))
+
+    async def _flush_every(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            self._flush(heartbeat=True)
+
+    def _flush(self, heartbeat: bool) -> None:
+        now = time.perf_counter_ns()
+        if self.pending or (heartbeat and now - self.shipped_ns >= HEARTBEAT_S * 1e9):
+            self.out.put(("records", b"".join(self.pending)))
+            self.pending.clear()
+            self.shipped_ns = now
+
+
+def _resolve(fut: asyncio.Future[int], value: int) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+async def serve(side: WorkerSide) -> None:
+    """A worker's arm from start to end, its last word in its outbox ("end" or "failed")."""
+    try:
+        end = await side.run()
+    except Exception as e:  # told, not raised: the coordinator records it as the worker's loss
+        side.out.put(("failed", f"{type(e).__name__}: {e}"))
+    else:
+        side.out.put(("end", end))
+
+
+def process_main(conn: Connection | int) -> None:
+    """A worker process (of `--workers`, or one a Ray worker starts): its share and clock offset
+    come first over `conn` (a pipe to the coordinator, or to its Ray actor), then what the
+    coordinator says; what it says goes back from a thread of its own, so that a full pipe never
+    stalls its sends. No Ray in it: Ray's threads taking Python's lock would hold its loop."""
+    if isinstance(conn, int):  # a pipe end inherited from a Ray actor (RayWorker.run)
+        conn = Connection(conn)
+    # The coordinator stops it (a Ctrl-C reaches the whole process group): it finishes what is in
+    # flight when told, and ends by itself when the coordinator is gone (the pipe closes).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        share, offset_ns = conn.recv()
+    except EOFError:  # whoever started it is gone
+        return
+    out: Outbox[tuple[Any, ...]] = Outbox()
+    shipping = threading.Thread(target=_ship, args=(out, conn), name="kvbench-ship", daemon=True)
+    shipping.start()
+    aio.run(_serve(share, offset_ns, conn, out))
+    shipping.join()
+
+
+async def _serve(share: Share, offset_ns: int, conn: Connection, out: Outbox[tuple[Any, ...]]) -> None:
+    loop = asyncio.get_running_loop()
+    side = WorkerSide(share, offset_ns, out, lambda ask: out.put(("tell", ask)))
+
+    def readable() -> None:
+        try:
+            while conn.poll():
+                side.hear(conn.recv())
+        except (EOFError, OSError):  # the coordinator is gone: nobody to send for
+            loop.remove_reader(conn.fileno())
+            side.hear({"stop": 1})
+
+    loop.add_reader(conn.fileno(), readable)
+    try:
+        await serve(side)
+    finally:
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(conn.fileno())
+
+
+def _ship(out: Outbox[tuple[Any, ...]], conn: Connection) -> None:
+    while True:
+        said = out.get()
+        try:
+            conn.send(said)
+        except (OSError, ValueError):  # the coordinator is gone
+            return
+        if said[0] in ("end", "failed"):
+            return
+
+
+async def send_share(
+    job: Share,
+    take: Schedule,
+    stop: asyncio.Event,
+    subscribers: list[Callable[[RequestRecord], None]],
+    go: Callable[[], Awaitable[int]],
+) -> dict[str, Any]:
+    """One worker's share of an arm, sent on its own client: `take` gives it the schedule's
+    requests, `subscribers` get its records, and `go` (once the client is ready) waits for the
+    start and returns the arm clock's start on this host's monotonic clock. Returns what the
+    worker saw: client_health, warnings, aborted, interrupted."""
+    from rich.console import Console
+
+    quiet = RunProgress(Console(file=open(os.devnull, "w"), force_terminal=False))  # noqa: SIM115
+    sc = job.spec.scenario
+    async with client_for(job.connections, sc.endpoint, job.headers, job.send_clock) as client:
+        sender = Sender(
+            spec=job.spec,
+            client=client,
+            builder=PromptBuilder(_no_count, sc.prompts.seed, sc.prompts.tolerance, 0),
+            progress=quiet,
+            stop=stop,
+            rng=random.Random(f"{job.spec.run_id}/{job.spec.arm.name}/{job.index}/{random.SystemRandom().random()}"),
+            seq=job.index * ID_STRIDE,  # request ids stay unique until the coordinator renumbers them
+            subscribers=subscribers,
+        )
+        monitor = LoopMonitor(active=lambda: sender.in_flight > 0)
+        aio.freeze_heap()
+        t0_ns = await go()
+        sender.spec = replace(sender.spec, clock=replace(sender.spec.clock, t0_ns=t0_ns))
+        monitor.start()
+        drive = kinds.get(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
+        await aio.until_done_or_stopped(drive, stop)
+        health = monitor.stop()
+    health.update(client.health())
+    return {
+        "client_health": health,
+        "warnings": sender.warnings,
+        "aborted": sender.aborted,
+        "interrupted": stop.is_set(),
+    }
+
+
+async def _no_count(_text: str) -> int:
+    raise RuntimeError("a worker never builds prompts")
+
+
+def deal(n_items: int, n: int) -> list[int]:
+    """n near-equal shares of n_items (the first ones get the remainder)."""
+    return [n_items // n + (1 if k < n_items % n else 0) for k in range(n)]
+
+
+def combine_health(healths: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """One client_health for the run: the worst loop lag and CPU of any worker."""
+
+    def worst(key: str, sub: str) -> float | None:
+        vals = [h[key][sub] for h in healths if h[key][sub] is not None]
+        return max(vals) if vals else None
+
+    warnings = [h["warning"] for h in healths if h["warning"]]
+    return {
+        "processes": n,
+        **{k: healths[0][k] for k in ("transport", "transport_reason", "stamping") if k in healths[0]},
+        "connections": ONE_PER_REQUEST if any(h.get("connections") == ONE_PER_REQUEST for h in healths) else KEPT_ALIVE,
+        "loop_lag_ms": {
+            "p50": worst("loop_lag_ms", "p50"),
+            "p99": worst("loop_lag_ms", "p99"),
+            "max": worst("loop_lag_ms", "max"),
+            "samples": sum(h["loop_lag_ms"]["samples"] for h in healths),
+        },
+        "cpu_share_of_one_core": {
+            "mean": worst("cpu_share_of_one_core", "mean"),
+            "max": worst("cpu_share_of_one_core", "max"),
+        },
+        "cores": os.cpu_count(),
+        "warning": warnings[0] if warnings else None,
+        "per_process": healths,
+    }
