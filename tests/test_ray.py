@@ -244,6 +244,46 @@ def test_open_loop_over_ray_sends_each_request_once_on_one_clock(tmp_path: Path,
     )
 
 
+def test_a_trace_is_replayed_once_over_ray_and_processes_as_in_one(tmp_path: Path, cluster: str) -> None:
+    """A trace at its timestamps (and at a concurrency) over two Ray workers, two processes and one
+    process: every line sent once, the same requests, and each at its intended time's order."""
+    lines = [
+        json.dumps({"timestamp": 50 * i, "input_length": 600, "output_length": 4, "hash_ids": [i % 5, 100 + i]})
+        for i in range(40)
+    ]
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+    body = f"""
+name = "rt"
+[endpoint]
+max_tokens = 4
+[workload]
+kind = "trace"
+path = "{tmp_path / "t.jsonl"}"
+format = "mooncake"
+speed = 2.0
+[[arms]]
+name = "cached"
+[emulator]
+time_scale = 5.0
+"""
+    sc = write_scenario(tmp_path / "rt.toml", body)
+    got = {}
+    for how, extra in (("ray", ["--ray", cluster, "--workers", "2"]), ("two", ["--workers", "2"]), ("one", [])):
+        r = kvbench("run", str(sc), *extra, "--out", str(tmp_path / how), timeout=300)
+        assert r.returncode == 0, r.stderr
+        (folder,) = (tmp_path / how / "rt").iterdir()
+        recs = read_requests(folder)
+        assert sorted(x.schedule_index for x in recs) == list(range(40)) and all(x.ok for x in recs), how
+        by_index = sorted(recs, key=lambda x: x.schedule_index or 0)
+        intended = [x.intended_s for x in by_index]
+        assert all(t is not None for t in intended) and intended == sorted(intended)  # type: ignore[type-var]
+        got[how] = sorted((x.schedule_index, x.prompt_id, x.target_tokens) for x in recs)
+        if how != "one":
+            assert len({x.process for x in recs}) == 2, how
+            assert _run_json(folder)["distributed"]["engine"] == ("ray" if how == "ray" else "processes")
+    assert got["ray"] == got["two"] == got["one"]
+
+
 def test_a_session_stays_on_one_ray_worker(tmp_path: Path, cluster: str) -> None:
     sc = write_scenario(
         tmp_path / "s.toml",

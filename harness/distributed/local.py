@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import multiprocessing
 import platform
+import threading
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 from harness.core import aio
 from harness.distributed.coordinator import Pool
 from harness.distributed.dispatch import Dispatch
-from harness.distributed.worker import process_main
+from harness.distributed.worker import hear_pipe, process_main
 from harness.results import RunWriter
 from harness.workloads.base import Plan, Sender
 
@@ -48,24 +50,27 @@ class LocalPool(Pool):
             proc = self.ctx.Process(target=process_main, args=(theirs,), daemon=True)
             proc.start()
             theirs.close()
-            mine.send((replace(share, headers=headers), 0))  # one clock: no offset
             self.procs[k], self.conns[k] = proc, mine
-            loop.add_reader(mine.fileno(), self._readable, k)
+            mine.send((replace(share, headers=headers), 0))  # one clock: no offset
+            hearing = threading.Thread(
+                target=hear_pipe, args=(mine, functools.partial(self._heard, loop, k)), daemon=True
+            )
+            hearing.start()
 
-    def _readable(self, k: int) -> None:
-        conn = self.conns[k]
-        try:
-            while conn.poll():
-                said = conn.recv()
-                if said[0] == "tell":
-                    self._answer(k, said[1])
-                else:
-                    self.events.put_nowait((k, said))
-        except (EOFError, OSError):
-            asyncio.get_running_loop().remove_reader(conn.fileno())
+    def _heard(self, loop: asyncio.AbstractEventLoop, k: int, said: Any) -> None:
+        """From worker k's pipe (its reader thread): to the loop."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the run is over
+            loop.call_soon_threadsafe(self._said, k, said)
+
+    def _said(self, k: int, said: Any) -> None:
+        if isinstance(said, dict):  # {"stop": 1}: its pipe ended
             proc = self.procs[k]
             proc.join(timeout=0.5)  # it is ending: its exit code
             self.events.put_nowait((k, ("lost", f"its process ended without a word (exit code {proc.exitcode})")))
+        elif said[0] == "tell":
+            self._answer(k, said[1])
+        else:
+            self.events.put_nowait((k, said))
 
     def _answer(self, k: int, ask: dict[str, int]) -> None:
         if "want" in ask:
@@ -100,10 +105,6 @@ class LocalPool(Pool):
     async def describe(self) -> dict[str, Any]:
         for task in self.answering:  # start lines of an arm that is over
             task.cancel()
-        loop = asyncio.get_running_loop()
-        for conn in self.conns.values():
-            with contextlib.suppress(ValueError, OSError):
-                loop.remove_reader(conn.fileno())
         for proc in self.procs.values():  # each has said its last word, or is lost
             proc.join(timeout=aio.GRACE_S)
             if proc.is_alive():

@@ -86,7 +86,8 @@ class WorkerSide:
             self.order.arrive([])  # nothing more comes
 
     def hear_threadsafe(self, said: dict[str, Any]) -> None:
-        self.loop.call_soon_threadsafe(self.hear, said)
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.hear, said)
 
     async def run(self) -> dict[str, Any]:
         """The share, sent: what send_share saw. Its records go out every FLUSH_S as they end."""
@@ -156,23 +157,20 @@ def process_main(conn: Connection | int) -> None:
 
 
 async def _serve(share: Share, offset_ns: int, conn: Connection, out: Outbox[tuple[Any, ...]]) -> None:
-    loop = asyncio.get_running_loop()
     side = WorkerSide(share, offset_ns, out, lambda ask: out.put(("tell", ask)))
+    # read by a thread of its own, as the shipping thread writes: the pipe stays blocking (an
+    # event loop's reader would make it non-blocking, and a large message then fails half sent)
+    threading.Thread(target=hear_pipe, args=(conn, side.hear_threadsafe), name="kvbench-hear", daemon=True).start()
+    await serve(side)
 
-    def readable() -> None:
-        try:
-            while conn.poll():
-                side.hear(conn.recv())
-        except (EOFError, OSError):  # the coordinator is gone: nobody to send for
-            loop.remove_reader(conn.fileno())
-            side.hear({"stop": 1})
 
-    loop.add_reader(conn.fileno(), readable)
-    try:
-        await serve(side)
-    finally:
-        with contextlib.suppress(ValueError, OSError):
-            loop.remove_reader(conn.fileno())
+def hear_pipe(conn: Connection, hear: Callable[[Any], None]) -> None:
+    """Every message on `conn`, to `hear`, then {"stop": 1} once the other end is gone."""
+    with contextlib.suppress(EOFError, OSError):
+        while True:
+            hear(conn.recv())
+    with contextlib.suppress(RuntimeError):  # the loop is closed: it ended meanwhile
+        hear({"stop": 1})
 
 
 def _ship(out: Outbox[tuple[Any, ...]], conn: Connection) -> None:
