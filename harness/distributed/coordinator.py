@@ -30,7 +30,7 @@ from harness.core import aio
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError
 from harness.distributed.dispatch import untagged
-from harness.distributed.worker import ID_STRIDE, Share, combine_health, deal
+from harness.distributed.worker import HEARTBEAT_S, ID_STRIDE, Share, combine_health, deal
 from harness.results import RequestRecord, RunWriter
 from harness.workloads.base import Plan, Sender
 
@@ -162,7 +162,7 @@ class Pool(ABC):
         if until_stop:
             waits.add(asyncio.ensure_future(self.sender.stop.wait()))
         try:
-            await asyncio.wait(waits, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=HEARTBEAT_S, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waits:
                 w.cancel()
