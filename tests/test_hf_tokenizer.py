@@ -51,6 +51,15 @@ def test_a_chat_prompt_counts_as_the_server_renders_and_counts_it(tmp_path: Path
     assert asyncio.run(plain("hello, world")) == 3 and "prompt as sent" in how
 
 
+def test_a_chat_template_saved_beside_the_config_is_read(tmp_path: Path) -> None:
+    """transformers (since 4.43) saves the template as chat_template.jinja, not in the config."""
+    folder = model_dir(tmp_path / "m", template=None)
+    (folder / "chat_template.jinja").write_text(TEMPLATE)
+    count, how = hf_tokenizer.counter(str(folder), "chat")
+    want = emulator_tokenizer.count(emulator_tokenizer.render_chat([{"role": "user", "content": "hello, world"}]))
+    assert asyncio.run(count("hello, world")) == want and "with its chat template" in how
+
+
 def test_bad_tokenizer_paths_and_files_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"no tokenizer\.json at"):
         hf_tokenizer.counter(str(tmp_path / "none"), "chat")

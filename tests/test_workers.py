@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -102,17 +103,24 @@ def _workers_of(pid: int) -> list[int]:
     return sorted(found)
 
 
+def _sending(tmp_path: Path, requests: int, emu: EmbeddedEmulator) -> tuple[subprocess.Popen[str], Path]:
+    """A closed loop over two worker processes against `emu`, once six records are in and both
+    processes are up."""
+    sc = write_scenario(tmp_path / "w.toml", LOOP.format(requests=requests, tokens=2000, scale=1.0))
+    out = tmp_path / "out"
+    proc = start_kvbench(
+        "run", str(sc), "--arm", "reuse", "--workers", "2", "--endpoint", emu.base_url, "--out", str(out)
+    )
+    deadline = time.monotonic() + 120
+    while (_lines(out) < 6 or len(_workers_of(proc.pid)) < 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return proc, out
+
+
 @pytest.mark.slow
 def test_sigterm_with_workers_stops_them_and_keeps_every_answered_request(tmp_path: Path) -> None:
-    sc = write_scenario(tmp_path / "w.toml", LOOP.format(requests=400, tokens=2000, scale=1.0))
-    out = tmp_path / "out"
     with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
-        proc = start_kvbench(
-            "run", str(sc), "--arm", "reuse", "--workers", "2", "--endpoint", emu.base_url, "--out", str(out)
-        )
-        deadline = time.monotonic() + 120
-        while _lines(out) < 6 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        proc, out = _sending(tmp_path, 400, emu)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
         served = answered(emu.base_url)
@@ -127,15 +135,8 @@ def test_sigterm_with_workers_stops_them_and_keeps_every_answered_request(tmp_pa
 
 @pytest.mark.slow
 def test_a_killed_worker_process_loses_only_what_it_held(tmp_path: Path) -> None:
-    sc = write_scenario(tmp_path / "w.toml", LOOP.format(requests=150, tokens=2000, scale=1.0))
-    out = tmp_path / "out"
     with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
-        proc = start_kvbench(
-            "run", str(sc), "--arm", "reuse", "--workers", "2", "--endpoint", emu.base_url, "--out", str(out)
-        )
-        deadline = time.monotonic() + 120
-        while (_lines(out) < 6 or len(_workers_of(proc.pid)) < 2) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        proc, out = _sending(tmp_path, 150, emu)
         first, _ = _workers_of(proc.pid)
         os.kill(first, signal.SIGKILL)
         _, err = proc.communicate(timeout=300)

@@ -50,6 +50,12 @@ def _template(config: Path | None) -> tuple[str | None, dict[str, str]]:
             specials[name] = v
     if template is not None and not isinstance(template, str):
         raise InputError(f"endpoint.tokenizer: {config}: chat_template: expected text")
+    beside = config.parent / "chat_template.jinja"  # where transformers has saved it since 4.43
+    if template is None and beside.is_file():
+        try:
+            template = beside.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"endpoint.tokenizer: {beside}: not readable: {e}") from None
     return template, specials
 
 
@@ -71,8 +77,8 @@ def counter(path: str, api: str) -> tuple[Counter, str]:
     if api == "completions" or template is None:
         if api == "chat":
             raise InputError(
-                f"endpoint.tokenizer: {path}: no chat_template in tokenizer_config.json beside it: a chat "
-                "request's length depends on it"
+                f"endpoint.tokenizer: {path}: no chat_template in tokenizer_config.json or chat_template.jinja "
+                "beside it: a chat request's length depends on it"
             )
 
         async def count_text(text: str) -> int:
