@@ -359,9 +359,14 @@ def _reported(out: Path) -> set[int]:
     }
 
 
-def _worker(k: int) -> Any:
-    """The run's worker actor k."""
-    (victim,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == f"worker-{k}"]
+def _worker(k: int, run: subprocess.Popen[str]) -> Any:
+    """Worker actor k of the run `run` started (its namespace names its pid: an earlier test's
+    actors of the same name may still be ending on a busy machine)."""
+    (victim,) = [
+        a
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"] == f"worker-{k}" and a["namespace"].startswith(f"kvbench-{run.pid}-")
+    ]
     return ray.get_actor(f"worker-{k}", namespace=victim["namespace"])
 
 
@@ -380,7 +385,7 @@ def _lost_with(folder: Path) -> int:
 
 def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: Path, cluster: str) -> None:
     proc, out = _sending(tmp_path, "rk", cluster, worker=1)
-    ray.kill(_worker(1))
+    ray.kill(_worker(1, proc))
     _, err = proc.communicate(timeout=300)
     assert "Ray worker 1" in err and "was lost" in err
     (folder,) = (out / "rk").iterdir()
@@ -406,7 +411,7 @@ def test_a_worker_whose_process_dies_keeps_what_it_finished(tmp_path: Path, clus
     """SIGKILL of a worker's actor (Ray says it died) or of the worker process it started (its
     actor's relay says it ended without a word): that worker is lost, and only what it held."""
     proc, out = _sending(tmp_path, f"rp{victim}", cluster, worker=2)
-    actor = ray.get(_worker(2).info.remote())["pid"]
+    actor = ray.get(_worker(2, proc).info.remote())["pid"]
     (sender,) = [p for p in _worker_processes() if _parent(p) == actor]
     assert b"_raylet" not in Path(f"/proc/{sender}/maps").read_bytes()  # a worker process without Ray in it
     (folder,) = (out / f"rp{victim}").iterdir()
@@ -432,9 +437,9 @@ def _worker_processes() -> list[int]:
     ]
 
 
-def _node_of(nodes: Any, k: int) -> Any:
-    """The cluster node worker actor k of the run now sending is on."""
-    node_id = ray.get(_worker(k).info.remote())["node_id"]
+def _node_of(nodes: Any, k: int, run: subprocess.Popen[str]) -> Any:
+    """The cluster node worker actor k of the run `run` is on."""
+    node_id = ray.get(_worker(k, run).info.remote())["node_id"]
     (node,) = [n for n in nodes.worker_nodes if n.node_id == node_id]
     return node
 
@@ -512,7 +517,7 @@ def test_a_record_crosses_from_a_worker_to_the_coordinator_intact() -> None:
 
 def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: Any) -> None:
     proc, out = _sending(tmp_path, "rn", nodes.address)
-    node = _node_of(nodes, 0)
+    node = _node_of(nodes, 0, proc)
     try:
         nodes.remove_node(node)
         _, err = proc.communicate(timeout=300)
@@ -532,7 +537,7 @@ def test_a_frozen_node_is_declared_lost_by_its_silence(tmp_path: Path, nodes: An
     after the scenario's lost_after_s; the others finish the schedule."""
     extra = '\n[distributed]\nengine = "ray"\nlost_after_s = 3\n'
     proc, out = _sending(tmp_path, "rf", str(nodes.address), extra, worker=1)
-    node = _node_of(nodes, 1)
+    node = _node_of(nodes, 1, proc)
     frozen = _tree(node.all_processes["raylet"][0].process.pid)
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)

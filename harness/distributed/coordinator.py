@@ -132,6 +132,7 @@ class Pool(ABC):
                 continue
             if event[0] == "up":
                 up.add(k)
+                self.heard[k] = time.monotonic()  # silence counts from here (starting may take long)
             else:
                 await self._handle(k, event)
         if not self.running:
