@@ -157,12 +157,13 @@ def test_records_larger_than_a_pipe_buffer_reach_the_coordinator(tmp_path: Path)
     """Long answers make long records (a gap per token): each record here is larger than a pipe's
     buffer (212,992 bytes on Linux), and must still arrive whole (a pipe made non-blocking by an
     event loop's reader failed such a message half sent, and the worker fell silent)."""
-    body = LOOP.format(requests=4, tokens=200, scale=50.0).replace("max_tokens = 8", "max_tokens = 30000")
+    # at least "0.0," a gap: 60,000 tokens make a record of 240,000 bytes or more however they came
+    body = LOOP.format(requests=4, tokens=200, scale=200.0).replace("max_tokens = 8", "max_tokens = 60000")
     sc = write_scenario(tmp_path / "w.toml", body.replace("concurrency = 7", "concurrency = 4"))
     r = kvbench("run", str(sc), "--arm", "reuse", "--workers", "2", "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 0, r.stderr
     (folder,) = (tmp_path / "out" / "w").iterdir()
     recs = read_requests(folder)
     assert sorted(x.schedule_index for x in recs) == [0, 1, 2, 3] and all(x.ok for x in recs)
-    assert all(len(x.itl_s) == 29999 for x in recs)
+    assert all(len(x.itl_s) == 59999 for x in recs)
     assert all(len(x.to_json()) > 212_992 for x in recs)
