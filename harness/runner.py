@@ -329,8 +329,7 @@ class ArmLifecycle:
         if self.state.cluster is not None:
             pool = raypool.RayPool(self.state.cluster, sender, self.kind.name, plan, writer, t.emulated)
         elif t.workers > 1:
-            lost_after_s = (sc.distributed or DistributedCfg()).lost_after_s
-            pool = LocalPool(sender, self.kind.name, plan, t.workers, writer, t.emulated, lost_after_s)
+            pool = LocalPool(sender, self.kind.name, plan, t.workers, writer, t.emulated, DistributedCfg.lost_after_s)
         if pool is not None:
             await pool.ready()  # processes started before the clock: an open loop's time 0 is theirs too
         aio.freeze_heap()

@@ -189,7 +189,7 @@ class DistributedCfg:
     address: str = "auto"  # a Ray cluster's address; "auto": the cluster this host belongs to
     workers: int | None = None  # worker actors, one CPU each; default: one per CPU of the cluster
     # a worker that sends neither records nor a heartbeat (one a second) this long is lost (s);
-    # also the rule for `--workers` processes
+    # `--workers` processes keep this default (a [distributed] table means Ray)
     lost_after_s: float = 5.0
 
 
