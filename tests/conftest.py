@@ -95,3 +95,30 @@ def other_warnings(meta: dict[str, Any]) -> list[str]:
     busy = (meta.get("client_health") or {}).get("warning")
     return [w for w in meta["warnings"] if w not in (late, busy)]
 
+
+def result_lines(out: Path) -> int:
+    """How many records the runs under `out` have written so far."""
+    return sum(len(p.read_bytes().splitlines()) for p in out.glob("*/*/requests.jsonl"))
+
+
+def read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # a process gone meanwhile
+        return b""
+
+
+def parent_of(pid: int) -> int:
+    """A process's parent's pid; 0 once it is gone."""
+    stat = read_or_empty(Path(f"/proc/{pid}/stat")).rsplit(b")", 1)
+    return int(stat[1].split()[1]) if len(stat) == 2 else 0
+
+
+def processes_with(marker: bytes) -> list[int]:
+    """This machine's processes whose command line holds `marker` (pytest's own left out)."""
+    found = []
+    for p in Path("/proc").iterdir():
+        cmd = read_or_empty(p / "cmdline") if p.name.isdigit() else b""
+        if marker in cmd and b"pytest" not in cmd:
+            found.append(int(p.name))
+    return sorted(found)

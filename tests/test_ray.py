@@ -30,7 +30,15 @@ from harness.distributed.dispatch import (
 )
 from harness.emulator.serve import EmbeddedEmulator
 from harness.results import RequestRecord, read_requests, read_run
-from tests.conftest import ROOT, kvbench, user_env, write_scenario
+from tests.conftest import (
+    ROOT,
+    kvbench,
+    parent_of,
+    processes_with,
+    result_lines,
+    user_env,
+    write_scenario,
+)
 from tests.test_workers import LOOP, answered
 
 ray = pytest.importorskip("ray")
@@ -326,10 +334,6 @@ def _popen(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pop
     )
 
 
-def _lines(out: Path) -> int:
-    return sum(len(p.read_bytes().splitlines()) for p in out.glob("*/*/requests.jsonl"))
-
-
 def _wait(check: Any, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -345,7 +349,7 @@ def _sending(
     sc = write_scenario(tmp_path / f"{name}.toml", loop(name, 150, 1.0) + scenario)
     out = tmp_path / "out"
     proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", address, "--out", str(out)])
-    _wait(lambda: _lines(out) >= 6 and (worker is None or worker in _reported(out)))
+    _wait(lambda: result_lines(out) >= 6 and (worker is None or worker in _reported(out)))
     return proc, out
 
 
@@ -412,7 +416,7 @@ def test_a_worker_whose_process_dies_keeps_what_it_finished(tmp_path: Path, clus
     actor's relay says it ended without a word): that worker is lost, and only what it held."""
     proc, out = _sending(tmp_path, f"rp{victim}", cluster, worker=2)
     actor = ray.get(_worker(2, proc).info.remote())["pid"]
-    (sender,) = [p for p in _worker_processes() if _parent(p) == actor]
+    (sender,) = [p for p in processes_with(b"process_main") if parent_of(p) == actor]
     assert b"_raylet" not in Path(f"/proc/{sender}/maps").read_bytes()  # a worker process without Ray in it
     (folder,) = (out / f"rp{victim}").iterdir()
     before = {(x.process, x.schedule_index) for x in read_requests(folder) if x.ok}
@@ -428,15 +432,6 @@ def test_a_worker_whose_process_dies_keeps_what_it_finished(tmp_path: Path, clus
     assert before <= {(x.process, x.schedule_index) for x in recs if x.ok}
 
 
-def _worker_processes() -> list[int]:
-    """The worker processes Ray workers started on this machine."""
-    return [
-        int(p.name)
-        for p in Path("/proc").iterdir()
-        if p.name.isdigit() and b"process_main" in _read(p / "cmdline") and b"pytest" not in _read(p / "cmdline")
-    ]
-
-
 def _node_of(nodes: Any, k: int, run: subprocess.Popen[str]) -> Any:
     """The cluster node worker actor k of the run `run` is on."""
     node_id = ray.get(_worker(k, run).info.remote())["node_id"]
@@ -449,25 +444,12 @@ def _tree(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
-            children.setdefault(_parent(int(p.name)), []).append(int(p.name))
+            children.setdefault(parent_of(int(p.name)), []).append(int(p.name))
     out, todo = [], [pid]
     while todo:
         out.append(q := todo.pop())
         todo += children.get(q, [])
     return out
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
-
-
-def _parent(pid: int) -> int:
-    """Its parent's pid; 0 once it is gone."""
-    stat = _read(Path(f"/proc/{pid}/stat")).rsplit(b")", 1)
-    return int(stat[1].split()[1]) if len(stat) == 2 else 0
 
 
 def test_a_record_crosses_from_a_worker_to_the_coordinator_intact() -> None:
@@ -568,7 +550,7 @@ def test_sigterm_under_ray_drains_and_keeps_every_answered_request(tmp_path: Pat
         proc = _popen(
             ["run", str(sc), "--arm", "reuse", "--ray", cluster, "--endpoint", emu.base_url, "--out", str(out)]
         )
-        _wait(lambda: _lines(out) >= 6)
+        _wait(lambda: result_lines(out) >= 6)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
         served = answered(emu.base_url)
@@ -604,7 +586,7 @@ def test_ctrl_c_stops_every_ray_worker_and_keeps_merged_partial_results(tmp_path
     sc = write_scenario(tmp_path / "c.toml", loop("rc", 400, 1.0))
     out = tmp_path / "out"
     proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", cluster, "--out", str(out)])
-    _wait(lambda: _lines(out) >= 6)
+    _wait(lambda: result_lines(out) >= 6)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

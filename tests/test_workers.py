@@ -15,7 +15,7 @@ import pytest
 from harness.distributed.worker import deal
 from harness.emulator.serve import EmbeddedEmulator
 from harness.results import read_requests
-from tests.conftest import interrupt, kvbench, start_kvbench, write_scenario
+from tests.conftest import interrupt, kvbench, parent_of, processes_with, result_lines, start_kvbench, write_scenario
 
 LOOP = """
 name = "w"
@@ -68,7 +68,7 @@ def test_ctrl_c_with_workers_keeps_merged_partial_results(tmp_path: Path) -> Non
     sc = write_scenario(tmp_path / "w.toml", LOOP.format(requests=400, tokens=20000, scale=1.0))
 
     def four_done() -> bool:
-        return _lines(tmp_path / "out") >= 4
+        return result_lines(tmp_path / "out") >= 4
 
     code, err = interrupt(["run", str(sc), "--workers", "2", "--out", str(tmp_path / "out")], four_done)
     assert code == 130, err
@@ -86,21 +86,9 @@ def answered(base_url: str) -> int:
     return int(float(value))
 
 
-def _lines(out: Path) -> int:
-    return sum(len(p.read_bytes().splitlines()) for p in out.glob("*/*/requests.jsonl"))
-
-
 def _workers_of(pid: int) -> list[int]:
     """The worker processes (multiprocessing's spawn) a kvbench process started."""
-    found = []
-    for p in Path("/proc").iterdir():
-        try:
-            spawned = p.name.isdigit() and b"spawn_main" in (p / "cmdline").read_bytes()
-            if spawned and int((p / "stat").read_bytes().rsplit(b")", 1)[1].split()[1]) == pid:
-                found.append(int(p.name))
-        except OSError:  # gone meanwhile
-            continue
-    return sorted(found)
+    return [p for p in processes_with(b"spawn_main") if parent_of(p) == pid]
 
 
 def _sending(tmp_path: Path, requests: int, emu: EmbeddedEmulator) -> tuple[subprocess.Popen[str], Path]:
@@ -112,7 +100,7 @@ def _sending(tmp_path: Path, requests: int, emu: EmbeddedEmulator) -> tuple[subp
         "run", str(sc), "--arm", "reuse", "--workers", "2", "--endpoint", emu.base_url, "--out", str(out)
     )
     deadline = time.monotonic() + 120
-    while (_lines(out) < 6 or len(_workers_of(proc.pid)) < 2) and time.monotonic() < deadline:
+    while (result_lines(out) < 6 or len(_workers_of(proc.pid)) < 2) and time.monotonic() < deadline:
         time.sleep(0.1)
     return proc, out
 
