@@ -12,11 +12,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.core.clock import Offset
 from harness.distributed.dispatch import (
@@ -28,6 +31,7 @@ from harness.distributed.dispatch import (
     Dispatch,
     FedOrder,
 )
+from harness.distributed.raypool import ration
 from harness.emulator.serve import EmbeddedEmulator
 from harness.results import RequestRecord, read_requests, read_run
 from tests.conftest import (
@@ -93,6 +97,37 @@ def nodes() -> Iterator[Any]:
 def cluster(nodes: Any) -> str:
     """The address of the module's cluster."""
     return str(nodes.address)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.lists(st.integers(1, 40), max_size=6).map(
+                lambda ls: ("records", b"".join(b"r" * n + b"\n" for n in ls))
+            ),
+            st.just(("end", {})),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(8, 60),
+)
+def test_a_ray_worker_ships_its_records_in_answers_under_the_inline_limit(items: list[Any], limit: int) -> None:
+    # what the coordinator fetches, call after call: the same lines in the same order, whole, each
+    # answer within the limit unless one line alone is larger, never an empty answer
+    held = deque(items)
+    answers = []
+    while held:
+        answers.append(ration(held, limit))
+        assert answers[-1]
+    got = [i for a in answers for i in a]
+    assert b"".join(i[1] for i in got if i[0] == "records") == b"".join(i[1] for i in items if i[0] == "records")
+    assert [i[0] for i in got if i[0] != "records"] == [i[0] for i in items if i[0] != "records"]
+    for a in answers:
+        lines = b"".join(i[1] for i in a if i[0] == "records")
+        assert lines == b"" or lines.endswith(b"\n")
+        assert len(lines) <= limit or lines.count(b"\n") == 1
 
 
 def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None:
