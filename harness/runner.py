@@ -375,8 +375,8 @@ class ArmLifecycle:
     async def _block_size(self) -> tuple[int | None, str]:
         """The server's KV block size for the warm check, and where it came from."""
         snap = await self.scraper.snapshot() if self.scraper is not None else None
-        if snap is not None and (block := metrics.block_size(snap)) is not None:
-            return block, "vllm:cache_config_info"
+        if snap is not None and (said := metrics.block_size(snap)) is not None:
+            return said
         if self.session.server == "llama.cpp":
             return 1, "llama.cpp caches a prefix of any length"
         return None, ""

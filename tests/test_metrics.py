@@ -79,8 +79,19 @@ def test_the_block_size_vllm_publishes_is_read() -> None:
         'vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",'
         'gpu_memory_utilization="0.9",num_cpu_blocks="None"} 1.0\n'
     )
-    assert metrics.block_size(metrics.parse(text)[0]) == 128
+    assert metrics.block_size(metrics.parse(text)[0]) == (128, "vllm:cache_config_info")
     assert metrics.block_size(metrics.parse((GOLDEN / "metrics-llamacpp.txt").read_text())[0]) is None
+
+
+def test_dynamos_frontend_says_its_hit_ratio_and_block_size() -> None:
+    """Dynamo 1.6.1's frontend after two requests of 118 prompt tokens, the second finding 112
+    (seven 16-token blocks): its per-request histograms' sums count the tokens."""
+    snap, gauges = metrics.parse((GOLDEN / "metrics-dynamo-frontend-1.6.1.txt").read_text())
+    assert metrics.block_size(snap) == (16, "dynamo_frontend_model_kv_cache_block_size")
+    m = metrics.mapped(metrics.delta({}, snap, gauges))
+    assert m["families"] == ["dynamo-frontend"] and m["dynamo_cached_tokens"] == 112
+    assert m["dynamo_frontend_hit_ratio"] == metrics.hit_ratio(m) == 112 / 236
+    assert m["server_ttft_source"] == "dynamo_frontend_time_to_first_token_seconds"
 
 
 @pytest.mark.parametrize(
@@ -129,7 +140,7 @@ def test_a_live_vllm_0_32_cpu_exposition() -> None:
     model made by engines/vllm/make_model.py, after a sweep of 999- and 4,000-token prompts: the
     block size and per-source counters kvbench maps are where it looks for them."""
     snap, gauges = metrics.parse((GOLDEN / "metrics-vllm-0.32-cpu-live.txt").read_text())
-    assert metrics.block_size(snap) == 128
+    assert metrics.block_size(snap) == (128, "vllm:cache_config_info")
     m = metrics.mapped(metrics.delta({}, snap, gauges))
     assert m["cached_tokens_by_source"]["device"] == 19456.0  # 4 x 896 + 4 x 3,968 warm tokens
     assert m["prefix_cache_hit_tokens"] == 19456.0 and "vllm" in m["families"]

@@ -95,7 +95,7 @@ def test_the_metric_map_on_live_metrics(vllm: VllmServer) -> None:
         with urllib.request.urlopen(req, timeout=60) as resp:
             assert resp.status == 200
     after, _ = scrape()
-    assert metrics.block_size(after) == 128
+    assert metrics.block_size(after) == (128, "vllm:cache_config_info")
     m = metrics.mapped(metrics.delta(before, after, gauges))
     assert "vllm" in m["families"] and set(m["cached_tokens_by_source"]) >= {"device", "host", "disk"}
     assert m["cached_tokens_by_source"]["device"] >= 128 and m["cached_tokens_by_source"]["disk"] == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -30,10 +31,18 @@ def installed(env_var: str, in_cache: str) -> Path | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(below: int | None = None) -> int:
+    """A loopback port nobody listens on: the kernel's choice, or one under `below` (tried at
+    random: the kernel's ephemeral range starts at 32768 on Linux)."""
+    if below is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    for port in random.sample(range(below // 2, below), 64):
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    raise OSError(f"no free loopback port below {below}")
 
 
 def _die_with_parent() -> None:
@@ -47,6 +56,8 @@ class ServerProcess:
 
     name = "server"
     health_timeout_s = 60.0
+    port_below: int | None = None  # a server that cannot take a port of the ephemeral range
+    health_path = "/health"  # answers 200 once the server is up
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self.env = env
@@ -64,7 +75,7 @@ class ServerProcess:
 
     def __enter__(self) -> Self:
         for _ in range(3):  # a free port can be taken between the check and the bind: try again
-            self.port = free_port()
+            self.port = free_port(self.port_below)
             self.argv = self.command(self.port)
             self.proc = subprocess.Popen(
                 self.argv,
@@ -89,7 +100,7 @@ class ServerProcess:
                 return False
             with (
                 contextlib.suppress(OSError),
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r,
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.health_path}", timeout=2) as r,
             ):
                 if r.status == 200:
                     return True

@@ -25,6 +25,13 @@ RATIOS: tuple[tuple[str, str, str, str], ...] = (
         "vllm:external_prefix_cache_queries_total",
     ),
     ("lmcache", "lmcache_hit_ratio", "lmcache:num_hit_tokens_total", "lmcache:num_requested_tokens_total"),
+    # Dynamo's frontend: histograms of each request's cached and prompt tokens; their sums count
+    (
+        "dynamo-frontend",
+        "dynamo_frontend_hit_ratio",
+        "dynamo_frontend_cached_tokens_sum",
+        "dynamo_frontend_input_sequence_tokens_sum",
+    ),
 )
 COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("vllm", "prompt_tokens", "vllm:prompt_tokens_total"),
@@ -36,7 +43,9 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("dynamo-kvbm", "kvbm_offload_blocks_d2d", "kvbm_offload_blocks_d2d"),
     ("dynamo-kvbm", "kvbm_onboard_blocks_h2d", "kvbm_onboard_blocks_h2d"),
     ("dynamo-kvbm", "kvbm_onboard_blocks_d2d", "kvbm_onboard_blocks_d2d"),
+    # a counter in earlier Dynamo releases, a histogram of each request's since (1.6: its sum counts)
     ("dynamo-frontend", "dynamo_cached_tokens", "dynamo_frontend_cached_tokens"),
+    ("dynamo-frontend", "dynamo_cached_tokens", "dynamo_frontend_cached_tokens_sum"),
     ("lmcache", "lmcache_hit_tokens", "lmcache:num_hit_tokens_total"),
     ("llama.cpp", "llamacpp_prompt_tokens_processed", "llamacpp:prompt_tokens_total"),
     ("llama.cpp", "llamacpp_tokens_predicted", "llamacpp:tokens_predicted_total"),
@@ -49,13 +58,17 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
 TTFT_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "dynamo_frontend_time_to_first_token_seconds")
 
 
-def block_size(snap: Snapshot) -> int | None:
-    """The KV block size a vLLM server publishes (`vllm:cache_config_info{block_size=...}`)."""
-    for (name, labels), _ in snap.items():
+def block_size(snap: Snapshot) -> tuple[int, str] | None:
+    """The KV block size a server publishes, and the metric that said it: vLLM's
+    `vllm:cache_config_info{block_size=...}`, Dynamo's frontend
+    `dynamo_frontend_model_kv_cache_block_size` (its workers')."""
+    for (name, labels), value in snap.items():
         if name == "vllm:cache_config_info":
             got = dict(labels).get("block_size", "")
             if got.isdigit() and int(got) > 0:
-                return int(got)
+                return int(got), name
+        if name == "dynamo_frontend_model_kv_cache_block_size" and value >= 1 and value.is_integer():
+            return int(value), name
     return None
 
 
@@ -159,6 +172,7 @@ def hit_ratio(m: dict[str, Any]) -> float | None:
             "external_prefix_cache_hit_ratio",
             "lmcache_hit_ratio",
             "llamacpp_cache_hit_ratio",
+            "dynamo_frontend_hit_ratio",
         )
     ]
     found = [r for r in ratios if r is not None]

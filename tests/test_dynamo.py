@@ -1,0 +1,108 @@
+"""kvbench against NVIDIA Dynamo's own serving stack, the paper's: its frontend and KV-aware router
+in front of its GPU-free mocker workers (engines/dynamo/install.sh, which .ci/run runs; a model
+made here by engines/dynamo/make_model.py). Exact prompt lengths through the model's tokenizer
+(Dynamo has no /tokenize), nothing cached when every prompt is new (Dynamo ignores cache_salt),
+whole 16-token blocks when a prompt comes back, and the host tier G2: a prompt pushed out of
+the device's blocks by others comes back from G2 where there is one. Counts, never latencies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.engines.dynamo import Deployment, Workers, annotation, python
+from harness.results import read_requests
+from tests.conftest import ROOT, arm_folders, kvbench, other_warnings, write_scenario
+
+PYTHON = python()
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(
+        PYTHON is None, reason="Dynamo is not installed here: run engines/dynamo/install.sh (.ci/run does)"
+    ),
+]
+MAX_TOKENS = 8
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    assert PYTHON is not None
+    out = tmp_path_factory.mktemp("dynamo") / "tiny"
+    make = ROOT / "engines" / "dynamo" / "make_model.py"
+    subprocess.run([str(PYTHON), str(make), str(out), "--answers", str(MAX_TOKENS)], check=True, timeout=300)
+    return out
+
+
+@pytest.fixture(scope="module")
+def dynamo(model: Path) -> Iterator[Deployment]:
+    assert PYTHON is not None
+    with Deployment(PYTHON, model, Workers(count=2)) as d:
+        yield d
+    assert d.frontend is not None and d.frontend.proc is None and all(m.proc is None for m in d.mockers)
+
+
+def loop(name: str, model: Path, pool: int, tokens: int, requests: int) -> str:
+    """A closed loop of one connection (its order is the seed's) with a recompute and a cached arm,
+    prompts counted with the model's own tokenizer, answers of MAX_TOKENS real tokens."""
+    (ask,) = annotation(MAX_TOKENS)["nvext"]["annotations"]
+    return (
+        f'name = "{name}"\n[endpoint]\nmax_tokens = {MAX_TOKENS}\ntokenizer = "{model}"\n'
+        f'extra_body = {{ nvext = {{ annotations = ["{ask}"] }} }}\n'
+        f'[workload]\nkind = "closed_loop"\nrequests = {requests}\nconcurrency = 1\npool = {pool}\n'
+        f'prompt_tokens = {tokens}\n[[arms]]\nname = "recompute"\ncache = "bust"\n[[arms]]\nname = "cached"\n'
+    )
+
+
+def test_closed_loop_exact_lengths_whole_blocks_and_real_tokens(
+    dynamo: Deployment, model: Path, tmp_path: Path
+) -> None:
+    sc = write_scenario(tmp_path / "s.toml", loop("dyn", model, pool=4, tokens=1000, requests=16))
+    r = kvbench("run", str(sc), "--endpoint", dynamo.base_url, "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for arm, folder in arm_folders(tmp_path / "out", "dyn").items():
+        meta = json.loads((folder / "run.json").read_text())
+        assert other_warnings(meta) == [], meta["warnings"]
+        assert meta["warm_rule"]["block_tokens"] == BLOCK
+        assert meta["warm_rule"]["source"] == "dynamo_frontend_model_kv_cache_block_size"
+        recs = read_requests(folder)
+        assert len(recs) == 16 and all(x.ok for x in recs), [x.error for x in recs if not x.ok]
+        # the frontend's own count of cached tokens is the clients'
+        ratio = json.loads((folder / "metrics.json").read_text())["phases"]["run"]["server_hit_ratio"]
+        cached, prompt = sum(x.cached_tokens or 0 for x in recs), sum(x.prompt_tokens or 0 for x in recs)
+        assert ratio == pytest.approx(cached / prompt, abs=1e-9), arm
+        for x in recs:
+            assert x.prompt_tokens == x.target_tokens  # exact, as Dynamo's preprocessor counts them
+            assert x.completion_tokens == MAX_TOKENS and len(x.itl_s) == MAX_TOKENS - 1  # a chunk per token
+            assert x.cached_tokens is not None and x.cached_tokens % BLOCK == 0  # whole blocks
+        if arm == "recompute":
+            assert all(x.cached_tokens == 0 for x in recs)  # every prompt new: nothing to find
+        else:  # each of the 4 prompts is cold once, then found in whole blocks by the KV router
+            hits = [x.cached_tokens or 0 for x in recs]
+            assert sum(h > 0 for h in hits) >= 16 - 4 and max(hits) <= (1000 // BLOCK) * BLOCK
+
+
+def test_a_prompt_pushed_out_of_the_device_comes_back_from_the_host_tier(model: Path, tmp_path: Path) -> None:
+    """Six prompts of 1,500 tokens take turns on one worker whose device holds 3,200 tokens (two
+    of them at most): without a host tier, a prompt that comes back has mostly been evicted; with
+    G2 (room for all six) it comes back from there. Same schedule (one connection, the seed's
+    order), so the cached counts compare."""
+    assert PYTHON is not None
+    cached: dict[str, int] = {}
+    for tier, workers in (
+        ("g1", Workers(gpu_blocks=200)),
+        ("g2", Workers(gpu_blocks=200, host_blocks=1200, host_gbps=32.0)),
+    ):
+        sc = write_scenario(tmp_path / f"{tier}.toml", loop(tier, model, pool=6, tokens=1500, requests=24))
+        with Deployment(PYTHON, model, workers) as d:
+            r = kvbench("run", str(sc), "--endpoint", d.base_url, "--arm", "cached", "--out", str(tmp_path / tier))
+        assert r.returncode == 0, r.stdout + r.stderr
+        (folder,) = arm_folders(tmp_path / tier, tier).values()
+        recs = read_requests(folder)
+        assert all(x.ok for x in recs)
+        cached[tier] = sum(x.cached_tokens or 0 for x in recs)
+    assert cached["g2"] > cached["g1"], cached
