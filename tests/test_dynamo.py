@@ -106,3 +106,19 @@ def test_a_prompt_pushed_out_of_the_device_comes_back_from_the_host_tier(model: 
         assert all(x.ok for x in recs)
         cached[tier] = sum(x.cached_tokens or 0 for x in recs)
     assert cached["g2"] > cached["g1"], cached
+
+
+def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(model: Path, tmp_path: Path) -> None:
+    """Two workers, four prompts taking turns: Dynamo's KV-aware router finds every repeat's blocks
+    (each prompt cold once); round-robin sends repeats to a worker that has not seen them."""
+    assert PYTHON is not None
+    cached: dict[str, list[int]] = {}
+    for mode in ("kv", "round-robin"):
+        sc = write_scenario(tmp_path / f"{mode}.toml", loop(mode, model, pool=4, tokens=1000, requests=16))
+        with Deployment(PYTHON, model, Workers(count=2), router_mode=mode) as d:
+            r = kvbench("run", str(sc), "--endpoint", d.base_url, "--arm", "cached", "--out", str(tmp_path / mode))
+        assert r.returncode == 0, r.stdout + r.stderr
+        (folder,) = arm_folders(tmp_path / mode, mode).values()
+        cached[mode] = [x.cached_tokens or 0 for x in read_requests(folder)]
+    assert sum(c > 0 for c in cached["kv"]) == 16 - 4, cached
+    assert sum(cached["round-robin"]) < sum(cached["kv"]), cached

@@ -81,10 +81,14 @@ class _Dynamo(ServerProcess):
 class Frontend(_Dynamo):
     name = "dynamo-frontend"
 
+    def __init__(self, py: Path, home: Path, router_mode: str) -> None:
+        super().__init__(py, home)
+        self.router_mode = router_mode
+
     def command(self, port: int) -> list[str]:
         return [
             str(self.py), "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
-            "--discovery-backend", "file", "--router-mode", "kv",
+            "--discovery-backend", "file", "--router-mode", self.router_mode,
         ]  # fmt: skip
 
 
@@ -113,10 +117,11 @@ class Mocker(_Dynamo):
 
 class Deployment:
     """A frontend and `workers.count` mocker workers serving `model` (make_model.py's); stopped
-    by PID on the way out, whatever happens."""
+    by PID on the way out, whatever happens. `router_mode`: the frontend's choice of worker, "kv"
+    (where the prompt's blocks are: Dynamo's KV-aware router) or "round-robin"."""
 
-    def __init__(self, py: Path, model: Path, workers: Workers = Workers()) -> None:
-        self.py, self.model, self.workers = py, model, workers
+    def __init__(self, py: Path, model: Path, workers: Workers = Workers(), router_mode: str = "kv") -> None:
+        self.py, self.model, self.workers, self.router_mode = py, model, workers, router_mode
         self.frontend: Frontend | None = None
         self.mockers: list[Mocker] = []
         self._home = tempfile.TemporaryDirectory(prefix="kvbench-dynamo-")
@@ -138,13 +143,13 @@ class Deployment:
             "version": VERSION,
             "workers": self.workers.count,
             "mocker_flags": self.workers.flags(),
-            "router_mode": "kv",
+            "router_mode": self.router_mode,
         }
 
     def __enter__(self) -> Deployment:
         home = Path(self._home.name)
         try:
-            self.frontend = Frontend(self.py, home).__enter__()
+            self.frontend = Frontend(self.py, home, self.router_mode).__enter__()
             for _ in range(self.workers.count):
                 self.mockers.append(Mocker(self.py, home, self.model, self.workers).__enter__())
             self._wait_registered()
