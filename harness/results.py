@@ -316,7 +316,7 @@ class RunResult:
     def label(self) -> str:
         at = ""
         if self.load.get("mode") == "rate" and self.rate is not None:
-            at = f"@{self.rate:.4g}req/s"
+            at = f"@{self.rate:.4g}req/s" + (f",n={n}" if (n := self.load.get("requests")) else "")
         elif self.load.get("mode"):
             at = f"@{self.load['mode']}"
         return f"{self.meta.get('scenario_name', '?')}/{self.meta.get('arm', '?')}{at}"
@@ -403,7 +403,7 @@ _RUN_JSON: dict[str, Any] = {
         "warning": str,
     },
     "summary": {},
-    "load": {"mode": str, "rate": _NUMBER_OR_INT, "concurrency": int, "index": int},
+    "load": {"mode": str, "rate": _NUMBER_OR_INT, "concurrency": int, "index": int, "requests": int},
     "scenario": {
         # the kind's own keys: those read here by name (each kind writes its own set)
         "workload": {"kind": str, "concurrency": int, "lengths": [int], "shared_prefix_tokens": int},

@@ -68,6 +68,12 @@ def parse(extra: str, slo: str = "") -> scenario.Scenario:
         ("rate = 1.0\nrequests = 5", "\n[slo]\nshare = 0.9", "slo"),
         ("rate = 1.0\nrequests = 5", "\n[slo]\nttft_s = 0", "slo.ttft_s"),
         ("rate = 1.0\nrequests = 5", "\n[slo]\nttft = 1.0", "slo.ttft"),
+        ("rate = 1.0\nrequests = 5\ncapacity_width = 0.1", "", "workload.capacity_width"),
+        ("rates = [1.0, 2.0]\nrequests = 5\ncapacity_width = 0", "", "workload.capacity_width"),
+        ("rates = [1.0, 2.0]\nrequests = 5\ncapacity_width = 1.5", "", "workload.capacity_width"),
+        ('rates = "auto"\nrequests = 5\ncapacity_width = "10%"', "", "workload.capacity_width"),
+        ("rates = [1.0, 2.0]\nrequests = 5\ncapacity_loads = 3", "", "workload.capacity_loads"),
+        ("rates = [1.0, 2.0]\nrequests = 5\ncapacity_width = 0.1\ncapacity_loads = 0", "", "workload.capacity_loads"),
     ],
 )
 def test_bad_open_loop_input_names_the_key(extra: str, slo: str, where: str) -> None:
@@ -164,6 +170,33 @@ def test_a_capacity_is_never_above_the_arms_saturated_throughput() -> None:
     assert capacity.capacity(held, 0.9, ceiling=20.0).bound == "at_least"  # below the ceiling: as before
 
 
+def test_narrowing_a_capacity_measures_an_unsure_rate_again_else_one_between() -> None:
+    """kv-tier-capacity.toml at time scale 5: the cached arm's capacity 5.07 req/s with an
+    interval from 4.47 to 5.82, the two rates around it: 40 requests per rate say no more. A rate
+    whose share meeting the SLO could be on either side of the required one (its interval spans
+    it) is measured again with twice the requests; where both are sure, a rate half-way; narrow
+    enough, or a bound: nothing."""
+
+    def curve(pts: list[Point]) -> capacity.ArmCurve:
+        return capacity.ArmCurve("a", "reuse", tuple(pts), None, None, capacity.capacity(pts, 0.9))
+
+    unsure = curve([_point(2.0, 40), _point(4.47, 37), _point(5.82, 30)])  # 37/40: 0.80 to 0.97
+    c = unsure.capacity
+    assert c.req_per_s is not None and c.low == 4.47 and (capacity.width_of(c) or 0) > 0.1
+    assert capacity.narrowing(unsure, 0.1) == [(4.47, 80)]
+    sure = curve([_point(2.0, 40), _point(3.0, 40), _point(8.0, 0)])  # both sure: the crossing interpolated
+    assert capacity.narrowing(sure, 0.05) == [(5.5, 40)]
+    assert capacity.narrowing(sure, 1.0) is None  # narrow enough
+    # the rate above met the SLO and failed by saturation alone: measured again, longer
+    queue = curve([_point(3.0, 40), _point(8.0, 40, saturated=True, achieved=4.0)])
+    assert capacity.narrowing(queue, 0.05) == [(8.0, 80)]
+    assert capacity.narrowing(curve([_point(1.0, 40), _point(2.0, 40)]), 0.1) is None  # at least 2
+    assert capacity.narrowing(curve([_point(1.0, 10), _point(2.0, 5)]), 0.1) is None  # below 1
+    # a rate measured again with more requests replaces its first measure in the curve
+    pts = capacity.one_per_load([_point(4.47, 38), _point(4.47, 150, n=160), _point(5.0, 20)])
+    assert [(p.offered_req_per_s, p.requests) for p in pts] == [(4.47, 160), (5.0, 40)]
+
+
 def test_auto_rates_spread_up_to_and_beyond_saturation() -> None:
     rates = capacity.auto_rates(0.5, 4.5, 4)
     assert rates == pytest.approx([1.5, 2.5, 3.5, 4.5, 4.5 * capacity.AUTO_BEYOND])
@@ -235,6 +268,53 @@ time_scale = 2.0
     assert rated and all(p["arrivals"] == "poisson" and p["expected_cv"] == 1.0 for p in rated)
     assert all(p["gaps_cv"] is not None and p["ks_p"] is not None for p in rated)
     assert "gap CV (expected)" in html and "Kolmogorov-Smirnov" in html
+
+
+@pytest.mark.slow
+def test_a_sweep_adds_loads_until_its_capacity_is_narrow_enough(tmp_path: Path) -> None:
+    code, out, res = run_open(
+        tmp_path,
+        """
+name = "narrow"
+[endpoint]
+max_tokens = 4
+[workload]
+kind = "open_loop"
+rates = [2.0, 40.0]
+requests = 12
+warmup_requests = 1
+pool = 8
+prompt_tokens = 2000
+capacity_width = 0.05
+capacity_loads = 2
+[slo]
+ttft_s = 1.0
+[[arms]]
+name = "recompute"
+cache = "bust"
+[emulator]
+time_scale = 2.0
+""",
+    )
+    assert code == 0, out
+    folders = [p for p in sorted((res / "narrow").iterdir()) if p.is_dir()]
+    # the two rates, then at most capacity_loads more: a rate again with twice the requests
+    # (its folder -r<rate>-n<requests>) or one half-way, each said in the terminal
+    assert 2 < len(folders) <= 4 and "wider than capacity_width 5%: measuring" in out
+    assert "within capacity_width" in out or "after 2 load(s) added (capacity_loads 2)" in out
+    best: dict[float, int] = {}
+    for f in folders:
+        run = read_run(f)
+        measured = sum(r.phase == "run" for r in read_requests(f))
+        if "-n" in f.name:
+            assert run.meta["load"]["requests"] == measured == int(f.name.rsplit("-n", 1)[1])
+        else:
+            assert "requests" not in run.meta["load"] and measured == 12
+        best[run.rate] = max(best.get(run.rate, 0), measured)  # type: ignore[index]
+    doc = json.loads(next((res / "narrow").glob("*-capacity.json")).read_text())
+    points = doc["arms"][0]["points"]
+    # one point per rate in the curve: the measure with the most requests
+    assert {p["offered_req_per_s"]: p["requests"] for p in points} == best
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ terminal and capacity.json (runner), the report and the gate alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -146,7 +146,7 @@ def _capacity(points: Sequence[Point], share: float | None) -> Capacity:
     pts = sorted((p for p in points if p.share_met is not None), key=lambda p: p.offered_req_per_s)
     if share is None or not pts:
         return Capacity(None, None, None, "no_slo", share)
-    fail = next((k for k, p in enumerate(pts) if not holds(p, share)), None)
+    fail = _first_failing(pts, share)
     if fail is None:
         top = pts[-1].offered_req_per_s
         return Capacity(top, top, None, "at_least", share)
@@ -208,7 +208,7 @@ def curves(runs: Sequence[RunResult]) -> list[ArmCurve]:
             by_arm.setdefault(r.arm, []).append(r)
     out = []
     for arm, rs in by_arm.items():
-        pts = tuple(sorted((p for r in rs if (p := point(r)) is not None), key=lambda p: p.offered_req_per_s))
+        pts = one_per_load(p for r in rs if (p := point(r)) is not None)
         sat = [r for r in rs if r.load.get("mode") == "saturated"]
         top = None
         if sat:
@@ -226,6 +226,62 @@ def curves(runs: Sequence[RunResult]) -> list[ArmCurve]:
             )
         )
     return out
+
+
+def one_per_load(points: Iterable[Point]) -> tuple[Point, ...]:
+    """One point per load, by offered rate: where a rate was measured again with more requests
+    (open_loop.RateSweep narrowing the capacity's interval), the one with the most."""
+    best: dict[tuple[str, float], Point] = {}
+    for p in points:
+        key = (p.mode, p.offered_req_per_s)
+        if key not in best or p.requests >= best[key].requests:
+            best[key] = p
+    return tuple(sorted(best.values(), key=lambda p: p.offered_req_per_s))
+
+
+def bracket(points: Sequence[Point], share: float) -> tuple[Point, Point] | None:
+    """The two rates the capacity lies between: the highest that holds the SLO below the first
+    that does not (None when every rate holds it or none does)."""
+    pts = sorted((p for p in points if p.share_met is not None), key=lambda p: p.offered_req_per_s)
+    fail = _first_failing(pts, share)
+    return None if not fail else (pts[fail - 1], pts[fail])
+
+
+def _first_failing(pts: Sequence[Point], share: float) -> int | None:
+    return next((k for k, p in enumerate(pts) if not holds(p, share)), None)
+
+
+def width_of(c: Capacity) -> float | None:
+    """A measured capacity's 95 % interval as a share of it."""
+    if c.bound != "measured" or not c.req_per_s or c.low is None or c.high is None:
+        return None
+    return (c.high - c.low) / c.req_per_s
+
+
+def narrowing(curve: ArmCurve, width: float) -> list[tuple[float, int]] | None:
+    """The loads (rate, measured requests) that narrow an arm's capacity interval towards
+    `width` of the capacity; None when it is that narrow already, or not a measured capacity (a
+    bound: at least, below, or the saturated throughput), which more loads cannot narrow. The
+    interval lies between the two rates around the capacity, and reaches one of them when the
+    share meeting the SLO there is too uncertain to say on which side of the required share it
+    is (its 95 % interval spans it), or when the rate above failed by saturation alone (a queue
+    that grew through a short run: more requests show whether it keeps growing): that rate
+    again, with twice the requests (the share's interval narrows as 1/sqrt(requests)); else a
+    rate half-way between the two, with as many requests as they had."""
+    c, share = curve.capacity, curve.capacity.required_share
+    w = width_of(c)
+    if w is None or share is None or w <= width:
+        return None
+    pair = bracket(curve.points, share)
+    if pair is None:
+        return None
+    a, b = pair
+    unsure = [p for p in pair if p.share_lo is not None and p.share_hi is not None and p.share_lo < share <= p.share_hi]
+    if b not in unsure and b.saturated and (b.share_met or 0.0) >= share:
+        unsure.append(b)
+    if unsure:
+        return [(p.offered_req_per_s, 2 * p.requests) for p in unsure]
+    return [((a.offered_req_per_s + b.offered_req_per_s) / 2, max(a.requests, b.requests))]
 
 
 def benefit(arm_curves: Sequence[ArmCurve]) -> list[dict[str, Any]]:

@@ -55,11 +55,16 @@ class Load:
     rate: float | None = None
     concurrency: int | None = None
     index: int = 0  # its place in the arm's sweep of loads
+    # measured requests at this rate instead of the workload's `requests` (or `duration_s`): a rate
+    # measured again with more of them, to narrow the capacity's interval (open_loop.RateSweep)
+    requests: int | None = None
 
     @property
     def label(self) -> str:
         """The result folder's suffix."""
-        return f"r{self.rate:.4g}" if self.mode == "rate" else self.mode
+        if self.mode != "rate":
+            return self.mode
+        return f"r{self.rate:.4g}" + (f"-n{self.requests}" if self.requests else "")
 
     def meta(self) -> dict[str, Any]:
         """run.json's `load`."""
@@ -68,6 +73,8 @@ class Load:
             out["rate"] = self.rate
         if self.concurrency is not None:
             out["concurrency"] = self.concurrency
+        if self.requests is not None:
+            out["requests"] = self.requests
         return out
 
 

@@ -37,6 +37,9 @@ class Measured(Protocol):
     @property
     def summary(self) -> dict[str, Any]: ...
 
+    @property
+    def folder(self) -> Path: ...
+
 
 # Measures the arm at one load, into a folder of its own ("at": the folder's suffix, or None).
 MeasureLoad = Callable[[Load | None, str | None], Awaitable[Measured]]

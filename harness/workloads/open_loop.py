@@ -22,7 +22,8 @@ import random
 import statistics
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal, Self, cast
 
 from rich.console import Console
@@ -74,6 +75,11 @@ class OpenLoopConfig(PoolConfig):
     seed: int | None = None  # the arrival times' seed (default: prompts.seed)
     auto_points: int = 5  # rates = "auto": rates between one-at-a-time and saturated throughput
     auto_concurrency: int = 64  # rates = "auto": connections of the saturated closed-loop probe
+    # a sweep with an SLO: loads are added (a rate between the two around the capacity, or those
+    # two again with twice the requests) until the capacity's 95 % interval is at most this share
+    # of the capacity, or capacity_loads more have been measured; None: the rates as given only
+    capacity_width: float | None = None
+    capacity_loads: int = 6
 
     @classmethod
     def parse(cls, t: Table) -> Self:
@@ -134,12 +140,28 @@ def _parse(cls: type[OpenLoopConfig], t: Table) -> OpenLoopConfig:
         auto_concurrency=t.integer(
             "auto_concurrency", cls.auto_concurrency, minimum=1, what="an integer number of connections"
         ),
+        capacity_width=_share(t, "capacity_width"),
+        capacity_loads=t.integer("capacity_loads", cls.capacity_loads, minimum=1, what="an integer number of loads"),
         **cls.pool_keys(t),
     )
     for k in ("auto_points", "auto_concurrency"):
         if t.has(k) and not auto:
             t.fail(k, 'applies to rates = "auto" only', t.data[k])
+    for k in ("capacity_width", "capacity_loads"):
+        if t.has(k) and not has_rates:
+            t.fail(k, 'applies to a sweep (rates = [...] or "auto") only', t.data[k])
+    if t.has("capacity_loads") and not t.has("capacity_width"):
+        t.fail("capacity_loads", "applies with capacity_width only", t.data["capacity_loads"])
     return w
+
+
+def _share(t: Table, k: str) -> float | None:
+    v = t.get(k)
+    if v is None:
+        return None
+    if not isinstance(v, int | float) or isinstance(v, bool) or not 0 < v <= 1:
+        t.fail(k, "expected the interval's width as a share of the capacity, > 0 and at most 1 (0.1: 10 %)", v)
+    return float(v)
 
 
 class OpenLoop(WorkloadKind[OpenLoopConfig]):
@@ -156,6 +178,8 @@ class OpenLoop(WorkloadKind[OpenLoopConfig]):
         times: tuple[float, ...] = ()
         if load.mode == "rate":
             assert load.rate is not None
+            if load.requests is not None:  # measured again with more requests (RateSweep.refine)
+                w = replace(w, requests=load.requests, duration_s=None)
             times = tuple(float(t) for t in schedule.send_times(w, load.rate, seed))
             n, warmup = len(times), w.warmup_requests
         else:  # probes: a closed loop, counted from its first request
@@ -251,9 +275,14 @@ class RateSweep:
         self, w: OpenLoopConfig, measure: MeasureLoad, console: Console, arm: str, share: float | None
     ) -> None:
         self.w, self.measure, self.console, self.arm, self.share = w, measure, console, arm, share
+        self.folders: list[Path] = []
+        self.loads = 0
 
     async def _one(self, load: Load) -> Any:
-        return await self.measure(load, load.label)
+        self.loads += 1
+        o = await self.measure(load, load.label)
+        self.folders.append(o.folder)
+        return o
 
     async def run(self) -> None:
         w = self.w
@@ -275,14 +304,69 @@ class RateSweep:
             self.console.print(
                 f"{self.arm}: one at a time {low:.3g} req/s, saturated {high:.3g} req/s: rates {listed}", markup=False
             )
-        for i, rate in enumerate(rates):
-            o = await self._one(Load("rate", rate, index=i + (2 if w.rates_auto else 0)))
+        for rate in rates:
+            o = await self._one(Load("rate", rate, index=self.loads))
             if o.ends_run:
                 return
             why = capacity.stop_reason(o.summary, self.share)
-            if why is not None and i + 1 < len(rates):
+            if why is not None and rate < rates[-1]:
                 self.console.print(f"{self.arm}: stopped going up at {rate:.3g} req/s: {why}", markup=False)
                 break
+        if w.capacity_width is not None:
+            await self.narrow(w.capacity_width, rates)
+
+    async def narrow(self, width: float, rates: list[float]) -> None:
+        """More loads where the capacity lies (capacity.narrowing) until its interval is at most
+        `width` of it, or capacity_loads more have run; says which. Where a rate measured again
+        now holds the SLO at every rate measured, the sweep's next rate up comes first."""
+        added = 0
+        while True:
+            curve = self._curve()
+            if curve is None or curve.capacity.bound == "no_slo":
+                self.console.print(f"{self.arm}: capacity_width needs an [slo]: no loads added", markup=False)
+                return
+            top = max((p.offered_req_per_s for p in curve.points if p.mode == "rate"), default=0.0)
+            higher = [r for r in rates if r > top]
+            if curve.capacity.bound == "at_least" and higher and added < self.w.capacity_loads:
+                self.console.print(
+                    f"{self.arm}: every rate measured holds the SLO: going on up to {higher[0]:.3g} req/s", markup=False
+                )
+                added += 1
+                if (await self._one(Load("rate", higher[0], index=self.loads))).ends_run:
+                    return
+                continue
+            todo = capacity.narrowing(curve, width)
+            now = capacity.width_of(curve.capacity)
+            if todo is None:
+                said = (
+                    f"capacity interval {now:.0%} of the capacity, within capacity_width {width:.0%}"
+                    if now is not None
+                    else f"the capacity is a bound ({curve.capacity.bound}), which no interval narrows"
+                )
+                self.console.print(f"{self.arm}: {said} ({added} load(s) added)", markup=False)
+                return
+            if added + len(todo) > self.w.capacity_loads:
+                self.console.print(
+                    f"{self.arm}: capacity interval still {now:.0%} of the capacity, wider than capacity_width "
+                    f"{width:.0%}, after {added} load(s) added (capacity_loads {self.w.capacity_loads})",
+                    markup=False,
+                )
+                return
+            listed = ", ".join(f"{r:.3g} req/s x {n}" for r, n in todo)
+            self.console.print(
+                f"{self.arm}: capacity interval {now:.0%} of the capacity, wider than capacity_width {width:.0%}: "
+                f"measuring {listed}",
+                markup=False,
+            )
+            for rate, n in todo:
+                added += 1
+                if (await self._one(Load("rate", rate, index=self.loads, requests=n))).ends_run:
+                    return
+
+    def _curve(self) -> capacity.ArmCurve | None:
+        runs = load_runs([f for f in self.folders if (f / "run.json").exists()], itl=False)
+        curves = capacity.curves(runs)
+        return curves[0] if curves else None
 
 
 KIND = OpenLoop()
