@@ -29,20 +29,7 @@ python3 -m venv "$PREFIX"
 "$PY" -m pip download --quiet --disable-pip-version-check --no-deps \
   "ai-dynamo==$VERSION" "ai-dynamo-runtime==$VERSION" -d "$WORK" >&2
 WHEEL=$(ls "$WORK"/ai_dynamo-"$VERSION"-*.whl)
-"$PY" - "$WHEEL" > "$WORK/requirements.txt" <<'PYEOF'
-import sys, zipfile
-from email.parser import Parser
-with zipfile.ZipFile(sys.argv[1]) as z:
-    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-    msg = Parser().parsestr(z.read(meta).decode())
-for req in msg.get_all("Requires-Dist") or []:
-    name = req.split(";")[0].strip().split("[")[0]
-    for sep in "<>=!~ ":
-        name = name.split(sep)[0]
-    if "extra ==" in req or name.lower() in ("aisimulate", "ai-dynamo-runtime"):
-        continue
-    print(req)
-PYEOF
+"$PY" "$(dirname "$0")/../requires.py" "$WHEEL" aisimulate ai-dynamo-runtime > "$WORK/requirements.txt"
 "$PY" -m pip install --quiet --disable-pip-version-check "$WORK"/ai_dynamo_runtime-"$VERSION"-*.whl >&2
 "$PY" -m pip install --quiet --disable-pip-version-check --no-deps "$WHEEL" >&2
 # tokenizers: to train the tiny model's tokenizer (engines/dynamo/make_model.py)

