@@ -7,7 +7,8 @@ store: no etcd, no NATS. For the tests and for anyone trying kvbench on Dynamo's
 
 Each process is started and stopped as process.py does (by PID, its process group, and by the
 kernel if kvbench dies). The frontend's /health answers before any worker has registered, so the
-deployment is ready when /v1/models lists the model."""
+deployment is ready when /v1/models lists the model and the frontend's /health lists every
+worker's `generate` endpoint."""
 
 from __future__ import annotations
 
@@ -130,21 +131,6 @@ class Deployment:
     def base_url(self) -> str:
         assert self.frontend is not None
         return self.frontend.base_url
-
-    @property
-    def metrics_urls(self) -> list[str]:
-        """The frontend's /metrics, then each worker's."""
-        return [u.removesuffix("/v1") + "/metrics" for u in [self.base_url, *(m.base_url for m in self.mockers)]]
-
-    def info(self) -> dict[str, Any]:
-        """What run.json says of it."""
-        return {
-            "kind": "dynamo",
-            "version": VERSION,
-            "workers": self.workers.count,
-            "mocker_flags": self.workers.flags(),
-            "router_mode": self.router_mode,
-        }
 
     def __enter__(self) -> Deployment:
         home = Path(self._home.name)

@@ -55,8 +55,8 @@ class Load:
     rate: float | None = None
     concurrency: int | None = None
     index: int = 0  # its place in the arm's sweep of loads
-    # measured requests at this rate instead of the workload's `requests` (or `duration_s`): a rate
-    # measured again with more of them, to narrow the capacity's interval (open_loop.RateSweep)
+    # measured requests at this rate instead of the workload's `requests` (or `duration_s`): a load
+    # added to narrow the capacity's interval (open_loop.RateSweep.narrow)
     requests: int | None = None
 
     @property

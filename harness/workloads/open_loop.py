@@ -75,9 +75,9 @@ class OpenLoopConfig(PoolConfig):
     seed: int | None = None  # the arrival times' seed (default: prompts.seed)
     auto_points: int = 5  # rates = "auto": rates between one-at-a-time and saturated throughput
     auto_concurrency: int = 64  # rates = "auto": connections of the saturated closed-loop probe
-    # a sweep with an SLO: loads are added (a rate between the two around the capacity, or those
-    # two again with twice the requests) until the capacity's 95 % interval is at most this share
-    # of the capacity, or capacity_loads more have been measured; None: the rates as given only
+    # a sweep with an SLO: loads are added (capacity.narrowing) until the capacity's 95 % interval
+    # is at most this share of the capacity, or capacity_loads more have been measured; None: the
+    # rates as given only
     capacity_width: float | None = None
     capacity_loads: int = 6
 
@@ -178,7 +178,7 @@ class OpenLoop(WorkloadKind[OpenLoopConfig]):
         times: tuple[float, ...] = ()
         if load.mode == "rate":
             assert load.rate is not None
-            if load.requests is not None:  # measured again with more requests (RateSweep.refine)
+            if load.requests is not None:  # an added load with its own count (RateSweep.narrow)
                 w = replace(w, requests=load.requests, duration_s=None)
             times = tuple(float(t) for t in schedule.send_times(w, load.rate, seed))
             n, warmup = len(times), w.warmup_requests
