@@ -7,6 +7,7 @@ the device's blocks by others comes back from G2 where there is one. Counts, nev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -108,14 +109,18 @@ def test_a_prompt_pushed_out_of_the_device_comes_back_from_the_host_tier(model: 
     assert cached["g2"] > cached["g1"], cached
 
 
-def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(model: Path, tmp_path: Path) -> None:
-    """Two workers, four prompts taking turns: Dynamo's KV-aware router finds every repeat's blocks
-    (each prompt cold once); round-robin sends repeats to a worker that has not seen them."""
+def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(
+    dynamo: Deployment, model: Path, tmp_path: Path
+) -> None:
+    """Two workers, four prompts taking turns: Dynamo's KV-aware router (the module's deployment)
+    finds every repeat's blocks (each prompt cold once); round-robin sends repeats to a worker that
+    has not seen them."""
     assert PYTHON is not None
     cached: dict[str, list[int]] = {}
     for mode in ("kv", "round-robin"):
         sc = write_scenario(tmp_path / f"{mode}.toml", loop(mode, model, pool=4, tokens=1000, requests=16))
-        with Deployment(PYTHON, model, Workers(count=2), router_mode=mode) as d:
+        with contextlib.ExitStack() as stack:
+            d = dynamo if mode == "kv" else stack.enter_context(Deployment(PYTHON, model, Workers(count=2), mode))
             r = kvbench("run", str(sc), "--endpoint", d.base_url, "--arm", "cached", "--out", str(tmp_path / mode))
         assert r.returncode == 0, r.stdout + r.stderr
         (folder,) = arm_folders(tmp_path / mode, mode).values()
