@@ -105,17 +105,3 @@ def test_cache_of_sizes_needs_one_count_next_time(tmp_path: object) -> None:
             assert len(calls) <= expected_max + 1  # + the check just above
     other = prompts.PromptCache(folder, "another-tokenizer")
     assert other.sizes == {}  # sizes never cross tokenizers
-
-
-def test_an_estimate_below_zero_for_the_empty_prompt_counts_as_no_template() -> None:
-    """Without /tokenize, an estimate calibrated on whole prompts can count the empty prompt at
-    -8 tokens (Dynamo's frontend): the cold allowance must not go below the prompts' own start."""
-    from harness.server import checks
-
-    async def estimate(text: str) -> int:
-        return len(text.split()) - 8
-
-    builder = PromptBuilder(estimate, seed=1, tolerance=0.05, run_salt=3)
-    asyncio.run(builder.build("p", 200))
-    assert builder.template_tokens == 0
-    assert checks.cold_allowance(0, builder.template_tokens) == checks.COLD_START_TOKENS

@@ -247,13 +247,6 @@ class PromptBuilder:
         # the template's fixed opening in cache (it is the same for every prompt).
         self.template_tokens = 0
 
-    async def template_count(self) -> int:
-        """Tokens of an empty prompt: the chat template's own. Never below 0: without /tokenize
-        the count is an estimate calibrated on whole prompts, and its intercept can be (-8 on
-        Dynamo's frontend), which made the cold allowance negative and flagged every cold
-        request with 0 cached tokens."""
-        return max(0, await self.count(""))
-
     def reuse_lead(self, key: str) -> str:
         digest = hashlib.blake2b(f"{self.run_salt}/{key}".encode(), digest_size=8).digest()
         return lead(int.from_bytes(digest, "big"))
@@ -269,7 +262,7 @@ class PromptBuilder:
         self, prompt_id: str, target: int, shared: str = "", key: str | None = None, header: str | None = None
     ) -> Prompt:
         if not self.template_tokens:
-            self.template_tokens = await self.template_count()
+            self.template_tokens = await self.count("")
         head = shared + (f"[kvbench prompt {prompt_id}] " if header is None else header)
         words = body_words(self.seed, key or prompt_id, max(16, int(target / self._ratio * 1.1)))
         reuse = self.reuse_lead("shared-prefix" if shared or header == "" else prompt_id)
@@ -387,7 +380,7 @@ class BlockPrompts:
         n8 = await self.builder.count(lead_text + " ".join(ref * 8))
         n16 = await self.builder.count(lead_text + " ".join(ref * 16))
         self.fixed = n8 - (n16 - n8)
-        self.builder.template_tokens = self.builder.template_tokens or await self.builder.template_count()
+        self.builder.template_tokens = self.builder.template_tokens or await self.builder.count("")
         for word in dict.fromkeys(VOCAB):
             n = await self.builder.count(lead_text + " ".join([word] * 8))
             self.cost[word] = max(1, round((n - self.fixed) / 8))
