@@ -30,6 +30,21 @@ from tests.servers import ThreadedServer, path_of, requests_on
 GOLDEN = Path(__file__).parent / "golden" / "runs"
 
 
+class KeptHandler(web.RequestHandler):
+    """aiohttp's connection handler, keeping every transport it is given. aiohttp's shutdown
+    closes a transport and forgets it, and a closed transport only closes its socket once its
+    write buffer is sent: never, to a client that stopped reading. The test server aborts them all.
+    """
+
+    def __init__(self, server: web.Server, kept: list[asyncio.BaseTransport]) -> None:
+        super().__init__(server, loop=asyncio.get_running_loop(), access_log=None)
+        self.kept = kept
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.kept.append(transport)
+        super().connection_made(transport)
+
+
 class FaultServer:
     """An OpenAI-compatible server whose chat completions misbehave as `mode` says:
     "ok" (role, one token, usage, [DONE]), "no-token" (role, usage, [DONE]),
@@ -39,7 +54,7 @@ class FaultServer:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.requests = 0
-        self.transports: set[asyncio.BaseTransport] = set()  # every connection a request came on
+        self.transports: list[asyncio.BaseTransport] = []  # every connection the server accepted
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -55,9 +70,12 @@ class FaultServer:
         app.router.add_post("/v1/chat/completions", self.chat)
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
+        server = self.runner.server
+        assert server is not None
+        self.listener = self.loop.run_until_complete(
+            self.loop.create_server(lambda: KeptHandler(server, self.transports), "127.0.0.1", 0)
+        )
+        self.url = f"http://127.0.0.1:{self.listener.sockets[0].getsockname()[1]}/v1"
         self.ready.set()
         self.loop.run_forever()
 
@@ -76,8 +94,6 @@ class FaultServer:
 
     async def chat(self, r: web.Request) -> web.StreamResponse:
         self.requests += 1
-        if r.transport is not None:
-            self.transports.add(r.transport)
         body = await r.json()
         if self.mode == "hang":
             await self.stall()
@@ -105,18 +121,19 @@ class FaultServer:
         return resp
 
     async def _stop(self) -> None:
-        server = self.runner.server
-        open_now = {h.transport for h in (server.connections if server is not None else [])} | self.transports
+        # Accepting stops first, and closing waits for what was accepted: a connection accepted in
+        # the turn before Server.close() is left half made, its socket open (CPython gh-109564).
+        # Its handler is made in the next turn and given its transport in the one after.
+        self.loop.remove_reader(self.listener.sockets[0].fileno())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.listener.close()
         await self.runner.cleanup()
-        # A closed transport closes its socket only once its write buffer is sent: one that a
-        # flood filled, to a client that stopped reading, never is. Aborted, it closes at once.
+        # Aborted, a transport closes its socket at once, in a callback of the loop's next turn.
         # (Left to the collector, the socket was a ResourceWarning that the suite's
         # filterwarnings turned into a failure of whatever test ran next, on a busy machine.)
-        # Those a handler had finished with are no longer the server's: they are kept here.
-        for transport in open_now:
-            if transport is not None:
-                transport.abort()
-        # a closed transport closes its socket in a callback of the loop's next turns
+        for transport in self.transports:
+            transport.abort()
         for _ in range(3):
             await asyncio.sleep(0)
 
