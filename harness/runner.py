@@ -32,6 +32,7 @@ from harness.core.units import human_bandwidth
 from harness.distributed import raypool
 from harness.distributed.coordinator import Pool
 from harness.distributed.local import LocalPool
+from harness.engines import Started
 from harness.inputs import hf_tokenizer, prompts
 from harness.inputs.prompts import PromptBuilder
 from harness.monitor import selfcheck
@@ -62,7 +63,7 @@ class Target:
     metrics_urls: tuple[str, ...] = ()
     workers: int = 1
     distributed: DistributedCfg | None = None  # --ray: the arms are sent from a Ray cluster's workers
-    engine: dict[str, Any] | None = None  # an engine kvbench started ([engine]): run.json's `engine`
+    engine: Started | None = None  # an engine kvbench started ([engine])
     context: Context | None = None  # the model's context where known better than the scenario says
 
 
@@ -260,6 +261,9 @@ class ArmLifecycle:
         hook = None
         if arm.before:
             hook = await endpoint.run_hook(arm.before, arm.name, self.base, session.client.session, t.headers)
+        elif t.engine is not None and t.engine.reset is not None:
+            self.progress.console.print(f"arm {arm.name}: emptying the engine's KV cache", markup=False)
+            hook = await asyncio.to_thread(t.engine.reset)
         suffix = f"-{self.at}" if self.at else ""
         folder = _new_folder(t.out / t.scenario.name, f"{self.state.stamp}-{arm.name}{suffix}")
         writer = RunWriter(folder, self._meta(hook))
@@ -287,7 +291,16 @@ class ArmLifecycle:
     def _sender(self, writer: RunWriter) -> Sender:
         t, arm, session = self.t, self.arm, self.session
         spec = ArmSpec(
-            t.scenario, arm, self.base, session.model, self.state.stamp, session.server, t.clock, self.load, t.context
+            t.scenario,
+            arm,
+            self.base,
+            session.model,
+            self.state.stamp,
+            session.server,
+            t.clock,
+            self.load,
+            t.context,
+            t.engine.body_fields if t.engine else None,
         )
         sender = Sender(
             spec=spec,
@@ -449,7 +462,7 @@ class ArmLifecycle:
             "model": self.session.model,
             "emulated": t.emulated,
             "emulator": {"profile": sc.emulator.profile, "time_scale": scale} if scale else None,
-            "engine": t.engine,
+            "engine": t.engine.info if t.engine else None,
             "time_scale": t.clock.scale,
             "times": t.clock.times_label(),
             "clock": "time.perf_counter_ns (monotonic)",

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness.engines.dynamo import Deployment, Workers, annotation, python
+from harness.engines.dynamo import ENGINE_PREFIX, VERSION, Deployment, Workers, annotation, python
 from harness.results import read_requests
-from tests.conftest import ROOT, arm_folders, kvbench, other_warnings, write_scenario
+from tests.conftest import ROOT, arm_folders, interrupt, kvbench, other_warnings, write_scenario
 
 PYTHON = python()
 pytestmark = [
@@ -127,3 +129,101 @@ def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(
         cached[mode] = [x.cached_tokens or 0 for x in read_requests(folder)]
     assert sum(c > 0 for c in cached["kv"]) == 16 - 4, cached
     assert sum(cached["round-robin"]) < sum(cached["kv"]), cached
+
+
+def dynamo_processes() -> set[int]:
+    """PIDs of Dynamo frontends and mockers running now (from /proc)."""
+    out = set()
+    for d in Path("/proc").iterdir():
+        try:
+            args = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a in (b"dynamo.frontend", b"dynamo.mocker") for a in args):
+            out.add(int(d.name))
+    return out
+
+
+def engine_leftovers() -> list[Path]:
+    """Model and discovery folders of an [engine] kvbench started (it removes them)."""
+    return list(Path(tempfile.gettempdir()).glob(ENGINE_PREFIX + "*"))
+
+
+ENGINE = """
+name = "{name}"
+[engine]
+kind = "dynamo"
+workers = 2
+g1_blocks = 1024
+[endpoint]
+max_tokens = 4
+"""
+# Two prompts of two 512-token blocks taking turns; answers of their own lengths (0: max_tokens)
+TRACE = [([1, 2], 3), ([3, 4], 5), ([1, 2], 0), ([3, 4], 7), ([1, 2], 3), ([3, 4], 5)]
+
+
+def test_kvbench_starts_dynamo_from_the_scenario_and_every_answer_has_its_length(tmp_path: Path) -> None:
+    """`[engine] kind = "dynamo"`: kvbench makes the model, starts a frontend and two mockers,
+    counts prompts with the model's tokenizer (exact lengths with no /tokenize), has each trace
+    line answered with its own output length in real tokens, restarts the workers before each arm
+    (their caches empty), records the deployment in run.json, and stops every process and removes
+    its folders."""
+    before = dynamo_processes()
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": i, "input_length": 1000, "output_length": out, "hash_ids": ids}) + "\n"
+            for i, (ids, out) in enumerate(TRACE)
+        )
+    )
+    sc = ENGINE.format(name="dyn-engine") + f'[workload]\nkind = "trace"\npath = "{trace}"\nconcurrency = 1\n'
+    sc += '[[arms]]\nname = "recompute"\ncache = "bust"\n[[arms]]\nname = "cached"\n'
+    r = kvbench("run", str(write_scenario(tmp_path / "s.toml", sc)), "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "starting NVIDIA Dynamo's frontend and mocker workers" in r.stdout + r.stderr
+    wanted = {f"t{i + 1}": out or 4 for i, (_, out) in enumerate(TRACE)}
+    for arm, folder in arm_folders(tmp_path / "out", "dyn-engine").items():
+        meta = json.loads((folder / "run.json").read_text())
+        engine = meta["engine"]
+        assert engine["kind"] == "dynamo" and engine["started_by"] == "kvbench" and engine["version"] == VERSION
+        assert engine["workers"] == 2 and engine["router_mode"] == "kv" and meta["emulated"] is False
+        assert engine["model"]["answer_lengths"] == [3, 4, 5, 7]
+        mocker = engine["flags"]["mocker"]
+        assert mocker[mocker.index("--num-gpu-blocks-override") + 1] == "1024" and "--kv-bytes-per-token" in mocker
+        assert "tokenizer" in meta["prompt_counting"], meta["prompt_counting"]
+        assert "mocker worker(s) restarted" in meta["before_hook"]  # each arm from an empty cache
+        assert other_warnings(meta) == [], meta["warnings"]
+        recs = read_requests(folder)
+        assert len(recs) == len(TRACE) and all(x.ok for x in recs), [x.error for x in recs if not x.ok]
+        for x in recs:
+            assert x.prompt_tokens == x.target_tokens == 1000
+            assert x.completion_tokens == wanted[x.prompt_id] and len(x.itl_s) == wanted[x.prompt_id] - 1
+        cached = [x.cached_tokens or 0 for x in sorted(recs, key=lambda x: x.start_s)]
+        if arm == "recompute":
+            assert cached == [0] * 6
+        else:  # each prompt cold once (the second finds the head all trace prompts share, at most a
+            # block), then found whole: 62 blocks of 16 (the last token is always computed)
+            assert cached[0] == 0 and cached[1] <= BLOCK and cached[2:] == [992] * 4, cached
+    assert dynamo_processes() <= before and engine_leftovers() == []
+
+
+def test_sigterm_stops_the_dynamo_deployment_kvbench_started(tmp_path: Path) -> None:
+    before = dynamo_processes()
+    sc = ENGINE.format(name="dyn-term") + (
+        '[workload]\nkind = "closed_loop"\nrequests = 5000\nconcurrency = 2\npool = 4\nprompt_tokens = 500\n'
+    )
+    out = tmp_path / "out"
+
+    def answered() -> bool:
+        return any(p.stat().st_size > 0 for p in out.glob("dyn-term/*/requests.jsonl"))
+
+    code, err = interrupt(
+        ["run", str(write_scenario(tmp_path / "s.toml", sc)), "--out", str(out)], answered, 300, signal.SIGTERM
+    )
+    assert code == 130 and "Traceback" not in err, err
+    (folder,) = arm_folders(out, "dyn-term").values()
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "interrupted" and meta["engine"]["kind"] == "dynamo"
+    recs = read_requests(folder)
+    assert recs and any(x.ok for x in recs)  # those answered before the signal, and drained after it
+    assert dynamo_processes() <= before and engine_leftovers() == []

@@ -103,6 +103,22 @@ def test_defaults() -> None:
             'prompt_tokens = 100\n[[arms]]\nname = "a"\nwarm_from = "host"\n',
             'arms[0].warm_from: "host" applies to kind = "sweep" workloads; a closed loop takes "disk"',
         ),
+        (SWEEP + '[engine]\nkind = "vllm"\n', 'engine.kind: expected one of "llamacpp", "dynamo", got "vllm"'),
+        (SWEEP + '[engine]\nkind = "dynamo"\nslots = 2\n', "engine.slots: unknown key"),
+        (SWEEP + '[engine]\nslot_dir = "/x"\nworkers = 2\n', "engine.workers: unknown key"),
+        (SWEEP + '[engine]\nkind = "dynamo"\nworkers = 0\n', "engine.workers: expected an integer number of mocker"),
+        (
+            SWEEP + '[engine]\nkind = "dynamo"\nrouter_mode = "random"\n',
+            'engine.router_mode: expected one of "kv", "round-robin", got "random"',
+        ),
+        (
+            SWEEP + '[engine]\nkind = "dynamo"\ng2_bandwidth = "fast"\n',
+            "engine.g2_bandwidth: expected a bandwidth such",
+        ),
+        (
+            SWEEP + '[engine]\nkind = "dynamo"\ng2_bandwidth = "1GB/s"\n',
+            "engine.g2_bandwidth: applies with g2_blocks > 0",
+        ),
     ],
 )
 def test_errors_name_file_key_and_expectation(text: str, message: str) -> None:
@@ -152,6 +168,23 @@ def test_every_prompt_length_is_bounded_by_the_models_context(text: str, message
         parse(text)
     assert message in str(e.value) and "scenarios/x.toml" in str(e.value)
     assert parse(SESSIONS.format(message=400)).model.max_context_tokens == scenario.MAX_CONTEXT_TOKENS
+
+
+def test_a_dynamo_engine_reads_its_own_keys() -> None:
+    sc = parse(
+        SWEEP + '[engine]\nkind = "dynamo"\nworkers = 2\nrouter_mode = "round-robin"\ng1_blocks = 400\n'
+        'g2_blocks = 1600\ng2_bandwidth = "1GB/s"\nkv_bytes_per_token = 1024\n'
+    )
+    assert sc.engine == scenario.DynamoEngineCfg(
+        workers=2,
+        router_mode="round-robin",
+        g1_blocks=400,
+        g2_blocks=1600,
+        g2_bandwidth="1GB/s",
+        g2_bytes_per_s=1e9,
+        kv_bytes_per_token=1024,
+    )
+    assert sc.engine.context == scenario.Context(16384, "the model kvbench makes for Dynamo")
 
 
 def test_schema_version(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +22,7 @@ from harness.gate.rules import check_rules
 from harness.server import endpoint
 
 if TYPE_CHECKING:
-    from harness.engines.llamacpp import Started
+    from harness.engines import Started
 
 
 @dataclass(frozen=True)
@@ -145,15 +145,21 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
             f"the emulator cannot keep its modelled time for this test: running at {cap:g}"
         )
         scale = cap
-    with _engine(engine, sc.path, console) as started, _emulator(emulated, sc.emulator, scale, sc.path) as emu_url:
+    lengths = sc.workload.output_lengths(sc.endpoint.max_tokens, context)
+    with (
+        _engine(engine, sc.path, lengths, console) as started,
+        _emulator(emulated, sc.emulator, scale, sc.path) as emu_url,
+    ):
         base = emu_url or (started.base_url if started else url)
         assert base is not None
+        if started is not None and started.tokenizer is not None and sc.endpoint.tokenizer is None:
+            sc = replace(sc, endpoint=replace(sc.endpoint, tokenizer=started.tokenizer))
         if emu_url:
             console.print(
                 f"No endpoint given: using the embedded emulator (profile {sc.emulator.profile}, "
                 f"time scale {scale:g}). Results are emulated, in model time."
             )
-        if started is not None:  # its slot files are where kvbench can drop them from the page cache
+        if started is not None and started.slot_dir is not None:  # where kvbench can drop them from the page cache
             arms = tuple(
                 replace(a, slot_dir=str(started.slot_dir)) if a.warm_from == "disk" and a.slot_dir is None else a
                 for a in arms
@@ -165,7 +171,7 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
             headers=headers,
             clock=ModelClock(scale),
             emulated=emulated,
-            engine=started.info if started else None,
+            engine=started,
             out=opts.out,
             model=opts.model,
             metrics_urls=opts.metrics_urls,
@@ -190,7 +196,7 @@ def known_context(sc: scenario.Scenario, emulated: bool, engine: scenario.Engine
         except (KeyError, ValueError):  # an unknown profile is said where the emulator starts
             return own
     elif engine is not None:
-        known = scenario.Context(engine.ctx_per_slot, "engine.ctx_per_slot")
+        known = engine.context
     else:
         return own
     return known if known.tokens < own.tokens else own
@@ -225,18 +231,25 @@ def _emulator(emulated: bool, cfg: scenario.EmulatorCfg, scale: float, where: st
 
 
 @contextlib.contextmanager
-def _engine(cfg: scenario.EngineCfg | None, where: str, console: Console) -> Iterator[Started | None]:
+def _engine(
+    cfg: scenario.EngineCfg | None, where: str, answer_lengths: Collection[int], console: Console
+) -> Iterator[Started | None]:
     if cfg is None:
         yield None
         return
-    from harness.engines import llamacpp
+    from harness import engines
 
-    console.print(
-        f"No endpoint given: starting llama.cpp's llama-server ([engine] of {where}, model {cfg.model})", markup=False
-    )
-    with llamacpp.start(cfg, where) as started:
-        console.print(f"llama-server is up at {started.base_url}; it is stopped when the run ends", markup=False)
+    what = ENGINE_NAMES[cfg.kind]
+    console.print(f"No endpoint given: starting {what} ([engine] of {where})", markup=False)
+    with engines.start(cfg, where, answer_lengths) as started:
+        console.print(f"{what}: up at {started.base_url}, stopped when the run ends", markup=False)
         yield started
+
+
+ENGINE_NAMES = {
+    "llamacpp": "llama.cpp's llama-server",
+    "dynamo": "NVIDIA Dynamo's frontend and mocker workers",
+}
 
 
 def main(opts: RunOptions, console: Console) -> int:

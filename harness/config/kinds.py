@@ -71,6 +71,11 @@ class WorkloadConfig:
         """Tokens every prompt shares at its head (a cold request may find them cached)."""
         return 0
 
+    def output_lengths(self, out: int, context: Context) -> frozenset[int]:
+        """Every max_tokens its requests ask for (`out`: the endpoint's), known before the run:
+        for an engine that must be told them beforehand (Dynamo's mocker, engines/dynamo.py)."""
+        return frozenset({out})
+
     def longest_prompts(self, out: int) -> list[tuple[str, int, str]]:
         """The longest prompt each length key can make, with `out` output tokens: (key, tokens,
         how that length comes about), for the model's context bound."""

@@ -113,8 +113,8 @@ class Arm:
 
 
 @dataclass(frozen=True)
-class EngineCfg:
-    """An engine kvbench starts itself for the run when no endpoint is given (harness/engines/)."""
+class LlamaEngineCfg:
+    """llama.cpp's llama-server, started by kvbench for the run (harness/engines/llamacpp.py)."""
 
     kind: Literal["llamacpp"] = "llamacpp"
     model: str = "tiny"  # a model kvbench makes (harness/engines/models.py SIZES) or a GGUF file
@@ -123,6 +123,36 @@ class EngineCfg:
     cache_ram_mib: int | None = None  # --cache-ram (None: llama.cpp's default; 0: no host-memory cache)
     slot_dir: str | None = None  # --slot-save-path (None: a folder kvbench makes and removes)
     threads: int | None = None  # -t (None: every core)
+
+    @property
+    def context(self) -> Context:
+        return Context(self.ctx_per_slot, "engine.ctx_per_slot")
+
+
+DYNAMO_CONTEXT = 16384  # the context of the model kvbench makes for Dynamo (engines/vllm/make_model.py CTX)
+
+
+@dataclass(frozen=True)
+class DynamoEngineCfg:
+    """NVIDIA Dynamo's frontend and KV router over its GPU-free mocker workers, started by kvbench
+    for the run (harness/engines/dynamo.py)."""
+
+    kind: Literal["dynamo"] = "dynamo"
+    workers: int = 1  # mocker workers, one process each
+    router_mode: Literal["kv", "round-robin"] = "kv"  # the frontend's choice of worker
+    block_size: int = 16  # tokens per KV block
+    g1_blocks: int = 2048  # the device's KV blocks per worker
+    g2_blocks: int = 0  # the host tier's KV blocks per worker (0: no G2)
+    g2_bandwidth: str = "32GB/s"  # G1 <-> G2, each way, as written
+    g2_bytes_per_s: float = 32e9
+    kv_bytes_per_token: int = 0  # what the mocker moves between tiers (read: the paper's model's)
+
+    @property
+    def context(self) -> Context:
+        return Context(DYNAMO_CONTEXT, "the model kvbench makes for Dynamo")
+
+
+EngineCfg = LlamaEngineCfg | DynamoEngineCfg
 
 
 @dataclass(frozen=True)
@@ -432,16 +462,50 @@ def _capacities(t: Table) -> dict[str, int]:
 
 
 def _engine(t: Table) -> EngineCfg:
-    cfg = EngineCfg(
-        kind=t.text("kind", EngineCfg.kind, ("llamacpp",)),
-        model=t.text("model", EngineCfg.model),
-        slots=t.integer("slots", EngineCfg.slots, minimum=1, what="an integer number of slots"),
-        ctx_per_slot=t.integer("ctx_per_slot", EngineCfg.ctx_per_slot, minimum=256, what="an integer number of tokens"),
+    kind = t.text("kind", LlamaEngineCfg.kind, ("llamacpp", "dynamo"))
+    cfg = _dynamo(t) if kind == "dynamo" else _llamacpp(t)
+    t.done()
+    return cfg
+
+
+def _llamacpp(t: Table) -> LlamaEngineCfg:
+    return LlamaEngineCfg(
+        model=t.text("model", LlamaEngineCfg.model),
+        slots=t.integer("slots", LlamaEngineCfg.slots, minimum=1, what="an integer number of slots"),
+        ctx_per_slot=t.integer(
+            "ctx_per_slot", LlamaEngineCfg.ctx_per_slot, minimum=256, what="an integer number of tokens"
+        ),
         cache_ram_mib=t.integer("cache_ram_mib", None, minimum=-1, what="MiB (0: none, -1: no limit)"),
         slot_dir=t.text("slot_dir"),
         threads=t.integer("threads", None, minimum=1, what="an integer number of threads"),
     )
-    t.done()
+
+
+def _dynamo(t: Table) -> DynamoEngineCfg:
+    from harness.core.units import parse_bandwidth
+
+    d = DynamoEngineCfg
+    blocks = "an integer number of KV blocks"
+    bandwidth = t.text("g2_bandwidth", d.g2_bandwidth)
+    try:
+        bps = parse_bandwidth(bandwidth)
+    except ValueError as e:
+        t.fail("g2_bandwidth", str(e).split(", got")[0], bandwidth)
+    if not bps or bps <= 0:
+        t.fail("g2_bandwidth", "expected a bandwidth > 0", bandwidth)
+    cfg = DynamoEngineCfg(
+        workers=t.integer("workers", d.workers, minimum=1, what="an integer number of mocker workers"),
+        router_mode=t.text("router_mode", d.router_mode, ("kv", "round-robin")),
+        block_size=t.integer("block_size", d.block_size, minimum=1, what="an integer number of tokens"),
+        g1_blocks=t.integer("g1_blocks", d.g1_blocks, minimum=1, what=blocks),
+        g2_blocks=t.integer("g2_blocks", d.g2_blocks, minimum=0, what=blocks + " (0: no G2)"),
+        g2_bandwidth=bandwidth,
+        g2_bytes_per_s=bps,
+        kv_bytes_per_token=t.integer("kv_bytes_per_token", None, minimum=1, what="bytes")
+        or reference.kv_bytes_per_token(),  # gpt-oss-120b's
+    )
+    if t.has("g2_bandwidth") and not cfg.g2_blocks:
+        t.fail("g2_bandwidth", "applies with g2_blocks > 0 (a host tier)", bandwidth)
     return cfg
 
 

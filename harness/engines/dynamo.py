@@ -3,7 +3,7 @@ KV-aware router) in front of mocker workers (Dynamo's simulated vLLM engine: blo
 prefix caching and LRU eviction, continuous batching, modelled prefill and decode times, and a
 host tier "G2" with transfer bandwidths), installed by engines/dynamo/install.sh into a Python of
 its own, serving a model directory engines/dynamo/make_model.py makes. Found through a file
-store: no etcd, no NATS. For the tests and for anyone trying kvbench on Dynamo's code here.
+store: no etcd, no NATS. Used by `[engine] kind = "dynamo"` scenarios (`start`) and the tests.
 
 Each process is started and stopped as process.py does (by PID, its process group, and by the
 kernel if kvbench dies). The frontend's /health answers before any worker has registered, so the
@@ -15,19 +15,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.config.scenario import DynamoEngineCfg
+from harness.engines import Started
 from harness.engines.process import ServerProcess, installed
 
 VERSION = "1.6.1"  # the ai-dynamo release engines/dynamo/install.sh installs
 SERVED_NAME = "tiny"
 ANSWER_KEY = "kvbench-{n}"  # engines/dynamo/make_model.py KEY
 READY_TIMEOUT_S = 120.0  # a busy machine starts Python and Dynamo's runtime slowly
+ENGINE_PREFIX = "kvbench-dynamo-engine-"  # the temporary folder of an [engine]'s model and processes
+MAKE_MODEL = Path(__file__).resolve().parents[2] / "engines" / "dynamo" / "make_model.py"
 
 
 def python() -> Path | None:
@@ -37,7 +43,7 @@ def python() -> Path | None:
 
 def annotation(max_tokens: int) -> dict[str, Any]:
     """The request field that has a mocker answer with `max_tokens` real tokens (make_model.py
-    says why): for `[endpoint] extra_body`."""
+    says why): every body of a run against the deployment `start` made carries it."""
     return {"nvext": {"annotations": [f"output_replay_id:{ANSWER_KEY.format(n=max_tokens)}"]}}
 
 
@@ -50,9 +56,12 @@ class Workers:
     gpu_blocks: int = 2048  # G1, the device's KV blocks
     host_blocks: int = 0  # G2, the host tier's blocks (0: none)
     host_gbps: float = 32.0  # G2 <-> G1 bandwidth, both ways (GB/s)
+    kv_bytes_per_token: int | None = None  # None: the model config's (gpt-oss-120b's, make_model.py)
 
     def flags(self) -> list[str]:
         out = ["--block-size", str(self.block_size), "--num-gpu-blocks-override", str(self.gpu_blocks)]
+        if self.kv_bytes_per_token is not None:
+            out += ["--kv-bytes-per-token", str(self.kv_bytes_per_token)]
         if self.host_blocks:
             out += ["--num-host-blocks", str(self.host_blocks)]
             for way in ("h2d", "d2h"):
@@ -121,11 +130,15 @@ class Deployment:
     by PID on the way out, whatever happens. `router_mode`: the frontend's choice of worker, "kv"
     (where the prompt's blocks are: Dynamo's KV-aware router) or "round-robin"."""
 
-    def __init__(self, py: Path, model: Path, workers: Workers = Workers(), router_mode: str = "kv") -> None:
+    def __init__(
+        self, py: Path, model: Path, workers: Workers = Workers(), router_mode: str = "kv", home: Path | None = None
+    ) -> None:
         self.py, self.model, self.workers, self.router_mode = py, model, workers, router_mode
         self.frontend: Frontend | None = None
         self.mockers: list[Mocker] = []
-        self._home = tempfile.TemporaryDirectory(prefix="kvbench-dynamo-")
+        # the processes' HOME and discovery store: `home`, or a folder of its own it removes
+        self._own_home = tempfile.TemporaryDirectory(prefix="kvbench-dynamo-") if home is None else None
+        self.home = Path(self._own_home.name) if self._own_home is not None else home
 
     @property
     def base_url(self) -> str:
@@ -133,7 +146,9 @@ class Deployment:
         return self.frontend.base_url
 
     def __enter__(self) -> Deployment:
-        home = Path(self._home.name)
+        home = self.home
+        assert home is not None
+        home.mkdir(exist_ok=True)
         try:
             self.frontend = Frontend(self.py, home, self.router_mode).__enter__()
             for _ in range(self.workers.count):
@@ -144,31 +159,147 @@ class Deployment:
             raise
         return self
 
-    def _wait_registered(self) -> None:
-        """Until the frontend lists the model and knows every worker's `generate` endpoint."""
+    def restart_workers(self) -> str:
+        """Every mocker stopped and started again, so that their KV caches (G1 and G2) start
+        empty: Dynamo 1.6 offers no other reset for them (the frontend has no /clear_kv_blocks and
+        the mocker no such endpoint). Returns what it did, for run.json."""
+        gone = self._workers_listed()
+        for m in reversed(self.mockers):
+            m.__exit__(None, None, None)
+        self.mockers = []
+        assert self.home is not None
+        for _ in range(self.workers.count):
+            self.mockers.append(Mocker(self.py, self.home, self.model, self.workers).__enter__())
+        self._wait_registered(gone)
+        return f"Dynamo's {self.workers.count} mocker worker(s) restarted: their KV caches (G1, G2) start empty"
+
+    def _wait_registered(self, gone: frozenset[int] = frozenset()) -> None:
+        """Until the frontend lists the model and knows every worker's `generate` endpoint (and
+        none of the workers `gone`)."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError, AttributeError):
-                if self._registered():
-                    return
+                if self._model_listed():
+                    listed = self._workers_listed()
+                    if len(listed) >= self.workers.count and not listed & gone:
+                        return
             time.sleep(0.2)
         raise RuntimeError(
             f"dynamo: the frontend did not list model {SERVED_NAME!r} with {self.workers.count} worker(s) "
             f"within {READY_TIMEOUT_S:g} s"
         )
 
-    def _registered(self) -> bool:
-        root = self.base_url.removesuffix("/v1")
+    def _model_listed(self) -> bool:
         with urllib.request.urlopen(self.base_url + "/models", timeout=5) as r:
-            if not any(m.get("id") == SERVED_NAME for m in json.loads(r.read()).get("data", [])):
-                return False
-        with urllib.request.urlopen(root + "/health", timeout=5) as r:
+            return any(m.get("id") == SERVED_NAME for m in json.loads(r.read()).get("data", []))
+
+    def _workers_listed(self) -> frozenset[int]:
+        """The instance ids of the workers whose `generate` endpoint the frontend knows."""
+        with urllib.request.urlopen(self.base_url.removesuffix("/v1") + "/health", timeout=5) as r:
             instances = json.loads(r.read()).get("instances", [])
-        return sum(i.get("endpoint") == "generate" for i in instances) >= self.workers.count
+        return frozenset(i["instance_id"] for i in instances if i.get("endpoint") == "generate")
 
     def __exit__(self, *_exc: object) -> None:
         for m in reversed(self.mockers):
             m.__exit__(None, None, None)
         if self.frontend is not None:
             self.frontend.__exit__(None, None, None)
-        self._home.cleanup()
+        if self._own_home is not None:
+            self._own_home.cleanup()
+
+
+def make_model(py: Path, out: Path, answer_lengths: Collection[int], where: str) -> None:
+    """The model directory make_model.py writes, with an answer for every length asked for."""
+    from harness.core.errors import EndpointError
+
+    if not MAKE_MODEL.is_file():
+        raise EndpointError(
+            f'{where}: [engine] kind = "dynamo": {MAKE_MODEL} is not here: run kvbench from its source '
+            "checkout (pip install -e .), whose engines/ folder makes Dynamo's model"
+        )
+    lengths = ",".join(str(n) for n in sorted(set(answer_lengths)))
+    try:
+        subprocess.run(
+            [str(py), str(MAKE_MODEL), str(out), "--answers", lengths],
+            check=True,
+            timeout=300,
+            capture_output=True,
+            text=True,
+        )
+    except subprocess.CalledProcessError as e:
+        raise EndpointError(f"{where}: [engine]: making Dynamo's model failed: {e.stderr[-1500:]}") from None
+    except subprocess.TimeoutExpired:
+        raise EndpointError(f"{where}: [engine]: making Dynamo's model took over 300 s") from None
+
+
+def version(py: Path) -> str:
+    """The ai-dynamo release `py` has, as its package metadata says."""
+    code = "import importlib.metadata as m; print(m.version('ai-dynamo'))"
+    try:
+        got = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({e})"
+    return got.stdout.strip() or f"unknown ({got.stderr.strip()[-200:]})"
+
+
+@contextlib.contextmanager
+def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> Iterator[Started]:
+    """A frontend and `cfg.workers` mockers as the scenario's `[engine]` says, serving a model made
+    here with an answer for every length in `answer_lengths`; every process stopped by PID and the
+    model removed on the way out, whatever happens."""
+    from harness.core.errors import EndpointError
+
+    py = python()
+    if py is None:
+        raise EndpointError(
+            f'{where}: [engine] kind = "dynamo": Dynamo is not installed here: run engines/dynamo/install.sh '
+            "(or set KVBENCH_DYNAMO_PYTHON to a Python that has ai-dynamo)"
+        )
+    workers = Workers(
+        count=cfg.workers,
+        block_size=cfg.block_size,
+        gpu_blocks=cfg.g1_blocks,
+        host_blocks=cfg.g2_blocks,
+        host_gbps=cfg.g2_bytes_per_s / 1e9,
+        kv_bytes_per_token=cfg.kv_bytes_per_token,
+    )
+    with tempfile.TemporaryDirectory(prefix=ENGINE_PREFIX) as tmp:
+        model = Path(tmp) / SERVED_NAME
+        make_model(py, model, answer_lengths, where)
+        deployment = Deployment(py, model, workers, cfg.router_mode, home=Path(tmp) / "home")
+        try:
+            deployment.__enter__()
+        except RuntimeError as e:
+            raise EndpointError(f"{where}: [engine]: {e}") from None
+        try:
+            assert deployment.frontend is not None
+            yield Started(
+                deployment.base_url,
+                info={
+                    "kind": "dynamo",
+                    "started_by": "kvbench",
+                    "version": version(py),
+                    "model": {
+                        "made": SERVED_NAME,
+                        "kv_bytes_per_token": cfg.kv_bytes_per_token,
+                        "context_tokens": cfg.context.tokens,
+                        "answer_lengths": sorted(set(answer_lengths)),
+                    },
+                    "workers": cfg.workers,
+                    "router_mode": cfg.router_mode,
+                    "flags": {
+                        "frontend": _shown(deployment.frontend.argv, model),
+                        "mocker": _shown(deployment.mockers[0].argv, model),
+                    },
+                },
+                tokenizer=str(model),
+                body_fields=annotation,
+                reset=deployment.restart_workers,
+            )
+        finally:
+            deployment.__exit__(None, None, None)
+
+
+def _shown(argv: list[str], model: Path) -> list[str]:
+    """A process's flags for run.json: the module and flags, the temporary model folder by name."""
+    return [a.replace(str(model), model.name) for a in argv[1:]]

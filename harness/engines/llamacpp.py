@@ -9,11 +9,11 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.config.scenario import EngineCfg
+from harness.config.scenario import LlamaEngineCfg
+from harness.engines import Started
 from harness.engines.process import ServerProcess, installed
 
 VERSION = "0.3.36"  # the llama-cpp-python release whose llama.cpp engines/llamacpp/build.sh builds
@@ -83,18 +83,9 @@ def version(server: Path) -> str:
     return "; ".join(lines) or "unknown"
 
 
-@dataclass
-class Started:
-    """An engine kvbench started for a run: its URL, its slot directory, what run.json says."""
-
-    base_url: str
-    slot_dir: Path
-    info: dict[str, Any] = field(default_factory=dict)
-
-
 @contextlib.contextmanager
-def start(cfg: EngineCfg, where: str) -> Iterator[Started]:
-    """llama-server as the scenario's `[engine]` says (scenario.EngineCfg), stopped on the way out
+def start(cfg: LlamaEngineCfg, where: str) -> Iterator[Started]:
+    """llama-server as the scenario's `[engine]` says (scenario.LlamaEngineCfg), stopped on the way out
     whatever happens; the models it makes and a slot directory it made are removed then."""
     from harness.core.errors import EndpointError, InputError
     from harness.engines import models
@@ -134,8 +125,8 @@ def start(cfg: EngineCfg, where: str) -> Iterator[Started]:
             flags = [a if a != str(model) else model.name for a in srv.argv[1:]]
             yield Started(
                 srv.base_url,
-                slots,
-                {
+                slot_dir=slots,
+                info={
                     "kind": "llamacpp",
                     "started_by": "kvbench",
                     "version": version(server),

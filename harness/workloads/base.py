@@ -91,6 +91,8 @@ class ArmSpec:
     clock: ModelClock
     load: Load | None = None  # open loop: the load of this result folder
     context: Context | None = None  # the model's context, where known better than the scenario says
+    # fields every body carries, by its max_tokens: those of an engine kvbench started (engines/)
+    body_fields: Callable[[int], dict[str, Any]] | None = None
 
     @property
     def context_bound(self) -> Context:
@@ -140,6 +142,8 @@ class ArmSpec:
             body["cache_salt"] = salt
         if self.bust and self.server == "llama.cpp":
             body["cache_prompt"] = False  # llama.cpp: do not reuse (or keep) this prompt's KV
+        if self.body_fields is not None:
+            body.update(self.body_fields(body["max_tokens"]))
         if engine:
             body.update(engine)
         return orjson.dumps(body)

@@ -91,6 +91,11 @@ class TraceConfig(WorkloadConfig):
         trace, warnings = self.read(context)
         return f"trace {self.path}: {len(trace.requests):,} requests", warnings
 
+    def output_lengths(self, out: int, context: Context) -> frozenset[int]:
+        trace, _ = self.read(context)  # (its warnings are the run's to give)
+        replayed = select(trace.requests, self.start_s, self.end_s, self.max_requests)
+        return frozenset(r.output_length or out for r in replayed)
+
 
 def _lru_blocks(t: Table) -> tuple[int, ...]:
     v = t.get("lru_blocks")
