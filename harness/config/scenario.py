@@ -481,18 +481,24 @@ def _llamacpp(t: Table) -> LlamaEngineCfg:
     )
 
 
-def _dynamo(t: Table) -> DynamoEngineCfg:
+def _bandwidth(t: Table, key: str, text: str) -> float:
+    """`text` (the value of `key`) as bytes/s: a bandwidth such as "200GB/s", above 0."""
     from harness.core.units import parse_bandwidth
 
+    try:
+        bps = parse_bandwidth(text)
+    except ValueError as e:
+        t.fail(key, str(e).split(", got")[0], text)
+    if not bps or bps <= 0:
+        t.fail(key, "expected a bandwidth > 0", text)
+    return bps
+
+
+def _dynamo(t: Table) -> DynamoEngineCfg:
     d = DynamoEngineCfg
     blocks = "an integer number of KV blocks"
     bandwidth = t.text("g2_bandwidth", d.g2_bandwidth)
-    try:
-        bps = parse_bandwidth(bandwidth)
-    except ValueError as e:
-        t.fail("g2_bandwidth", str(e).split(", got")[0], bandwidth)
-    if not bps or bps <= 0:
-        t.fail("g2_bandwidth", "expected a bandwidth > 0", bandwidth)
+    bps = _bandwidth(t, "g2_bandwidth", bandwidth)
     cfg = DynamoEngineCfg(
         workers=t.integer("workers", d.workers, minimum=1, what="an integer number of mocker workers"),
         router_mode=t.text("router_mode", d.router_mode, ("kv", "round-robin")),
@@ -523,18 +529,11 @@ def _distributed(t: Table) -> DistributedCfg:
 
 
 def _traffic(t: Table) -> TrafficCfg:
-    from harness.core.units import parse_bandwidth
-
     tool = t.text("tool", None, ("fio", "builtin", "command", "emulated"), required=True)
     target = t.text("target")
     bps = None
     if target is not None:
-        try:
-            bps = parse_bandwidth(target)
-        except ValueError as e:
-            t.fail("target", str(e).split(", got")[0], target)
-        if not bps or bps <= 0:
-            t.fail("target", "expected a bandwidth > 0", target)
+        bps = _bandwidth(t, "target", target)
     elif tool != "command":
         raise InputError(f'{t.file}: traffic.target: missing; expected an aggregate bandwidth such as "200GB/s"')
     clients = t.get("clients")
