@@ -8,6 +8,7 @@ import pytest
 
 from harness.config import scenario
 from harness.core.errors import InputError
+from tests.conftest import kvbench, write_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = """
@@ -218,3 +219,21 @@ def test_urls_are_redacted_and_joined() -> None:
     assert redact("https://user:pw@host:8000/v1?key=s3cret#x") == "https://host:8000/v1"
     assert join("http://h:1/v1?api-version=2", "/models") == "http://h:1/v1/models?api-version=2"
     assert root("http://h:1/v1/") == "http://h:1"
+
+
+@pytest.mark.parametrize(
+    ("engine", "bound"),
+    [
+        ('[engine]\nkind = "dynamo"\n', "context of 16,384 tokens (the model kvbench makes for Dynamo)"),
+        ("[engine]\nctx_per_slot = 4096\n", "context of 4,096 tokens (engine.ctx_per_slot)"),
+        ("", "context of 131,072 tokens (emulator profile redbooks-g4)"),
+    ],
+    ids=["dynamo", "llamacpp", "emulator"],
+)
+def test_validate_bounds_prompts_by_what_run_would_start(tmp_path: Path, engine: str, bound: str) -> None:
+    """`kvbench validate` refuses what `kvbench run` of the same file would: a prompt longer than
+    the context of the engine it starts, or of the embedded emulator's profile."""
+    sc = write_scenario(tmp_path / "s.toml", SWEEP.replace("[1000, 2000]", "[1000, 200000]") + engine)
+    r = kvbench("validate", str(sc))
+    assert r.returncode == 2 and "workload.lengths[1]: prompts up to 200," in r.stderr, r.stderr
+    assert bound in r.stderr and "Traceback" not in r.stderr

@@ -9,14 +9,20 @@ from harness.core.errors import ExitCode
 
 
 def main(scenarios: list[Path]) -> int:
-    from harness.config.scenario import Context, load
+    from harness.commands.run import known_context
+    from harness.config.scenario import check_lengths, load
     from harness.gate.rules import check_rules
 
     for path in scenarios:
         sc = load(path)
         check_rules(sc)
+        # bounded as `kvbench run FILE` would bound it: by the engine it starts, or the emulator's
+        # profile, when the file names no endpoint
+        engine = sc.engine if sc.endpoint.url is None else None
+        context = known_context(sc, sc.endpoint.url is None and engine is None, engine)
+        check_lengths(sc, context)
         w = sc.workload
-        what, warnings = w.check_inputs(Context.of(sc))
+        what, warnings = w.check_inputs(context)
         for warning in warnings:
             print(f"{path}: warning: {warning}", file=sys.stderr)
         more = f", {what}" if what else ""

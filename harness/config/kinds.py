@@ -73,7 +73,8 @@ class WorkloadConfig:
 
     def output_lengths(self, out: int, context: Context) -> frozenset[int]:
         """Every max_tokens its requests ask for (`out`: the endpoint's), known before the run:
-        for an engine that must be told them beforehand (Dynamo's mocker, engines/dynamo.py)."""
+        for an engine that must be told them beforehand (Dynamo's mocker, engines/dynamo.py). A
+        kind whose prompts set their own `Prompt.max_tokens` returns those too."""
         return frozenset({out})
 
     def longest_prompts(self, out: int) -> list[tuple[str, int, str]]:
