@@ -137,8 +137,11 @@ class Deployment:
         self.frontend: Frontend | None = None
         self.mockers: list[Mocker] = []
         # the processes' HOME and discovery store: `home`, or a folder of its own it removes
-        self._own_home = tempfile.TemporaryDirectory(prefix="kvbench-dynamo-") if home is None else None
-        self.home = Path(self._own_home.name) if self._own_home is not None else home
+        self._own_home: tempfile.TemporaryDirectory[str] | None = None
+        if home is None:
+            self._own_home = tempfile.TemporaryDirectory(prefix="kvbench-dynamo-")
+            home = Path(self._own_home.name)
+        self.home = home
 
     @property
     def base_url(self) -> str:
@@ -146,13 +149,11 @@ class Deployment:
         return self.frontend.base_url
 
     def __enter__(self) -> Deployment:
-        home = self.home
-        assert home is not None
-        home.mkdir(exist_ok=True)
+        self.home.mkdir(exist_ok=True)
         try:
-            self.frontend = Frontend(self.py, home, self.router_mode).__enter__()
+            self.frontend = Frontend(self.py, self.home, self.router_mode).__enter__()
             for _ in range(self.workers.count):
-                self.mockers.append(Mocker(self.py, home, self.model, self.workers).__enter__())
+                self.mockers.append(Mocker(self.py, self.home, self.model, self.workers).__enter__())
             self._wait_registered()
         except BaseException:
             self.__exit__(None, None, None)
@@ -167,7 +168,6 @@ class Deployment:
         for m in reversed(self.mockers):
             m.__exit__(None, None, None)
         self.mockers = []
-        assert self.home is not None
         for _ in range(self.workers.count):
             self.mockers.append(Mocker(self.py, self.home, self.model, self.workers).__enter__())
         self._wait_registered(gone)
@@ -271,6 +271,13 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
             deployment.__enter__()
         except RuntimeError as e:
             raise EndpointError(f"{where}: [engine]: {e}") from None
+
+        def reset() -> str:
+            try:
+                return deployment.restart_workers()
+            except (RuntimeError, OSError, ValueError) as e:
+                raise EndpointError(f"{where}: [engine]: restarting Dynamo's workers before an arm: {e}") from None
+
         try:
             assert deployment.frontend is not None
             yield Started(
@@ -294,7 +301,7 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
                 },
                 tokenizer=str(model),
                 body_fields=annotation,
-                reset=deployment.restart_workers,
+                reset=reset,
             )
         finally:
             deployment.__exit__(None, None, None)
