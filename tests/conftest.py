@@ -17,6 +17,7 @@ from tests.browser import browser  # noqa: F401 (a fixture: a headless chromium 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin, not called
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: a worker more than the cores. The suite spends about a third of its time waiting
     (processes and servers starting, engines answering): with two workers on 2 cores, 812 s of
