@@ -145,7 +145,8 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
             f"the emulator cannot keep its modelled time for this test: running at {cap:g}"
         )
         scale = cap
-    lengths = sc.workload.output_lengths(sc.endpoint.max_tokens, context)
+    # (an engine kvbench starts may need them beforehand; a trace is read for them)
+    lengths = sc.workload.output_lengths(sc.endpoint.max_tokens, context) if engine is not None else frozenset()
     with (
         _engine(engine, sc.path, lengths, console) as started,
         _emulator(emulated, sc.emulator, scale, sc.path) as emu_url,
@@ -239,17 +240,11 @@ def _engine(
         return
     from harness import engines
 
-    what = ENGINE_NAMES[cfg.kind]
+    what = cfg.label
     console.print(f"No endpoint given: starting {what} ([engine] of {where})", markup=False)
     with engines.start(cfg, where, answer_lengths) as started:
         console.print(f"{what}: up at {started.base_url}, stopped when the run ends", markup=False)
         yield started
-
-
-ENGINE_NAMES = {
-    "llamacpp": "llama.cpp's llama-server",
-    "dynamo": "NVIDIA Dynamo's frontend and mocker workers",
-}
 
 
 def main(opts: RunOptions, console: Console) -> int:

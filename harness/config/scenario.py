@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from harness.config import kinds, reference
 from harness.config.kinds import WorkloadConfig
@@ -116,6 +116,7 @@ class Arm:
 class LlamaEngineCfg:
     """llama.cpp's llama-server, started by kvbench for the run (harness/engines/llamacpp.py)."""
 
+    label: ClassVar[str] = "llama.cpp's llama-server"
     kind: Literal["llamacpp"] = "llamacpp"
     model: str = "tiny"  # a model kvbench makes (harness/engines/models.py SIZES) or a GGUF file
     slots: int = 1  # llama-server -np
@@ -137,6 +138,7 @@ class DynamoEngineCfg:
     """NVIDIA Dynamo's frontend and KV router over its GPU-free mocker workers, started by kvbench
     for the run (harness/engines/dynamo.py)."""
 
+    label: ClassVar[str] = "NVIDIA Dynamo's frontend and mocker workers"
     kind: Literal["dynamo"] = "dynamo"
     workers: int = 1  # mocker workers, one process each
     router_mode: Literal["kv", "round-robin"] = "kv"  # the frontend's choice of worker
