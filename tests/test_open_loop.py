@@ -160,14 +160,38 @@ def test_capacity_interpolates_between_the_rates_around_the_crossing() -> None:
 def test_a_capacity_is_never_above_the_arms_saturated_throughput() -> None:
     """kv-tier-capacity.toml at time scale 10: every rate up to 7.4 req/s met the SLO with 40
     requests each, though the arm saturated at 6.17 req/s: not "at least 7.4" but 6.17, said as
-    the saturated throughput; an interpolated capacity above it is capped too."""
+    the saturated throughput, with the probe's interval; an interpolated capacity above it is
+    capped too, and one below it keeps its own interval, never reaching above the probe's."""
+    probe = capacity.Ceiling(6.17, 5.8, 6.6, 64)
     held = [_point(2.0, 40), _point(5.0, 39), _point(7.4, 38, achieved=5.58)]
-    c = capacity.capacity(held, 0.9, ceiling=6.17)
-    assert (c.req_per_s, c.high, c.bound) == (6.17, 6.17, "saturation") and c.low is not None and c.low <= 6.17
-    assert "saturated throughput" in capacity.capacity_text(dataclasses.asdict(c))
-    crossing = capacity.capacity([_point(5.0, 40), _point(8.0, 20)], 0.9, ceiling=5.5)
-    assert crossing.req_per_s == 5.5 and crossing.bound == "saturation"
-    assert capacity.capacity(held, 0.9, ceiling=20.0).bound == "at_least"  # below the ceiling: as before
+    c = capacity.capacity(held, 0.9, probe)
+    assert (c.req_per_s, c.low, c.high, c.bound) == (6.17, 5.8, 6.6, "saturation")
+    text = capacity.capacity_text(dataclasses.asdict(c))
+    assert "saturated throughput" in text and "95 % interval 5.8 to 6.6" in text
+    crossing = capacity.capacity([_point(5.0, 40), _point(8.0, 20)], 0.9, capacity.Ceiling(5.5, 5.0, 6.0, 64))
+    assert (crossing.req_per_s, crossing.low, crossing.bound) == (5.5, 5.0, "saturation")
+    assert crossing.high is not None and 5.5 < crossing.high < 6.0  # the SLO share says no more than 5.85
+    assert capacity.capacity(held, 0.9, capacity.Ceiling(20.0, 18.0, 22.0, 64)).bound == "at_least"
+    below = capacity.capacity([_point(2.0, 40), _point(6.0, 30)], 0.9, capacity.Ceiling(7.0, 6.5, 7.5, 64))
+    assert below.bound == "measured" and below.req_per_s is not None and below.req_per_s < 6.0
+    # a probe too irregular for an interval: said so, not a point
+    bare = capacity.capacity(held, 0.9, capacity.Ceiling(6.17, None, None, 64))
+    assert "no interval" in capacity.capacity_text(dataclasses.asdict(bare))
+
+
+def test_with_the_probe_a_rates_saturation_verdict_does_not_decide_the_capacity() -> None:
+    """kv-tier-capacity.toml, four runs: the cached arm's rate of 6.49 req/s was found saturated
+    in two (its queue rose through 80 requests) and held in two; the capacity came out 6.2-6.3 or
+    7.2 req/s, each with an interval that did not hold the others. The SLO held at every rate: with
+    the saturated probe measured, the capacity is its throughput either way."""
+    probe = capacity.Ceiling(7.16, 6.6, 7.7, 64)
+    flagged = [_point(1.5, 40), _point(5.7, 40), _point(6.49, 80, 80, saturated=True, achieved=6.2)]
+    flagged.append(_point(8.6, 39, saturated=True, achieved=7.0))
+    clean = [*flagged[:2], _point(6.49, 80, 80), flagged[3]]
+    assert capacity.capacity(flagged, 0.9, probe) == capacity.capacity(clean, 0.9, probe)
+    assert capacity.capacity(flagged, 0.9, probe).req_per_s == 7.16
+    # without the probe (rates listed), the first rate found saturated is where it stops
+    assert capacity.capacity(flagged, 0.9).req_per_s == 6.2
 
 
 def test_narrowing_a_capacity_measures_an_unsure_rate_again_else_one_between() -> None:
@@ -177,19 +201,32 @@ def test_narrowing_a_capacity_measures_an_unsure_rate_again_else_one_between() -
     it) is measured again with twice the requests; where both are sure, a rate half-way; narrow
     enough, or a bound: nothing."""
 
-    def curve(pts: list[Point]) -> capacity.ArmCurve:
-        return capacity.ArmCurve("a", "reuse", tuple(pts), None, None, capacity.capacity(pts, 0.9))
+    def curve(pts: list[Point], probe: capacity.Ceiling | None = None) -> capacity.ArmCurve:
+        return capacity.ArmCurve("a", "reuse", tuple(pts), probe, None, capacity.capacity(pts, 0.9, probe))
+
+    def rate(r: float, n: int) -> capacity.Added:
+        return capacity.Added("rate", r, n)
 
     unsure = curve([_point(2.0, 40), _point(4.47, 37), _point(5.82, 30)])  # 37/40: 0.80 to 0.97
     c = unsure.capacity
     assert c.req_per_s is not None and c.low == 4.47 and (capacity.width_of(c) or 0) > 0.1
-    assert capacity.narrowing(unsure, 0.1) == [(4.47, 80)]
+    assert capacity.narrowing(unsure, 0.1) == [rate(4.47, 80)]
     sure = curve([_point(2.0, 40), _point(3.0, 40), _point(8.0, 0)])  # both sure: the crossing interpolated
-    assert capacity.narrowing(sure, 0.05) == [(5.5, 40)]
+    assert capacity.narrowing(sure, 0.05) == [rate(5.5, 40)]
     assert capacity.narrowing(sure, 1.0) is None  # narrow enough
     # the rate above met the SLO and failed by saturation alone: measured again, longer
     queue = curve([_point(3.0, 40), _point(8.0, 40, saturated=True, achieved=4.0)])
-    assert capacity.narrowing(queue, 0.05) == [(8.0, 80)]
+    assert capacity.narrowing(queue, 0.05) == [rate(8.0, 80)]
+    # the capacity is the saturated throughput: its probe again, with twice the requests, until
+    # its interval is narrow enough (or it has one, where it had none)
+    held = [_point(3.0, 40), _point(8.0, 40, saturated=True, achieved=4.0)]
+    assert capacity.narrowing(curve(held, capacity.Ceiling(4.0, 3.5, 4.6, 64)), 0.1) == [
+        capacity.Added("saturated", None, 128)
+    ]
+    assert capacity.narrowing(curve(held, capacity.Ceiling(4.0, 3.9, 4.1, 128)), 0.1) is None
+    assert capacity.narrowing(curve(held, capacity.Ceiling(4.0, None, None, 64)), 0.1) == [
+        capacity.Added("saturated", None, 128)
+    ]
     assert capacity.narrowing(curve([_point(1.0, 40), _point(2.0, 40)]), 0.1) is None  # at least 2
     assert capacity.narrowing(curve([_point(1.0, 10), _point(2.0, 5)]), 0.1) is None  # below 1
     # a rate measured again with more requests replaces its first measure in the curve
@@ -315,6 +352,62 @@ time_scale = 2.0
     points = doc["arms"][0]["points"]
     # one point per rate in the curve: the measure with the most requests
     assert {p["offered_req_per_s"]: p["requests"] for p in points} == best
+
+
+def test_an_auto_sweep_held_to_saturation_measures_its_probe_again(tmp_path: Path) -> None:
+    """rates = "auto" under an SLO every rate meets: the capacity is the saturated probe's
+    throughput, with that probe's interval; capacity_width asks for a narrower one, so the probe
+    runs again with twice the requests (its folder -saturated-n<requests>), and that one counts."""
+    code, out, res = run_open(
+        tmp_path,
+        """
+name = "auto"
+[endpoint]
+max_tokens = 4
+[workload]
+kind = "open_loop"
+rates = "auto"
+auto_points = 2
+auto_concurrency = 4
+requests = 12
+warmup_requests = 1
+pool = 8
+prompt_tokens = 1000
+capacity_width = 0.001
+capacity_loads = 3
+[slo]
+ttft_s = 600.0
+[[arms]]
+name = "cached"
+[emulator]
+time_scale = 10.0
+""",
+    )
+    assert code == 0, out
+    # each folder's load, in the order the sweep ran them
+    folders = [p for p in (res / "auto").iterdir() if p.is_dir()]
+    loads = {read_run(p).meta["load"]["index"]: (p, read_run(p).meta["load"]) for p in folders}
+    modes = [loads[k][1]["mode"] for k in sorted(loads)]
+    assert modes[:2] == ["serial", "saturated"] and "rate" in modes
+    # the probe again after the rates, each time with twice the requests, within capacity_loads
+    probes = [loads[k] for k in sorted(loads) if loads[k][1]["mode"] == "saturated"]
+    sizes = [sum(r.phase == "run" for r in read_requests(p)) for p, _ in probes]
+    assert len(probes) >= 2 and sizes == [16 * 2**k for k in range(len(probes))], sizes
+    assert modes.count("rate") - 3 + len(probes) - 1 <= 3  # the rates' three, then at most capacity_loads
+    for (p, load), n in zip(probes[1:], sizes[1:], strict=True):
+        assert p.name.endswith(f"-cached-saturated-n{n}") and load["requests"] == n and load["concurrency"] == 4
+    assert "measuring the saturated probe x 32" in out
+    (arm,) = json.loads(next((res / "auto").glob("*-capacity.json")).read_text())["arms"]
+    c = arm["capacity_at_slo"]
+    assert arm["saturated_requests"] == sizes[-1] and c["bound"] == "saturation"  # the longest probe counts
+    assert c["req_per_s"] == arm["saturated_req_per_s"] and [c["low"], c["high"]] == arm["saturated_interval"]
+    assert c["low"] is None or c["low"] <= c["req_per_s"] <= c["high"]
+    assert "the arm's saturated throughput" in out
+    # the report recomputes it from the folders: the same probe, its interval and its size
+    r = kvbench("report", str(res / "auto"), "-o", str(tmp_path / "r.html"))
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "r.html").read_text()
+    assert f"{sizes[-1]} requests)" in html and "Saturated closed-loop throughput" in html
 
 
 @pytest.mark.parametrize(

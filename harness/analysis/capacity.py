@@ -5,20 +5,28 @@ terminal and capacity.json (runner), the report and the gate alike.
 
 - A point is one load: a rate of arrivals, or the "serial" probe (one request at a time, placed
   at the rate it achieved). The "saturated" probe (a closed loop) gives the arm's maximum
-  throughput and is not a point of the curve.
+  throughput, with its 95 % interval (stats.steady_rate_ci), and is not a point of the curve.
 - Capacity at the SLO: between the highest rate whose share of requests meeting the SLO holds
   and the next one up, where the share, interpolated linearly, crosses the required share. Its
   interval takes the share at those two rates anywhere within their 95 % Wilson intervals
   (binomial: n requests, k met), and stays within the two rates: a sweep cannot say more than its
   rates resolve. When every rate holds the SLO the capacity is at least the highest; when none
   does, below the lowest.
+- Never above what the server sustains. With the saturated probe, that is its throughput: a
+  capacity above it is capped there (bound "saturation"), its interval the probe's. A rate's own
+  verdict of saturation (TTFT and requests in flight rising through its run) then does not
+  decide the capacity: near the maximum throughput a queue that starts empty rises through a run
+  of tens of requests without the server falling behind for good, so that verdict came out on
+  either side from run to run (kv-tier-capacity.toml: 6.2 and 6.3 req/s in two runs, 7.2 in two
+  others). Without the probe (rates listed), the first rate found saturated is where the capacity
+  stops: what it completed, within the rates around it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -127,26 +135,44 @@ def _cross(r_a: float, s_a: float, r_b: float, s_b: float, target: float) -> flo
     return r_a + (s_a - target) / (s_a - s_b) * (r_b - r_a)
 
 
-def holds(p: Point, share: float) -> bool:
-    return (p.share_met or 0.0) >= share and not p.saturated
+@dataclass(frozen=True)
+class Ceiling:
+    """What the arm sustains: its saturated probe's steady-state throughput and 95 % interval
+    (None where the probe had too few completions for one), over how many requests."""
+
+    req_per_s: float
+    low: float | None
+    high: float | None
+    requests: int
 
 
-def capacity(points: Sequence[Point], share: float | None, ceiling: float | None = None) -> Capacity:
+def holds(p: Point, share: float, by_saturation: bool = True) -> bool:
+    return (p.share_met or 0.0) >= share and not (by_saturation and p.saturated)
+
+
+def capacity(points: Sequence[Point], share: float | None, ceiling: Ceiling | None = None) -> Capacity:
     """The capacity at the SLO of one arm's points (see the module's definition), never above
     `ceiling`, the arm's saturated throughput (its closed-loop probe): a rate above what the
     server completes that still met the SLO did so only because too few requests were sent for
-    its queue to show (bound "saturation")."""
-    c = _capacity(points, share)
-    if ceiling is None or c.req_per_s is None or c.req_per_s <= ceiling:
+    its queue to show (bound "saturation", with the probe's interval)."""
+    if ceiling is None:
+        return _capacity(points, share, by_saturation=True)
+    c = _capacity(points, share, by_saturation=False)
+    if c.req_per_s is None or c.req_per_s <= ceiling.req_per_s:
+        if c.bound == "measured" and c.high is not None and ceiling.high is not None:
+            return Capacity(c.req_per_s, c.low, min(c.high, ceiling.high), c.bound, share)
         return c
-    return Capacity(ceiling, min(c.low if c.low is not None else ceiling, ceiling), ceiling, "saturation", share)
+    low, high = ceiling.low, ceiling.high
+    if high is not None and c.bound == "measured" and c.high is not None:
+        high = max(min(high, c.high), ceiling.req_per_s)
+    return Capacity(ceiling.req_per_s, low, high, "saturation", share)
 
 
-def _capacity(points: Sequence[Point], share: float | None) -> Capacity:
+def _capacity(points: Sequence[Point], share: float | None, by_saturation: bool) -> Capacity:
     pts = sorted((p for p in points if p.share_met is not None), key=lambda p: p.offered_req_per_s)
     if share is None or not pts:
         return Capacity(None, None, None, "no_slo", share)
-    fail = _first_failing(pts, share)
+    fail = _first_failing(pts, share, by_saturation)
     if fail is None:
         top = pts[-1].offered_req_per_s
         return Capacity(top, top, None, "at_least", share)
@@ -195,9 +221,13 @@ class ArmCurve:
     arm: str
     cache: str  # the arm's `cache`: "bust" (no tier) or "reuse"
     points: tuple[Point, ...]
-    saturated_req_per_s: float | None  # the closed-loop probe's throughput
+    saturated: Ceiling | None  # the closed-loop probe's throughput
     saturation_rate: float | None
     capacity: Capacity
+
+    @property
+    def saturated_req_per_s(self) -> float | None:
+        return self.saturated.req_per_s if self.saturated else None
 
 
 def curves(runs: Sequence[RunResult]) -> list[ArmCurve]:
@@ -209,11 +239,7 @@ def curves(runs: Sequence[RunResult]) -> list[ArmCurve]:
     out = []
     for arm, rs in by_arm.items():
         pts = one_per_load(p for r in rs if (p := point(r)) is not None)
-        sat = [r for r in rs if r.load.get("mode") == "saturated"]
-        top = None
-        if sat:
-            t = stats.throughput(stats.measured(sat[-1].records))
-            top = t.steady_req_per_s or t.req_per_s
+        top = ceiling([r for r in rs if r.load.get("mode") == "saturated"])
         slo = next((s for r in rs if (s := slo_of(r)) is not None), None)
         out.append(
             ArmCurve(
@@ -228,6 +254,18 @@ def curves(runs: Sequence[RunResult]) -> list[ArmCurve]:
     return out
 
 
+def ceiling(probes: Sequence[RunResult]) -> Ceiling | None:
+    """The arm's saturated throughput: of its closed-loop probes (one, or more where narrowing
+    ran it again with more requests), the one with the most requests."""
+    kept = max((stats.measured(r.records) for r in probes), key=len, default=[])
+    t = stats.throughput(kept)
+    rate = t.steady_req_per_s or t.req_per_s
+    if not rate:
+        return None
+    low, high = (stats.steady_rate_ci(kept) if t.steady_req_per_s else None) or (None, None)
+    return Ceiling(rate, low, high, len(kept))
+
+
 def one_per_load(points: Iterable[Point]) -> tuple[Point, ...]:
     """One point per load, by offered rate: where a rate was measured again with more requests
     (open_loop.RateSweep narrowing the capacity's interval), the one with the most."""
@@ -239,49 +277,62 @@ def one_per_load(points: Iterable[Point]) -> tuple[Point, ...]:
     return tuple(sorted(best.values(), key=lambda p: p.offered_req_per_s))
 
 
-def bracket(points: Sequence[Point], share: float) -> tuple[Point, Point] | None:
+def bracket(points: Sequence[Point], share: float, by_saturation: bool = True) -> tuple[Point, Point] | None:
     """The two rates the capacity lies between: the highest that holds the SLO below the first
     that does not (None when every rate holds it or none does)."""
     pts = sorted((p for p in points if p.share_met is not None), key=lambda p: p.offered_req_per_s)
-    fail = _first_failing(pts, share)
+    fail = _first_failing(pts, share, by_saturation)
     return None if not fail else (pts[fail - 1], pts[fail])
 
 
-def _first_failing(pts: Sequence[Point], share: float) -> int | None:
-    return next((k for k, p in enumerate(pts) if not holds(p, share)), None)
+def _first_failing(pts: Sequence[Point], share: float, by_saturation: bool) -> int | None:
+    return next((k for k, p in enumerate(pts) if not holds(p, share, by_saturation)), None)
 
 
 def width_of(c: Capacity) -> float | None:
-    """A measured capacity's 95 % interval as a share of it."""
-    if c.bound != "measured" or not c.req_per_s or c.low is None or c.high is None:
+    """A measured capacity's 95 % interval as a share of it (or the saturated throughput's,
+    where that is the capacity)."""
+    if c.bound not in ("measured", "saturation") or not c.req_per_s or c.low is None or c.high is None:
         return None
     return (c.high - c.low) / c.req_per_s
 
 
-def narrowing(curve: ArmCurve, width: float) -> list[tuple[float, int]] | None:
-    """The loads (rate, measured requests) that narrow an arm's capacity interval towards
-    `width` of the capacity; None when it is that narrow already, or not a measured capacity (a
-    bound: at least, below, or the saturated throughput), which more loads cannot narrow. The
-    interval lies between the two rates around the capacity, and reaches one of them when the
-    share meeting the SLO there is too uncertain to say on which side of the required share it
-    is (its 95 % interval spans it), or when the rate above failed by saturation alone (a queue
-    that grew through a short run: more requests show whether it keeps growing): that rate
-    again, with twice the requests (the share's interval narrows as 1/sqrt(requests)); else a
-    rate half-way between the two, with as many requests as they had."""
+@dataclass(frozen=True)
+class Added:
+    """A load narrowing adds: the saturated probe again, or a rate, with its measured requests."""
+
+    mode: Literal["rate", "saturated"]
+    rate: float | None
+    requests: int
+
+
+def narrowing(curve: ArmCurve, width: float) -> list[Added] | None:
+    """The loads that narrow an arm's capacity interval towards `width` of the capacity; None
+    when it is that narrow already, or a bound that more loads cannot narrow (at least, below).
+    Where the capacity is the saturated throughput, its probe again with twice the requests (a
+    mean's interval narrows as 1/sqrt(requests)). Else the interval lies between the two rates
+    around the capacity, and reaches one of them when the share meeting the SLO there is too
+    uncertain to say on which side of the required share it is (its 95 % interval spans it), or,
+    without a probe, when the rate above failed by saturation alone (a queue that grew through a
+    short run: more requests show whether it keeps growing): that rate again, with twice the
+    requests; else a rate half-way between the two, with as many requests as they had."""
     c, share = curve.capacity, curve.capacity.required_share
     w = width_of(c)
+    if c.bound == "saturation" and curve.saturated is not None:  # no interval yet: more requests give one
+        return None if w is not None and w <= width else [Added("saturated", None, 2 * curve.saturated.requests)]
     if w is None or share is None or w <= width:
         return None
-    pair = bracket(curve.points, share)
+    by_saturation = curve.saturated is None
+    pair = bracket(curve.points, share, by_saturation)
     if pair is None:
         return None
     a, b = pair
     unsure = [p for p in pair if p.share_lo is not None and p.share_hi is not None and p.share_lo < share <= p.share_hi]
-    if b not in unsure and b.saturated and (b.share_met or 0.0) >= share:
+    if by_saturation and b not in unsure and b.saturated and (b.share_met or 0.0) >= share:
         unsure.append(b)
     if unsure:
-        return [(p.offered_req_per_s, 2 * p.requests) for p in unsure]
-    return [((a.offered_req_per_s + b.offered_req_per_s) / 2, max(a.requests, b.requests))]
+        return [Added("rate", p.offered_req_per_s, 2 * p.requests) for p in unsure]
+    return [Added("rate", (a.offered_req_per_s + b.offered_req_per_s) / 2, max(a.requests, b.requests))]
 
 
 def benefit(arm_curves: Sequence[ArmCurve]) -> list[dict[str, Any]]:
@@ -327,6 +378,8 @@ def document(runs: Sequence[RunResult]) -> dict[str, Any]:
                 "cache": c.cache,
                 "points": [asdict(p) for p in c.points],
                 "saturated_req_per_s": c.saturated_req_per_s,
+                "saturated_interval": [c.saturated.low, c.saturated.high] if c.saturated else None,
+                "saturated_requests": c.saturated.requests if c.saturated else None,
                 "saturation_rate": c.saturation_rate,
                 "capacity_at_slo": asdict(c.capacity),
             }
@@ -344,9 +397,15 @@ def capacity_text(c: dict[str, Any]) -> str:
     if c["bound"] == "at_least":
         return f"SLO capacity at least {c['req_per_s']:.3g} req/s, the highest rate measured ({share} at every rate)"
     if c["bound"] == "saturation":
+        interval = (
+            f"95 % interval {c['low']:.3g} to {c['high']:.3g}"
+            if c["low"] is not None and c["high"] is not None
+            else "no interval: its probe's completions were too few or too irregular"
+        ) + "; "
         return (
-            f"SLO capacity {c['req_per_s']:.3g} req/s, the arm's saturated throughput: the rates above it that "
-            f"met the SLO did so only because too few requests were sent for the queue to show ({share})"
+            f"SLO capacity {c['req_per_s']:.3g} req/s ({interval}{share}), the arm's saturated throughput: the SLO "
+            "held up to it, and rates above it that met the SLO did so only because too few requests were sent "
+            "for the queue to show"
         )
     return f"SLO capacity {c['req_per_s']:.3g} req/s (95 % interval {c['low']:.3g} to {c['high']:.3g}; {share})"
 

@@ -15,6 +15,9 @@ Definitions:
   that span: ramp-up and drain left out.
 - speedup at a length: median cold TTFT / median warm TTFT; its 95 % interval is a percentile
   bootstrap resampling cold and warm requests independently.
+- steady-state req/s's 95 % interval (steady_rate_ci): batch means of the gaps between those
+  completions (STEADY_BATCHES consecutive batches, Student's t over the batches' mean gaps),
+  which allows for completions that come in waves, as a closed loop's do.
 - drop: (before - after) / before.
 - open loop: warm-up requests (phase "warmup") are left out of every figure but the counts of
   requests and failures. Schedule lag: real send time (start_s) - intended send time.
@@ -52,6 +55,8 @@ QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0}
 CI_LEVEL = 0.95
 CI_RESAMPLES = 2000
 STEADY_QUANTILES = (0.1, 0.9)
+STEADY_BATCHES = 8  # batches of the steady-state interval (fewer where fewer gaps: at least 2)
+STEADY_MIN_GAPS_PER_BATCH = 3
 SATURATION_P = 0.01
 SATURATION_GROWTH = 1.5
 SATURATION_MIN_REQUESTS = 12  # fewer cannot show a trend
@@ -168,6 +173,31 @@ def throughput(records: Records) -> Throughput:
         mean_concurrency=area / span if positive else None,
         timeline=timeline,
     )
+
+
+def steady_rate_ci(records: Records) -> tuple[float, float] | None:
+    """The CI_LEVEL interval of throughput(records).steady_req_per_s (see the module's
+    definition); None when its window holds too few completions for two batches, or they are
+    too irregular for an upper bound."""
+    from scipy.stats import t as student
+
+    ends = np.sort(np.asarray([r.start_s + (r.e2e_s or 0.0) for r in ok(records)], dtype=np.float64))
+    if len(ends) < 2:
+        return None
+    lo, hi = np.quantile(ends, STEADY_QUANTILES)
+    inside = ends[(ends > lo) & (ends <= hi)]
+    gaps = np.diff(inside)
+    batches = min(STEADY_BATCHES, len(gaps) // STEADY_MIN_GAPS_PER_BATCH)
+    if batches < 2 or hi <= lo:
+        return None
+    means = np.asarray([b.mean() for b in np.array_split(gaps, batches)])
+    mean, half = float(means.mean()), float(student.ppf((1 + CI_LEVEL) / 2, batches - 1) * means.std(ddof=1))
+    half /= float(np.sqrt(batches))
+    rate = len(inside) / float(hi - lo)
+    if mean <= half:
+        return None  # so irregular that no upper bound can be given
+    # the interval of the mean gap, as rates around the steady figure
+    return rate * mean / (mean + half), rate * mean / (mean - half)
 
 
 def lengths(records: Records) -> list[int]:

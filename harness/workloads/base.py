@@ -62,9 +62,8 @@ class Load:
     @property
     def label(self) -> str:
         """The result folder's suffix."""
-        if self.mode != "rate":
-            return self.mode
-        return f"r{self.rate:.4g}" + (f"-n{self.requests}" if self.requests else "")
+        more = f"-n{self.requests}" if self.requests else ""
+        return (self.mode if self.mode != "rate" else f"r{self.rate:.4g}") + more
 
     def meta(self) -> dict[str, Any]:
         """run.json's `load`."""

@@ -184,6 +184,7 @@ class OpenLoop(WorkloadKind[OpenLoopConfig]):
             n, warmup = len(times), w.warmup_requests
         else:  # probes: a closed loop, counted from its first request
             n = SERIAL_PROBE_REQUESTS if load.mode == "serial" else PROBE_PER_CONNECTION * w.auto_concurrency
+            n = load.requests or n  # the saturated probe again, longer (RateSweep.narrow)
             warmup = 0
         rng = random.Random(f"{seed}/schedule/{load.label}")
         order = tuple((i, rng.randrange(w.pool)) for i in range(n))
@@ -345,22 +346,28 @@ class RateSweep:
                 )
                 self.console.print(f"{self.arm}: {said} ({added} load(s) added)", markup=False)
                 return
+            # the saturated throughput's probe may have had too few or too irregular completions for one
+            wide = f"{now:.0%} of the capacity, wider than" if now is not None else "not known yet, for"
             if added + len(todo) > self.w.capacity_loads:
                 self.console.print(
-                    f"{self.arm}: capacity interval still {now:.0%} of the capacity, wider than capacity_width "
+                    f"{self.arm}: capacity interval still {wide} capacity_width "
                     f"{width:.0%}, after {added} load(s) added (capacity_loads {self.w.capacity_loads})",
                     markup=False,
                 )
                 return
-            listed = ", ".join(f"{r:.3g} req/s x {n}" for r, n in todo)
+            listed = ", ".join(
+                f"{a.rate:.3g} req/s x {a.requests}" if a.rate is not None else f"the saturated probe x {a.requests}"
+                for a in todo
+            )
             self.console.print(
-                f"{self.arm}: capacity interval {now:.0%} of the capacity, wider than capacity_width {width:.0%}: "
-                f"measuring {listed}",
+                f"{self.arm}: capacity interval {wide} capacity_width {width:.0%}: measuring {listed}",
                 markup=False,
             )
-            for rate, n in todo:
+            for a in todo:
                 added += 1
-                if (await self._one(Load("rate", rate, index=self.loads, requests=n))).ends_run:
+                conc = self.w.auto_concurrency if a.mode == "saturated" else None
+                load = Load(a.mode, a.rate, conc, index=self.loads, requests=a.requests)
+                if (await self._one(load)).ends_run:
                     return
 
     def _curve(self) -> capacity.ArmCurve | None:
