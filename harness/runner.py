@@ -262,8 +262,9 @@ class ArmLifecycle:
         if arm.before:
             hook = await endpoint.run_hook(arm.before, arm.name, self.base, session.client.session, t.headers)
         elif t.engine is not None and t.engine.reset is not None:
-            self.progress.console.print(f"arm {arm.name}: emptying the engine's KV cache", markup=False)
-            hook = await asyncio.to_thread(t.engine.reset)
+            own = " and setting it up as the arm's `engine` says" if arm.engine is not None else ""
+            self.progress.console.print(f"arm {arm.name}: emptying the engine's KV cache{own}", markup=False)
+            hook = await asyncio.to_thread(t.engine.reset, arm.engine)
         suffix = f"-{self.at}" if self.at else ""
         folder = _new_folder(t.out / t.scenario.name, f"{self.state.stamp}-{arm.name}{suffix}")
         writer = RunWriter(folder, self._meta(hook))

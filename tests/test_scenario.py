@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ name = "t"
 kind = "sweep"
 lengths = [1000, 2000]
 """
+DYN = '[engine]\nkind = "dynamo"\ng2_blocks = 1600\n'
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.toml")), ids=lambda p: p.name)
@@ -120,6 +122,27 @@ def test_defaults() -> None:
             SWEEP + '[engine]\nkind = "dynamo"\ng2_bandwidth = "1GB/s"\n',
             "engine.g2_bandwidth: applies with g2_blocks > 0",
         ),
+        (
+            SWEEP + '[[arms]]\nname = "a"\nengine = { g2_blocks = 8 }\n',
+            "arms[0].engine: applies with an [engine] table",
+        ),
+        (
+            SWEEP + '[engine]\nslots = 2\n[[arms]]\nname = "a"\nengine = { slots = 4 }\n',
+            "arms[0].engine.slots: expected a key llama.cpp's llama-server can change between arms (none)",
+        ),
+        (
+            SWEEP + DYN + '[[arms]]\nname = "a"\n[[arms]]\nname = "b"\nengine = { workers = 2 }\n',
+            "arms[1].engine.workers: expected a key NVIDIA Dynamo's frontend and mocker workers can change "
+            "between arms (g1_blocks, g2_blocks, g2_bandwidth), got 2",
+        ),
+        (
+            SWEEP + DYN + '[[arms]]\nname = "a"\nengine = { g2_bandwidth = "fast" }\n',
+            "arms[0].engine.g2_bandwidth: expected a bandwidth such",
+        ),
+        (
+            SWEEP + DYN + '[[arms]]\nname = "a"\nbefore = { http = "POST /reset" }\nengine = { g1_blocks = 8 }\n',
+            "arms[0].engine: applies to an arm without a `before` of its own",
+        ),
     ],
 )
 def test_errors_name_file_key_and_expectation(text: str, message: str) -> None:
@@ -169,6 +192,16 @@ def test_every_prompt_length_is_bounded_by_the_models_context(text: str, message
         parse(text)
     assert message in str(e.value) and "scenarios/x.toml" in str(e.value)
     assert parse(SESSIONS.format(message=400)).model.max_context_tokens == scenario.MAX_CONTEXT_TOKENS
+
+
+def test_an_arm_sets_the_dynamo_keys_it_may_change_and_keeps_the_rest() -> None:
+    sc = parse(
+        SWEEP + DYN + 'g1_blocks = 400\n[[arms]]\nname = "a"\n[[arms]]\nname = "b"\n'
+        'engine = { g2_bandwidth = "2GB/s", g1_blocks = 300 }\n[[arms]]\nname = "c"\nengine = { g2_blocks = 0 }\n'
+    )
+    assert sc.engine is not None and sc.arms[0].engine is None  # as [engine] says
+    assert sc.arms[1].engine == dataclasses.replace(sc.engine, g1_blocks=300, g2_bandwidth="2GB/s", g2_bytes_per_s=2e9)
+    assert sc.arms[2].engine == dataclasses.replace(sc.engine, g2_blocks=0)
 
 
 def test_a_dynamo_engine_reads_its_own_keys() -> None:

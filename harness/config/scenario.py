@@ -110,6 +110,9 @@ class Arm:
     # that kvbench puts it in first; the engine's slot files, as kvbench sees them (disk)
     warm_from: Literal["active", "host", "disk"] = "active"
     slot_dir: str | None = None
+    # the engine kvbench starts, as this arm runs it (`[[arms]] engine`: [engine] with the arm's
+    # own values of the keys its kind lets change between arms); None: as [engine] says
+    engine: EngineCfg | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ class LlamaEngineCfg:
     """llama.cpp's llama-server, started by kvbench for the run (harness/engines/llamacpp.py)."""
 
     label: ClassVar[str] = "llama.cpp's llama-server"
+    per_arm: ClassVar[tuple[str, ...]] = ()  # keys an arm may set for itself (none: one server per run)
     kind: Literal["llamacpp"] = "llamacpp"
     model: str = "tiny"  # a model kvbench makes (harness/engines/models.py SIZES) or a GGUF file
     slots: int = 1  # llama-server -np
@@ -139,6 +143,8 @@ class DynamoEngineCfg:
     for the run (harness/engines/dynamo.py)."""
 
     label: ClassVar[str] = "NVIDIA Dynamo's frontend and mocker workers"
+    # the workers' own flags: kvbench restarts them before each arm (harness/engines/dynamo.py)
+    per_arm: ClassVar[tuple[str, ...]] = ("g1_blocks", "g2_blocks", "g2_bandwidth")
     kind: Literal["dynamo"] = "dynamo"
     workers: int = 1  # mocker workers, one process each
     router_mode: Literal["kv", "round-robin"] = "kv"  # the frontend's choice of worker
@@ -284,6 +290,7 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
     name = top.text("name", required=True)
     if not _NAME_RE.match(name):
         top.fail("name", "expected letters, digits, '.', '_' or '-' (it names the results folder)", name)
+    engine = _engine(top.sub("engine")) if top.has("engine") else None
     scenario = Scenario(
         schema_version=version,
         name=name,
@@ -291,14 +298,14 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
         endpoint=_endpoint(top.sub("endpoint")),
         prompts=_prompts(top.sub("prompts")),
         workload=kinds.parse(top.sub("workload")),
-        arms=_arms(top, file),
+        arms=_arms(top, file, engine),
         emulator=_emulator(top.sub("emulator")),
         model=_model(top.sub("model")),
         reference=_reference(top.sub("reference")) if top.has("reference") else None,
         traffic=_traffic(top.sub("traffic")) if top.has("traffic") else None,
         metrics=_metrics(top.sub("metrics")),
         slo=_slo(top.sub("slo")) if top.has("slo") else None,
-        engine=_engine(top.sub("engine")) if top.has("engine") else None,
+        engine=engine,
         distributed=_distributed(top.sub("distributed")) if top.has("distributed") else None,
         gate=_gate(top, file),
         path=file,
@@ -392,7 +399,7 @@ def check_lengths(sc: Scenario, context: Context) -> None:
             )
 
 
-def _arms(top: Table, file: str) -> tuple[Arm, ...]:
+def _arms(top: Table, file: str, engine: EngineCfg | None) -> tuple[Arm, ...]:
     raw = top.get("arms")
     if raw is None:
         return (Arm("default"),)
@@ -416,6 +423,7 @@ def _arms(top: Table, file: str) -> tuple[Arm, ...]:
                 traffic=t.flag("traffic", Arm.traffic),
                 warm_from=t.text("warm_from", Arm.warm_from, WARM_FROM),
                 slot_dir=t.text("slot_dir"),
+                engine=_arm_engine(t, top, engine) if t.has("engine") else None,
             )
         )
         if arms[-1].warm_from != "active" and arms[-1].cache == "bust":
@@ -424,6 +432,21 @@ def _arms(top: Table, file: str) -> tuple[Arm, ...]:
             t.fail("slot_dir", 'applies to warm_from = "disk" only', arms[-1].slot_dir)
         t.done()
     return tuple(arms)
+
+
+def _arm_engine(arm: Table, top: Table, engine: EngineCfg | None) -> EngineCfg:
+    """An arm's `engine`: [engine] with the arm's own values of the keys its kind lets an arm set
+    (`per_arm`), checked as [engine] is."""
+    own = arm.sub("engine")
+    if engine is None:
+        own.fail("", "applies with an [engine] table (an engine kvbench starts for the run)", own.data)
+    if arm.has("before"):
+        own.fail("", "applies to an arm without a `before` of its own (kvbench restarts the engine with it)", own.data)
+    for k in own.data:
+        if k not in engine.per_arm:
+            can = ", ".join(engine.per_arm) or "none"
+            own.fail(k, f"expected a key {engine.label} can change between arms ({can})", own.data[k])
+    return _engine(Table(own.file, own.path, {**top.get("engine"), **own.data}))
 
 
 def _hook(t: Table) -> Hook:

@@ -20,15 +20,17 @@ class Started:
     must do to use it."""
 
     base_url: str
-    info: dict[str, Any] = field(default_factory=dict)  # run.json's `engine`
+    # run.json's `engine`, as the arm now running has it (`reset` may change it for an arm)
+    info: dict[str, Any] = field(default_factory=dict)
     slot_dir: Path | None = None  # where its slot files are (llama.cpp's warm_from = "disk")
     tokenizer: str | None = None  # the model's tokenizer, for exact prompt lengths (no /tokenize)
     # fields every request body carries, by the request's max_tokens (a picklable function:
     # client processes build bodies too)
     body_fields: Callable[[int], dict[str, Any]] | None = None
     # empties the engine's KV cache where an arm's `before` runs, for arms with no `before` of
-    # their own (blocking); returns what it did, for run.json's `before_hook`
-    reset: Callable[[], str] | None = None
+    # their own, and sets it up as that arm's config says (Arm.engine; None: the run's)
+    # (blocking); returns what it did, for run.json's `before_hook`
+    reset: Callable[[EngineCfg | None], str] | None = None
 
 
 @contextlib.contextmanager

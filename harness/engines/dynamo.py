@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config.scenario import DynamoEngineCfg
+from harness.config.scenario import DynamoEngineCfg, EngineCfg
 from harness.engines import Started
 from harness.engines.process import ServerProcess, installed
 
@@ -160,14 +160,16 @@ class Deployment:
             raise
         return self
 
-    def restart_workers(self) -> str:
-        """Every mocker stopped and started again, so that their KV caches (G1 and G2) start
-        empty: Dynamo 1.6 offers no other reset for them (the frontend has no /clear_kv_blocks and
-        the mocker no such endpoint). Returns what it did, for run.json."""
+    def restart_workers(self, workers: Workers | None = None) -> str:
+        """Every mocker stopped and started again (as `workers` says, if given), so that their KV
+        caches (G1 and G2) start empty: Dynamo 1.6 offers no other reset for them (the frontend
+        has no /clear_kv_blocks and the mocker no such endpoint). Returns what it did, for
+        run.json."""
         gone = self._workers_listed()
         for m in reversed(self.mockers):
             m.__exit__(None, None, None)
         self.mockers = []
+        self.workers = workers or self.workers
         for _ in range(self.workers.count):
             self.mockers.append(Mocker(self.py, self.home, self.model, self.workers).__enter__())
         self._wait_registered(gone)
@@ -255,7 +257,65 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
             f'{where}: [engine] kind = "dynamo": Dynamo is not installed here: run engines/dynamo/install.sh '
             "(or set KVBENCH_DYNAMO_PYTHON to a Python that has ai-dynamo)"
         )
-    workers = Workers(
+    with tempfile.TemporaryDirectory(prefix=ENGINE_PREFIX) as tmp:
+        model = Path(tmp) / SERVED_NAME
+        make_model(py, model, answer_lengths, where)
+        deployment = Deployment(py, model, _workers(cfg), cfg.router_mode, home=Path(tmp) / "home")
+        try:
+            deployment.__enter__()
+        except RuntimeError as e:
+            raise EndpointError(f"{where}: [engine]: {e}") from None
+        assert deployment.frontend is not None
+        started = Started(
+            deployment.base_url,
+            info={
+                "kind": "dynamo",
+                "started_by": "kvbench",
+                "version": version(py),
+                "model": {
+                    "made": SERVED_NAME,
+                    "kv_bytes_per_token": cfg.kv_bytes_per_token,
+                    "context_tokens": cfg.context.tokens,
+                    "answer_lengths": sorted(set(answer_lengths)),
+                },
+                "workers": cfg.workers,
+                "router_mode": cfg.router_mode,
+                "tiers": _tiers(cfg),
+                "flags": {
+                    "frontend": _shown(deployment.frontend.argv, model),
+                    "mocker": _shown(deployment.mockers[0].argv, model),
+                },
+            },
+            tokenizer=str(model),
+            body_fields=annotation,
+        )
+
+        def reset(arm: EngineCfg | None) -> str:
+            """Before an arm: the workers restarted, as the arm's config says (or the run's)."""
+            own = arm if isinstance(arm, DynamoEngineCfg) else cfg
+            try:
+                said = deployment.restart_workers(_workers(own))
+            except (RuntimeError, OSError, ValueError) as e:
+                raise EndpointError(f"{where}: [engine]: restarting Dynamo's workers before an arm: {e}") from None
+            started.info["flags"]["mocker"] = _shown(deployment.mockers[0].argv, model)
+            started.info["tiers"] = _tiers(own)
+            return said
+
+        started.reset = reset
+        try:
+            yield started
+        finally:
+            deployment.__exit__(None, None, None)
+
+
+def _tiers(cfg: DynamoEngineCfg) -> dict[str, Any]:
+    """run.json's `engine.tiers`: each worker's KV tiers as the mocker models them."""
+    g2 = {"blocks": cfg.g2_blocks, "bandwidth": cfg.g2_bandwidth} if cfg.g2_blocks else None
+    return {"block_size": cfg.block_size, "g1": {"blocks": cfg.g1_blocks}, "g2": g2}
+
+
+def _workers(cfg: DynamoEngineCfg) -> Workers:
+    return Workers(
         count=cfg.workers,
         block_size=cfg.block_size,
         gpu_blocks=cfg.g1_blocks,
@@ -263,48 +323,6 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
         host_gbps=cfg.g2_bytes_per_s / 1e9,
         kv_bytes_per_token=cfg.kv_bytes_per_token,
     )
-    with tempfile.TemporaryDirectory(prefix=ENGINE_PREFIX) as tmp:
-        model = Path(tmp) / SERVED_NAME
-        make_model(py, model, answer_lengths, where)
-        deployment = Deployment(py, model, workers, cfg.router_mode, home=Path(tmp) / "home")
-        try:
-            deployment.__enter__()
-        except RuntimeError as e:
-            raise EndpointError(f"{where}: [engine]: {e}") from None
-
-        def reset() -> str:
-            try:
-                return deployment.restart_workers()
-            except (RuntimeError, OSError, ValueError) as e:
-                raise EndpointError(f"{where}: [engine]: restarting Dynamo's workers before an arm: {e}") from None
-
-        try:
-            assert deployment.frontend is not None
-            yield Started(
-                deployment.base_url,
-                info={
-                    "kind": "dynamo",
-                    "started_by": "kvbench",
-                    "version": version(py),
-                    "model": {
-                        "made": SERVED_NAME,
-                        "kv_bytes_per_token": cfg.kv_bytes_per_token,
-                        "context_tokens": cfg.context.tokens,
-                        "answer_lengths": sorted(set(answer_lengths)),
-                    },
-                    "workers": cfg.workers,
-                    "router_mode": cfg.router_mode,
-                    "flags": {
-                        "frontend": _shown(deployment.frontend.argv, model),
-                        "mocker": _shown(deployment.mockers[0].argv, model),
-                    },
-                },
-                tokenizer=str(model),
-                body_fields=annotation,
-                reset=reset,
-            )
-        finally:
-            deployment.__exit__(None, None, None)
 
 
 def _shown(argv: list[str], model: Path) -> list[str]:

@@ -66,6 +66,7 @@ def run_row(run: RunResult) -> dict[str, Any]:
         "started": m.get("started"),
         "ended": m.get("ended"),
         "emulated": bool(m.get("emulated")),
+        "engine": engine_text(m.get("engine")),
         "profile": (m.get("emulator") or {}).get("profile"),
         "time_scale": m.get("time_scale", 1.0),
         "times": m.get("times"),
@@ -83,6 +84,26 @@ def run_row(run: RunResult) -> dict[str, Any]:
         "health_warning": health.get("warning"),
         "emulator_warning": selfcheck.emulator_warning((m.get("emulator") or {}).get("lateness")),
     }
+
+
+def engine_text(info: Any) -> str | None:
+    """The engine kvbench started for a run (run.json `engine`), in a line: what it is, and for
+    Dynamo its router and each worker's tiers as this arm ran them."""
+    if not isinstance(info, dict) or info.get("started_by") != "kvbench":
+        return None
+    version = f" {info['version']}" if info.get("version") else ""
+    if info.get("kind") != "dynamo":
+        return f"llama.cpp's llama-server{version}, started by kvbench"
+    text = (
+        f"NVIDIA Dynamo{version}, started by kvbench: frontend with router {info.get('router_mode')} over "
+        f"{info.get('workers')} mocker worker(s) (times modelled by the mocker, not measured on hardware)"
+    )
+    tiers = info.get("tiers")
+    if isinstance(tiers, dict):
+        g1, g2 = tiers.get("g1") or {}, tiers.get("g2")
+        text += f"; per worker G1 {g1.get('blocks')} blocks of {tiers.get('block_size')} tokens"
+        text += f", G2 {g2.get('blocks')} blocks at {g2.get('bandwidth')}" if isinstance(g2, dict) else ", no G2"
+    return text
 
 
 def _ms(s: float | None) -> float | None:
@@ -454,7 +475,7 @@ def open_loop(runs: list[RunResult]) -> dict[str, Any]:
                 "points": a.points,
                 "capacity": capacity.capacity_text(asdict(a.capacity)) if a.capacity.bound != "no_slo" else None,
                 "saturation_rate": a.saturation_rate,
-                "saturated_req_per_s": a.saturated_req_per_s,
+                "saturated": a.saturated,
             }
             for a in arms
         ],
