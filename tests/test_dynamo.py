@@ -162,6 +162,15 @@ def test_a_host_tier_pays_at_a_high_bandwidth_and_costs_more_than_recomputing_at
     html = (tmp_path / "r.html").read_text()
     assert "G2 1600 blocks at 0.5GB/s" in html and "no G2" in html and "times modelled by the mocker" in html
     assert "slower than" in html
+    # and the gate reads them: the run against a baseline made of itself holds every rule
+    base = tmp_path / "base.json"
+    assert kvbench("baseline", "save", str(tmp_path / "out" / "dyn-tiers"), "-o", str(base)).returncode == 0
+    rules = tmp_path / "rules.toml"
+    rules.write_text(
+        '[gate.regression]\n"ttft_s{arm=g2}" = { p50 = "+20%" }\n"req_per_s{arm=slow}" = { value = "-20%" }\n'
+    )
+    gate = kvbench("gate", str(tmp_path / "out" / "dyn-tiers"), "--baseline", str(base), "--rules", str(rules))
+    assert gate.returncode == 0 and "2 rules: 2 held" in gate.stdout + gate.stderr, gate.stdout + gate.stderr
 
 
 def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(
