@@ -161,7 +161,7 @@ def test_a_host_tier_pays_at_a_high_bandwidth_and_costs_more_than_recomputing_at
     assert rep.returncode == 0, rep.stderr
     html = (tmp_path / "r.html").read_text()
     assert "G2 1600 blocks at 0.5GB/s" in html and "no G2" in html and "times modelled by the mocker" in html
-    assert "slower than" in html
+    assert "slower than" in html and "KV router's expected hit ratio" in html
     # and the gate reads them: the run against a baseline made of itself holds every rule
     base = tmp_path / "base.json"
     assert kvbench("baseline", "save", str(tmp_path / "out" / "dyn-tiers"), "-o", str(base)).returncode == 0

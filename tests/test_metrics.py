@@ -94,6 +94,18 @@ def test_dynamos_frontend_says_its_hit_ratio_and_block_size() -> None:
     assert m["server_ttft_source"] == "dynamo_frontend_time_to_first_token_seconds"
 
 
+def test_dynamos_kv_router_says_what_it_expected_to_find_cached() -> None:
+    """Dynamo 1.6.1's frontend with its KV router over two mocker workers, after the same
+    795-token prompt twice (the whole capture, kept as it came): the router chose the worker that
+    held the prompt's 49 blocks (784 tokens) for the second, and the worker reported as much."""
+    snap, gauges = metrics.parse((GOLDEN / "metrics-dynamo-frontend-1.6.1-kv-router.txt").read_text())
+    m = metrics.mapped(metrics.delta({}, snap, gauges))
+    assert m["families"] == ["dynamo-frontend", "dynamo-router"]
+    assert m["dynamo_router_selected_cached_tokens"] == m["dynamo_cached_tokens"] == 784
+    assert m["dynamo_router_kv_hit_ratio"] == m["dynamo_frontend_hit_ratio"] == 784 / 1590
+    assert metrics.hit_ratio(m) == 784 / 1590  # the server's answer stays the workers' own
+
+
 @pytest.mark.parametrize(
     ("cached", "prompt", "block", "warm"),
     [

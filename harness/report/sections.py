@@ -403,6 +403,7 @@ def _server_row(label: str, phase: str, p: dict[str, Any]) -> dict[str, Any]:
         "phase": phase,
         "requests": p.get("requests"),
         "hit_ratio": ratio,
+        "router_hit_ratio": m.get("dynamo_router_kv_hit_ratio"),
         "low": phase == "warm" and ratio is not None and ratio < checks.LOW_WARM_HIT_RATIO,
         "families": ", ".join(m.get("families", [])) or "unknown (raw deltas kept)",
         "external_hits": m.get("external_hit_tokens", m.get("kvbm_matched_tokens")),

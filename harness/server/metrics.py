@@ -32,6 +32,14 @@ RATIOS: tuple[tuple[str, str, str, str], ...] = (
         "dynamo_frontend_cached_tokens_sum",
         "dynamo_frontend_input_sequence_tokens_sum",
     ),
+    # its KV router: the prompt tokens it expected to find cached on the worker it chose (what the
+    # workers then report is the frontend's ratio above)
+    (
+        "dynamo-router",
+        "dynamo_router_kv_hit_ratio",
+        "dynamo_component_router_kv_selected_cached_prefix_tokens_total",
+        "dynamo_component_router_input_sequence_tokens_sum",
+    ),
 )
 COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("vllm", "prompt_tokens", "vllm:prompt_tokens_total"),
@@ -46,6 +54,11 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
     # a counter in earlier Dynamo releases, a histogram of each request's since (1.6: its sum counts)
     ("dynamo-frontend", "dynamo_cached_tokens", "dynamo_frontend_cached_tokens"),
     ("dynamo-frontend", "dynamo_cached_tokens", "dynamo_frontend_cached_tokens_sum"),
+    (
+        "dynamo-router",
+        "dynamo_router_selected_cached_tokens",
+        "dynamo_component_router_kv_selected_cached_prefix_tokens_total",
+    ),
     ("lmcache", "lmcache_hit_tokens", "lmcache:num_hit_tokens_total"),
     ("llama.cpp", "llamacpp_prompt_tokens_processed", "llamacpp:prompt_tokens_total"),
     ("llama.cpp", "llamacpp_tokens_predicted", "llamacpp:tokens_predicted_total"),
