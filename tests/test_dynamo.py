@@ -9,7 +9,6 @@ a latency against a number."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import subprocess
@@ -174,23 +173,54 @@ def test_a_host_tier_pays_at_a_high_bandwidth_and_costs_more_than_recomputing_at
     assert gate.returncode == 0 and "2 rules: 2 held" in gate.stdout + gate.stderr, gate.stdout + gate.stderr
 
 
-def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(
-    dynamo: Deployment, model: Path, tmp_path: Path
-) -> None:
-    """Two workers, four prompts taking turns: Dynamo's KV-aware router (the module's deployment)
-    finds every repeat's blocks (each prompt cold once); round-robin sends repeats to a worker that
+ROUTING = """
+name = "dyn-routing"
+[engine]
+kind = "dynamo"
+workers = 2
+g1_blocks = 1024
+[endpoint]
+max_tokens = 4
+[workload]
+kind = "closed_loop"
+requests = 16
+concurrency = 1
+pool = 4
+prompt_tokens = 1000
+[[arms]]
+name = "kv"
+[[arms]]
+name = "round-robin"
+engine = { router_mode = "round-robin" }
+"""
+
+
+def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(tmp_path: Path) -> None:
+    """Two workers, four prompts taking turns, one run: Dynamo's KV-aware router finds every
+    repeat's blocks (each prompt cold once) and says it expected them; the next arm's frontend,
+    restarted on the same port with round-robin (`[[arms]] engine`), sends repeats to a worker that
     has not seen them."""
-    assert PYTHON is not None
-    cached: dict[str, list[int]] = {}
-    for mode in ("kv", "round-robin"):
-        sc = write_scenario(tmp_path / f"{mode}.toml", loop(mode, model, pool=4, tokens=1000, requests=16))
-        with contextlib.ExitStack() as stack:
-            d = dynamo if mode == "kv" else stack.enter_context(Deployment(PYTHON, model, Workers(count=2), mode))
-            r = kvbench("run", str(sc), "--endpoint", d.base_url, "--arm", "cached", "--out", str(tmp_path / mode))
-        assert r.returncode == 0, r.stdout + r.stderr
-        (folder,) = arm_folders(tmp_path / mode, mode).values()
-        cached[mode] = [x.cached_tokens or 0 for x in read_requests(folder)]
-    assert sum(c > 0 for c in cached["kv"]) == 16 - 4, cached
+    out = tmp_path / "out"
+    r = kvbench("run", str(write_scenario(tmp_path / "s.toml", ROUTING)), "--out", str(out), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    folders = arm_folders(out, "dyn-routing")
+    cached, urls = {}, set()
+    for mode, folder in folders.items():
+        meta = json.loads((folder / "run.json").read_text())
+        frontend = meta["engine"]["flags"]["frontend"]
+        assert meta["engine"]["router_mode"] == mode == frontend[frontend.index("--router-mode") + 1]
+        urls.add(meta["endpoint"])
+        recs = read_requests(folder)
+        assert len(recs) == 16 and all(x.ok for x in recs), [x.error for x in recs if not x.ok]
+        cached[mode] = [x.cached_tokens or 0 for x in recs]
+        repeats = len(recs) - len({x.prompt_id for x in recs})
+        if mode == "kv":
+            assert sum(c > 0 for c in cached[mode]) == repeats, cached
+            (phase,) = json.loads((folder / "metrics.json").read_text())["phases"].values()
+            assert phase["mapped"]["dynamo_router_selected_cached_tokens"] == sum(cached[mode])
+        else:
+            assert "the frontend restarted with router mode round-robin" in meta["before_hook"]
+    assert len(urls) == 1  # the same URL for both arms: the frontend came back on its port
     assert sum(cached["round-robin"]) < sum(cached["kv"]), cached
 
 

@@ -133,7 +133,7 @@ def test_defaults() -> None:
         (
             SWEEP + DYN + '[[arms]]\nname = "a"\n[[arms]]\nname = "b"\nengine = { workers = 2 }\n',
             "arms[1].engine.workers: expected a key NVIDIA Dynamo's frontend and mocker workers can change "
-            "between arms (g1_blocks, g2_blocks, g2_bandwidth), got 2",
+            "between arms (g1_blocks, g2_blocks, g2_bandwidth, router_mode), got 2",
         ),
         (
             SWEEP + DYN + '[[arms]]\nname = "a"\nengine = { g2_bandwidth = "fast" }\n',

@@ -143,8 +143,9 @@ class DynamoEngineCfg:
     for the run (harness/engines/dynamo.py)."""
 
     label: ClassVar[str] = "NVIDIA Dynamo's frontend and mocker workers"
-    # the workers' own flags: kvbench restarts them before each arm (harness/engines/dynamo.py)
-    per_arm: ClassVar[tuple[str, ...]] = ("g1_blocks", "g2_blocks", "g2_bandwidth")
+    # the workers' own flags, and the frontend's router: kvbench restarts them before each arm
+    # (harness/engines/dynamo.py)
+    per_arm: ClassVar[tuple[str, ...]] = ("g1_blocks", "g2_blocks", "g2_bandwidth", "router_mode")
     kind: Literal["dynamo"] = "dynamo"
     workers: int = 1  # mocker workers, one process each
     router_mode: Literal["kv", "round-robin"] = "kv"  # the frontend's choice of worker

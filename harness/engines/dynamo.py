@@ -72,7 +72,7 @@ class Workers:
 class _Dynamo(ServerProcess):
     """A Dynamo process: its environment keeps everything on loopback and in `home`."""
 
-    def __init__(self, py: Path, home: Path) -> None:
+    def __init__(self, py: Path, home: Path, port: int = 0) -> None:
         super().__init__(
             {
                 **os.environ,
@@ -83,7 +83,8 @@ class _Dynamo(ServerProcess):
                 "DYN_EVENT_PLANE_HOST": "127.0.0.1",
                 "DYN_SYSTEM_HOST": "127.0.0.1",
                 "HF_HUB_OFFLINE": "1",
-            }
+            },
+            port,
         )
         self.py = py
 
@@ -91,8 +92,8 @@ class _Dynamo(ServerProcess):
 class Frontend(_Dynamo):
     name = "dynamo-frontend"
 
-    def __init__(self, py: Path, home: Path, router_mode: str) -> None:
-        super().__init__(py, home)
+    def __init__(self, py: Path, home: Path, router_mode: str, port: int = 0) -> None:
+        super().__init__(py, home, port)
         self.router_mode = router_mode
 
     def command(self, port: int) -> list[str]:
@@ -160,20 +161,29 @@ class Deployment:
             raise
         return self
 
-    def restart_workers(self, workers: Workers | None = None) -> str:
+    def restart_workers(self, workers: Workers | None = None, router_mode: str | None = None) -> str:
         """Every mocker stopped and started again (as `workers` says, if given), so that their KV
         caches (G1 and G2) start empty: Dynamo 1.6 offers no other reset for them (the frontend
-        has no /clear_kv_blocks and the mocker no such endpoint). Returns what it did, for
-        run.json."""
+        has no /clear_kv_blocks and the mocker no such endpoint); and the frontend too, on the
+        same port, where `router_mode` changes (its router's view of the caches starts empty with
+        them). Returns what it did, for run.json."""
         gone = self._workers_listed()
         for m in reversed(self.mockers):
             m.__exit__(None, None, None)
         self.mockers = []
+        said = ""
+        if router_mode is not None and router_mode != self.router_mode:
+            assert self.frontend is not None
+            port = self.frontend.port
+            self.frontend.__exit__(None, None, None)
+            self.router_mode = router_mode
+            self.frontend = Frontend(self.py, self.home, router_mode, port).__enter__()
+            said = f"; the frontend restarted with router mode {router_mode}"
         self.workers = workers or self.workers
         for _ in range(self.workers.count):
             self.mockers.append(Mocker(self.py, self.home, self.model, self.workers).__enter__())
         self._wait_registered(gone)
-        return f"Dynamo's {self.workers.count} mocker worker(s) restarted: their KV caches (G1, G2) start empty"
+        return f"Dynamo's {self.workers.count} mocker worker(s) restarted: their KV caches (G1, G2) start empty{said}"
 
     def _wait_registered(self, gone: frozenset[int] = frozenset()) -> None:
         """Until the frontend lists the model and knows every worker's `generate` endpoint (and
@@ -294,9 +304,12 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
             """Before an arm: the workers restarted, as the arm's config says (or the run's)."""
             own = arm if isinstance(arm, DynamoEngineCfg) else cfg
             try:
-                said = deployment.restart_workers(_workers(own))
+                said = deployment.restart_workers(_workers(own), own.router_mode)
             except (RuntimeError, OSError, ValueError) as e:
                 raise EndpointError(f"{where}: [engine]: restarting Dynamo's workers before an arm: {e}") from None
+            assert deployment.frontend is not None
+            started.info["router_mode"] = own.router_mode
+            started.info["flags"]["frontend"] = _shown(deployment.frontend.argv, model)
             started.info["flags"]["mocker"] = _shown(deployment.mockers[0].argv, model)
             started.info["tiers"] = _tiers(own)
             return said

@@ -59,10 +59,12 @@ class ServerProcess:
     port_below: int | None = None  # a server that cannot take a port of the ephemeral range
     health_path = "/health"  # answers 200 once the server is up
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, port: int = 0) -> None:
+        """`port`: the one to listen on (a server started again where clients know it), else a
+        free one of the kernel's choice."""
         self.env = env
         self.argv: list[str] = []
-        self.port = 0
+        self.port = self.wanted = port
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = tempfile.NamedTemporaryFile(prefix=f"{self.name}-", suffix=".log", delete=False)  # noqa: SIM115
 
@@ -74,8 +76,9 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def __enter__(self) -> Self:
-        for _ in range(3):  # a free port can be taken between the check and the bind: try again
-            self.port = free_port(self.port_below)
+        # a free port can be taken between the check and the bind: try again (not a wanted one)
+        for _ in range(1 if self.wanted else 3):
+            self.port = self.wanted or free_port(self.port_below)
             self.argv = self.command(self.port)
             self.proc = subprocess.Popen(
                 self.argv,
