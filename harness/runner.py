@@ -399,8 +399,13 @@ class ArmLifecycle:
         sc, t = self.t.scenario, self.t
         if not sc.metrics.enabled:
             return None
-        urls = list(t.metrics_urls or sc.metrics.urls or [endpoint.join(endpoint.root(self.base), "/metrics")])
-        return Scraper(self.session.client.session, urls + list(sc.metrics.extra_urls), t.headers)
+        given = t.metrics_urls or sc.metrics.urls
+        urls = list(given or [endpoint.join(endpoint.root(self.base), "/metrics")])
+        # with the endpoint's own metrics, those of the engine's workers kvbench started (new
+        # processes each arm: the scraper is made after the arm's reset)
+        workers = t.engine.metrics_urls if t.engine is not None and not given else {}
+        urls += [*workers, *sc.metrics.extra_urls]
+        return Scraper(self.session.client.session, urls, t.headers, workers)
 
     async def _finish(self, sender: Sender, writer: RunWriter, interrupted: bool) -> Outcome:
         health = self.health or {}

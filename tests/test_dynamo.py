@@ -218,6 +218,11 @@ def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(tmp_path:
             assert sum(c > 0 for c in cached[mode]) == repeats, cached
             (phase,) = json.loads((folder / "metrics.json").read_text())["phases"].values()
             assert phase["mapped"]["dynamo_router_selected_cached_tokens"] == sum(cached[mode])
+            # the workers' own metrics too, each worker's apart, and their first-token time
+            counts = [k for k in phase["raw_deltas"] if k.startswith("vllm:time_to_first_token_seconds_count")]
+            assert sorted(k.split('kvbench_source="')[1].split('"')[0] for k in counts) == ["mocker-0", "mocker-1"]
+            assert sum(phase["raw_deltas"][k] for k in counts) == 16
+            assert phase["mapped"]["workers_ttft_mean_s"] > 0
         else:
             assert "the frontend restarted with router mode round-robin" in meta["before_hook"]
     assert len(urls) == 1  # the same URL for both arms: the frontend came back on its port

@@ -106,6 +106,21 @@ def test_dynamos_kv_router_says_what_it_expected_to_find_cached() -> None:
     assert metrics.hit_ratio(m) == 784 / 1590  # the server's answer stays the workers' own
 
 
+def test_behind_a_frontend_the_server_ttft_is_the_frontends_and_the_workers_are_apart() -> None:
+    def ttft(name: str, source: str | None, total: float, n: float) -> metrics.Snapshot:
+        labels = (("kvbench_source", source),) if source else ()
+        return {(name + "_sum", labels): total, (name + "_count", labels): n}
+
+    front = "dynamo_frontend_time_to_first_token_seconds"
+    d = {**ttft(front, None, 3.0, 10), **ttft("vllm:time_to_first_token_seconds", "mocker-0", 1.0, 6)}
+    d |= ttft("vllm:time_to_first_token_seconds", "mocker-1", 1.0, 4)
+    m = metrics.mapped(d)
+    assert (m["server_ttft_mean_s"], m["server_ttft_source"]) == (0.3, front)
+    assert m["workers_ttft_mean_s"] == 0.2 and "dynamo-workers" in m["families"]  # both workers' sums
+    alone = metrics.mapped(ttft("vllm:time_to_first_token_seconds", None, 1.0, 4))  # a vLLM server
+    assert alone["server_ttft_mean_s"] == 0.25 and "workers_ttft_mean_s" not in alone
+
+
 @pytest.mark.parametrize(
     ("cached", "prompt", "block", "warm"),
     [

@@ -31,6 +31,9 @@ class Started:
     # their own, and sets it up as that arm's config says (Arm.engine; None: the run's)
     # (blocking); returns what it did, for run.json's `before_hook`
     reset: Callable[[EngineCfg | None], str] | None = None
+    # its own processes' /metrics, scraped beside the endpoint's, by URL -> a name for each
+    # (workers serving the same metric names); as the arm now running has them
+    metrics_urls: dict[str, str] = field(default_factory=dict)
 
 
 @contextlib.contextmanager

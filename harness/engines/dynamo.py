@@ -185,6 +185,10 @@ class Deployment:
         self._wait_registered(gone)
         return f"Dynamo's {self.workers.count} mocker worker(s) restarted: their KV caches (G1, G2) start empty{said}"
 
+    def worker_metrics(self) -> dict[str, str]:
+        """Each mocker's /metrics (its system port: vLLM-style first-token times and KV usage)."""
+        return {f"http://127.0.0.1:{m.port}/metrics": f"mocker-{k}" for k, m in enumerate(self.mockers)}
+
     def _wait_registered(self, gone: frozenset[int] = frozenset()) -> None:
         """Until the frontend lists the model and knows every worker's `generate` endpoint (and
         none of the workers `gone`)."""
@@ -298,6 +302,7 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
             },
             tokenizer=str(model),
             body_fields=annotation,
+            metrics_urls=deployment.worker_metrics(),
         )
 
         def reset(arm: EngineCfg | None) -> str:
@@ -312,6 +317,7 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
             started.info["flags"]["frontend"] = _shown(deployment.frontend.argv, model)
             started.info["flags"]["mocker"] = _shown(deployment.mockers[0].argv, model)
             started.info["tiers"] = _tiers(own)
+            started.metrics_urls = deployment.worker_metrics()
             return said
 
         started.reset = reset

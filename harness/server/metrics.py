@@ -68,7 +68,10 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
     ("dynamo-kvbm", "kvbm_disk_cache_hit_rate", "kvbm_disk_cache_hit_rate"),
     ("lmcache", "lmcache_retrieve_hit_rate", "lmcache:retrieve_hit_rate"),
 )
-TTFT_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "dynamo_frontend_time_to_first_token_seconds")
+# The server's first-token time: Dynamo's frontend's where it is scraped (the nearest the client:
+# routing and tokenizing included), else vLLM's (a vLLM server, or Dynamo's workers alone)
+TTFT_HISTOGRAMS = ("dynamo_frontend_time_to_first_token_seconds", "vllm:time_to_first_token_seconds")
+WORKER_TTFT = "vllm:time_to_first_token_seconds"
 
 
 def block_size(snap: Snapshot) -> tuple[int, str] | None:
@@ -172,6 +175,11 @@ def mapped(d: Snapshot, prompt_tokens_sent: int | None = None) -> dict[str, Any]
             out["server_ttft_mean_s"] = s / c
             out["server_ttft_source"] = h
             break
+    # behind a frontend, its workers' own (Dynamo's vLLM or mocker workers): what routing adds
+    s, c = _sum(d, WORKER_TTFT + "_sum"), _sum(d, WORKER_TTFT + "_count")
+    if out.get("server_ttft_source") != WORKER_TTFT and s is not None and c:
+        families.add("dynamo-workers")
+        out["workers_ttft_mean_s"] = s / c
     out["families"] = sorted(families)
     return out
 

@@ -18,6 +18,9 @@ from harness.server import metrics
 from harness.server.checks import HIGH_COLD_HIT_RATIO, LOW_WARM_HIT_RATIO
 from harness.server.endpoint import redact
 
+# the label a sample from one of several same-named sources (Scraper's `sources`) carries
+SOURCE_LABEL = "kvbench_source"
+
 
 @dataclass
 class Phase:
@@ -28,10 +31,20 @@ class Phase:
 
 
 class Scraper:
-    def __init__(self, session: aiohttp.ClientSession, urls: list[str], headers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        urls: list[str],
+        headers: dict[str, str],
+        sources: dict[str, str] | None = None,
+    ) -> None:
+        """`sources`: URLs whose samples get a `kvbench_source` label of the name given, so that
+        several processes serving the same metric names (an engine's workers) add up instead of
+        one replacing another."""
         self.session = session
         self.urls = urls
         self.headers = headers
+        self.sources = sources or {}
         self.gauges: set[str] = set()
         self.failed: dict[str, str] = {}
         self.phases: dict[str, Phase] = {}
@@ -50,6 +63,8 @@ class Scraper:
                         continue
                     text = await r.text()
                 s, g = metrics.parse(text)
+                if (source := self.sources.get(url)) is not None:
+                    s = {(n, tuple(sorted((*labels, (SOURCE_LABEL, source))))): v for (n, labels), v in s.items()}
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
                 self.failed[url] = f"{type(e).__name__}: {e}"
                 continue
