@@ -31,6 +31,16 @@ pytestmark = [
 ]
 MAX_TOKENS = 8
 BLOCK = 16
+# a scenario's head where kvbench starts Dynamo itself: two workers
+ENGINE = """
+name = "{name}"
+[engine]
+kind = "dynamo"
+workers = 2
+g1_blocks = 1024
+[endpoint]
+max_tokens = 4
+"""
 
 
 @pytest.fixture(scope="module")
@@ -173,26 +183,10 @@ def test_a_host_tier_pays_at_a_high_bandwidth_and_costs_more_than_recomputing_at
     assert gate.returncode == 0 and "2 rules: 2 held" in gate.stdout + gate.stderr, gate.stdout + gate.stderr
 
 
-ROUTING = """
-name = "dyn-routing"
-[engine]
-kind = "dynamo"
-workers = 2
-g1_blocks = 1024
-[endpoint]
-max_tokens = 4
-[workload]
-kind = "closed_loop"
-requests = 16
-concurrency = 1
-pool = 4
-prompt_tokens = 1000
-[[arms]]
-name = "kv"
-[[arms]]
-name = "round-robin"
-engine = { router_mode = "round-robin" }
-"""
+ROUTING = ENGINE.format(name="dyn-routing") + (
+    '[workload]\nkind = "closed_loop"\nrequests = 16\nconcurrency = 1\npool = 4\nprompt_tokens = 1000\n'
+    '[[arms]]\nname = "kv"\n[[arms]]\nname = "round-robin"\nengine = { router_mode = "round-robin" }\n'
+)
 
 
 def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(tmp_path: Path) -> None:
@@ -247,15 +241,6 @@ def engine_leftovers() -> list[Path]:
     return list(Path(tempfile.gettempdir()).glob(ENGINE_PREFIX + "*"))
 
 
-ENGINE = """
-name = "{name}"
-[engine]
-kind = "dynamo"
-workers = 2
-g1_blocks = 1024
-[endpoint]
-max_tokens = 4
-"""
 # Two prompts of two 512-token blocks taking turns; answers of their own lengths (0: max_tokens)
 TRACE = [([1, 2], 3), ([3, 4], 5), ([1, 2], 0), ([3, 4], 7), ([1, 2], 3), ([3, 4], 5)]
 
