@@ -150,10 +150,10 @@ def throughput(records: Records) -> Throughput:
     if not done:
         return Throughput(0, failed, None, None, None, None, None)
     first = min(begin(r) for r in records)
-    ends = np.sort(np.asarray([r.start_s + (r.e2e_s or 0.0) for r in done], dtype=np.float64))
+    ends = _ends(done)
     span = float(ends[-1]) - first
-    lo, hi = np.quantile(ends, STEADY_QUANTILES)
-    inside = int(((ends > lo) & (ends <= hi)).sum())
+    steady, lo, hi = _steady(ends)
+    inside = len(steady)
     tokens = sum(r.completion_tokens or 0 for r in done)
     events = sorted([(begin(r), 1) for r in records] + [(e, -1) for r in records if (e := r.end_s()) is not None])
     timeline, level, area, prev = [], 0, 0.0, first
@@ -175,17 +175,27 @@ def throughput(records: Records) -> Throughput:
     )
 
 
+def _ends(done: Records) -> np.ndarray:
+    """When each of these (successful) requests ended, in order."""
+    return np.sort(np.asarray([r.start_s + (r.e2e_s or 0.0) for r in done], dtype=np.float64))
+
+
+def _steady(ends: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """The completions (sorted end times) of the steady state, and its window's bounds."""
+    lo, hi = np.quantile(ends, STEADY_QUANTILES)
+    return ends[(ends > lo) & (ends <= hi)], float(lo), float(hi)
+
+
 def steady_rate_ci(records: Records) -> tuple[float, float] | None:
     """The CI_LEVEL interval of throughput(records).steady_req_per_s (see the module's
     definition); None when its window holds too few completions for two batches, or they are
     too irregular for an upper bound."""
     from scipy.stats import t as student
 
-    ends = np.sort(np.asarray([r.start_s + (r.e2e_s or 0.0) for r in ok(records)], dtype=np.float64))
+    ends = _ends(ok(records))
     if len(ends) < 2:
         return None
-    lo, hi = np.quantile(ends, STEADY_QUANTILES)
-    inside = ends[(ends > lo) & (ends <= hi)]
+    inside, lo, hi = _steady(ends)
     gaps = np.diff(inside)
     batches = min(STEADY_BATCHES, len(gaps) // STEADY_MIN_GAPS_PER_BATCH)
     if batches < 2 or hi <= lo:
@@ -193,7 +203,7 @@ def steady_rate_ci(records: Records) -> tuple[float, float] | None:
     means = np.asarray([b.mean() for b in np.array_split(gaps, batches)])
     mean, half = float(means.mean()), float(student.ppf((1 + CI_LEVEL) / 2, batches - 1) * means.std(ddof=1))
     half /= float(np.sqrt(batches))
-    rate = len(inside) / float(hi - lo)
+    rate = len(inside) / (hi - lo)
     if mean <= half:
         return None  # so irregular that no upper bound can be given
     # the interval of the mean gap, as rates around the steady figure
