@@ -97,15 +97,19 @@ def test_the_claims_audit_is_only_for_runs_of_a_published_test(results: Path, tm
 
 
 def test_an_arm_slower_than_recomputing_is_said_plainly(results: Path, tmp_path: Path) -> None:
+    # the cached arm's first tokens set far below and far above the recompute arm's (an emulator
+    # on a busy machine may put them anywhere: the records say which, not the host)
     folders = sorted((results / "redbooks-concurrency").iterdir())
-    html = render(load_runs(folders), tmp_path / "fast.html").read_text()
-    assert "slower than recomputing" not in html  # the cached arm is faster here
     cached = next(f for f in folders if f.name.endswith("-cached"))
-    slow = [{**json.loads(line), "ttft_s": 60.0} for line in (cached / "requests.jsonl").read_text().splitlines()]
-    edited = edited_copy(cached, tmp_path / cached.name, {}, slow)
     others = [f for f in folders if f != cached]
-    html = render(load_runs([*others, edited]), tmp_path / "slow.html").read_text()
-    assert "redbooks-concurrency/cached was slower than recomputing: TTFT p50 60 s against" in html
+    lines = (cached / "requests.jsonl").read_text().splitlines()
+    for ttft, said in ((0.001, False), (60.0, True)):
+        edited = edited_copy(
+            cached, tmp_path / str(ttft) / cached.name, {}, [{**json.loads(x), "ttft_s": ttft} for x in lines]
+        )
+        html = render(load_runs([*others, edited]), tmp_path / f"{ttft}.html").read_text()
+        assert ("redbooks-concurrency/cached was slower than recomputing: TTFT p50 60 s against" in html) is said
+        assert ("slower than recomputing" in html) is said
 
 
 def test_errors_interrupted_single_request_and_escaping(results: Path, tmp_path: Path) -> None:
