@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import signal
 from collections.abc import Coroutine
@@ -144,8 +145,13 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
         session = await open_session(t, client)
         if (d := t.distributed) is not None:
             console.print(f"Joining the Ray cluster at {d.address} ...", markup=False)
-            state.cluster = stack.enter_context(raypool.connect(d.address, d.workers, t.base_url, d.lost_after_s))
+            stack.enter_context(raypool.joined(d.address))
             _on_sigint(state, console)  # again: ray.init put its own SIGTERM handler in place of it
+            say = functools.partial(console.print, markup=False)
+            state.cluster = await raypool.start(d.address, d.workers, t.base_url, d.lost_after_s, state.stop, say)
+            if state.cluster is None:
+                console.print("Interrupted while Ray started the workers: nothing was sent.")
+                return ExitCode.INTERRUPTED, []
             hosts = {m.info["hostname"] for m in state.cluster.members}
             console.print(f"{len(state.cluster.members)} Ray workers on {len(hosts)} host(s)", markup=False)
         kind = kinds.get(t.scenario.workload.kind)

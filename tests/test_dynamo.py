@@ -190,8 +190,8 @@ ROUTING = ENGINE.format(name="dyn-routing") + (
 
 
 def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(tmp_path: Path) -> None:
-    """Two workers, four prompts taking turns, one run: Dynamo's KV-aware router finds every
-    repeat's blocks (each prompt cold once) and says it expected them; the next arm's frontend,
+    """Two workers, four prompts taking turns, one run: Dynamo's KV-aware router sends repeats to
+    the worker that holds their blocks and finds there what it expected; the next arm's frontend,
     restarted on the same port with round-robin (`[[arms]] engine`), sends repeats to a worker that
     has not seen them."""
     out = tmp_path / "out"
@@ -209,7 +209,12 @@ def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(tmp_path:
         cached[mode] = [x.cached_tokens or 0 for x in recs]
         repeats = len(recs) - len({x.prompt_id for x in recs})
         if mode == "kv":
-            assert sum(c > 0 for c in cached[mode]) == repeats, cached
+            # the router learns what a worker holds from its KV events, which arrive on their own:
+            # on a busy machine a repeat can come before them and go elsewhere, as the router
+            # expected (the counter below); a prompt's first request never finds anything
+            first = {x.prompt_id: x.id for x in reversed(recs)}
+            assert all(not x.cached_tokens for x in recs if first[x.prompt_id] == x.id), cached
+            assert 0 < sum(c > 0 for c in cached[mode]) <= repeats, cached
             (phase,) = json.loads((folder / "metrics.json").read_text())["phases"].values()
             assert phase["mapped"]["dynamo_router_selected_cached_tokens"] == sum(cached[mode])
             # the workers' own metrics too, each worker's apart, and their first-token time

@@ -1,39 +1,24 @@
 """`kvbench run --ray`: one run sent from the workers of a local Ray cluster of several nodes
-(ray.cluster_utils), against the real emulator; the Dispatch and clock offsets on their own."""
+(ray.cluster_utils), against the real emulator, and what happens when a worker, a node or the
+coordinator is hit (the parts that need no cluster: test_distributed.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from harness.core.clock import Offset
-from harness.distributed.dispatch import (
-    CLOSED_BATCH,
-    CLOSED_BATCH_S,
-    MAX_BATCH,
-    OPEN_WINDOW_S,
-    START_MARGIN_NS,
-    Dispatch,
-    FedOrder,
-)
-from harness.distributed.raypool import ration
 from harness.emulator.serve import EmbeddedEmulator
-from harness.results import RequestRecord, read_requests, read_run
+from harness.results import read_requests, read_run
 from tests.conftest import (
     ROOT,
     kvbench,
@@ -97,122 +82,6 @@ def nodes() -> Iterator[Any]:
 def cluster(nodes: Any) -> str:
     """The address of the module's cluster."""
     return str(nodes.address)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.one_of(
-            st.lists(st.integers(1, 40), max_size=6).map(
-                lambda ls: ("records", b"".join(b"r" * n + b"\n" for n in ls))
-            ),
-            st.just(("end", {})),
-        ),
-        min_size=1,
-        max_size=8,
-    ),
-    st.integers(8, 60),
-)
-def test_a_ray_worker_ships_its_records_in_answers_under_the_inline_limit(items: list[Any], limit: int) -> None:
-    # what the coordinator fetches, call after call: the same lines in the same order, whole, each
-    # answer within the limit unless one line alone is larger, never an empty answer
-    held = deque(items)
-    answers = []
-    while held:
-        answers.append(ration(held, limit))
-        assert answers[-1]
-    got = [i for a in answers for i in a]
-    assert b"".join(i[1] for i in got if i[0] == "records") == b"".join(i[1] for i in items if i[0] == "records")
-    assert [i[0] for i in got if i[0] != "records"] == [i[0] for i in items if i[0] != "records"]
-    for a in answers:
-        lines = b"".join(i[1] for i in a if i[0] == "records")
-        assert lines == b"" or lines.endswith(b"\n")
-        assert len(lines) <= limit or lines.count(b"\n") == 1
-
-
-def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None:
-    order = [(i, i % 3) for i in range(40)]
-    closed = Dispatch(order, [], {0: 1, 1: 1})
-    # guided: at most a quarter of each worker's share of what is left, fewer towards the end
-    sizes = [len(closed.take(k % 2, 100)) for k in range(12)]
-    assert sizes[:3] == [5, 5, 4] and sizes == sorted(sizes, reverse=True) and 1 in sizes
-    taken = closed.taken(0) + closed.taken(1)
-    assert sorted(taken) == order[: len(taken)] and len(set(taken)) == len(taken)
-    while closed.take(0, 100):
-        pass
-    assert sorted(closed.taken(0) + closed.taken(1)) == order  # each once
-
-    async def start(d: Dispatch, worker: int, ready_ns: int) -> int:
-        return await d.start_line(worker, ready_ns)
-
-    async def open_loop() -> None:
-        times = [i * OPEN_WINDOW_S / 2 for i in range(40)]  # two due within a window
-        # dealt in turn by connections: worker 0 (two) gets two of every three
-        timed = Dispatch(order, times, {0: 2, 1: 1})
-        assert timed.take(0, 64) == [order[0], order[2]]  # its own due within a window of its first
-        assert timed.take(1, 64) == [order[1]]  # the next, 4, is due 0.3 after it
-        assert timed.take(0, 1) == [order[3]]
-        waiting = asyncio.ensure_future(start(timed, 0, 100))
-        await asyncio.sleep(0)
-        assert not waiting.done()  # worker 1 is neither ready nor gone
-        timed.gone(1)  # lost: what it had not taken goes to worker 0
-        # a little later than the last one ready: every worker learns it before its first send
-        assert await waiting == 100 + START_MARGIN_NS
-        while timed.take(0, 64):
-            pass
-        assert sorted(timed.taken(0) + timed.taken(1)) == order  # each once, in order per worker
-        assert timed.taken(0) == sorted(timed.taken(0)) and timed.taken(1) == [order[1]]
-        timed.reset(order, times, {0: 1, 1: 1})
-        first = asyncio.ensure_future(start(timed, 0, 100))
-        assert await start(timed, 1, 250) == await first == 250 + START_MARGIN_NS  # the latest one ready
-        timed.gone(0)  # worker 1 takes its requests
-        timed.gone(1)  # the last one lost: they stay its own, lost with it
-        assert list(timed.own[1]) == order and not timed.own[0]
-
-    asyncio.run(open_loop())
-
-
-def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
-    async def closed_loop() -> None:
-        told: list[dict[str, int]] = []
-        now = [0]  # the pace's clock, ns: the test says how long things took, not the machine
-        order = FedOrder(told.append, [], "closed_loop", 4, 0, lambda: now[0])
-        first = asyncio.ensure_future(anext(order))
-        await asyncio.sleep(0)
-        assert told.pop() == {"want": CLOSED_BATCH * 4}  # nothing known of its pace yet
-        order.arrive([(i, 0) for i in range(32)])
-        assert await first == (0, 0)
-        for _ in range(14):
-            await anext(order)
-        assert not told  # more than half the batch is left: not yet
-        now[0] = 1_000
-        await anext(order)
-        assert told.pop() == {"want": MAX_BATCH}  # 16 handed out in 1 us: as many as it may
-        for _ in range(8):
-            await anext(order)
-        at = order.asked_ns or 0
-        # 8 since the last ask: in a second, as few as its connections need; in a millisecond,
-        # what it sends in CLOSED_BATCH_S at 8,000 per second
-        assert order.wanted(at + 10**9) == CLOSED_BATCH * 4
-        assert order.wanted(at + 10**6) == round(8_000 * CLOSED_BATCH_S)
-        # a session is long and stays where it goes; an open loop's window is the Dispatch's
-        assert FedOrder(told.append, [], "sessions", 4, 0).wanted(at + 10**6) == 1
-        assert FedOrder(told.append, [0.0], "open_loop", 4, 0).wanted(at + 10**6) == MAX_BATCH
-        # an open loop's start line: on the coordinator's clock in what it tells, on its own here
-        timed = FedOrder(told.append, [0.0], "open_loop", 4, 1_000)
-        line = asyncio.ensure_future(timed.measured_start(5_000))
-        await asyncio.sleep(0)
-        assert told.pop() == {"ready_at": 4_000}
-        timed.start_at(9_000)
-        assert await line == 10_000
-
-    asyncio.run(closed_loop())
-
-
-def test_clock_offset_comes_from_the_shortest_round_trip() -> None:
-    # (sent, read there, received): the other clock is 1,000 ns ahead; slow trips say less
-    o = Offset.estimate([(0, 5_000, 8_000), (100, 1_150, 200), (300, 9_000, 2_300)])
-    assert o.offset_ns == 1_000 and o.uncertainty_ns == 50 and o.samples == 3
 
 
 def _run_json(folder: Path) -> dict[str, Any]:
@@ -346,8 +215,10 @@ name = "cached"
 time_scale = 10.0
 """,
     )
-    r = kvbench("run", str(sc), "--ray", cluster, "--out", str(tmp_path / "out"), timeout=300)
+    # a bare --ray joins the cluster RAY_ADDRESS names
+    r = kvbench("run", str(sc), "--ray", "--out", str(tmp_path / "out"), env={"RAY_ADDRESS": cluster}, timeout=300)
     assert r.returncode == 0, r.stderr
+    assert f"{NODES} Ray workers" in r.stderr
     (folder,) = (tmp_path / "out" / "rs").iterdir()
     recs = read_requests(folder)
     assert sorted((x.session, x.turn) for x in recs) == [(u, k) for u in range(6) for k in (1, 2, 3)]
@@ -369,22 +240,26 @@ def _popen(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pop
     )
 
 
-def _wait(check: Any, timeout: float = 120) -> None:
+def _wait(check: Any, run: subprocess.Popen[str] | None = None, timeout: float = 240) -> None:
+    """Until `check()`; a guard against a hang only (generous: a busy machine starts Ray's workers
+    slowly; within pytest's own per-test limit), and a run that ended meanwhile says why."""
     deadline = time.monotonic() + timeout
     while not check():
+        if run is not None and run.poll() is not None:
+            raise AssertionError(f"the run ended first (exit {run.returncode}): {run.communicate()[1]}")
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
 
 
 def _sending(
-    tmp_path: Path, name: str, address: str, scenario: str = "", worker: int | None = None
+    tmp_path: Path, name: str, address: str, scenario: str = "", workers: tuple[int, ...] = ()
 ) -> tuple[subprocess.Popen[str], Path]:
     """A 150-request closed loop over the cluster (`scenario`'s extra lines added), once its first
-    records are in (and, given `worker`, one of that worker's: it has reported something)."""
-    sc = write_scenario(tmp_path / f"{name}.toml", loop(name, 150, 1.0) + scenario)
+    records are in (and one of each of `workers`: each has reported something)."""
+    sc = write_scenario(tmp_path / f"{name}.toml", loop(name, 150, 2.0) + scenario)
     out = tmp_path / "out"
     proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", address, "--out", str(out)])
-    _wait(lambda: result_lines(out) >= 6 and (worker is None or worker in _reported(out)))
+    _wait(lambda: result_lines(out) >= 6 and set(workers) <= _reported(out), proc)
     return proc, out
 
 
@@ -409,62 +284,51 @@ def _worker(k: int, run: subprocess.Popen[str]) -> Any:
     return ray.get_actor(f"worker-{k}", namespace=victim["namespace"])
 
 
-def _lost_with(folder: Path) -> int:
-    """Every scheduled request is in the file once, sent by a worker or lost with the one worker
-    run.json's one fault names (only with it), as many as it says: that worker."""
+def _lost_with(folder: Path) -> set[int]:
+    """Every scheduled request is in the file once, sent by a worker or lost with a worker one of
+    run.json's faults names (only with it), as many as that fault says: those workers."""
     recs = read_requests(folder)
     assert sorted(x.schedule_index for x in recs) == list(range(150))
-    (fault,) = _run_json(folder)["distributed"]["faults"]
+    faults = {f["worker"]: f for f in _run_json(folder)["distributed"]["faults"]}
     lost = [x for x in recs if not x.ok]
     # (none when the worker had taken nothing yet: beside other work it may start last)
-    assert all(x.error_kind == "lost" and x.process == fault["worker"] for x in lost)
-    assert fault["lost_requests"] == len(lost)
-    return int(fault["worker"])
+    assert all(x.error_kind == "lost" and x.process in faults for x in lost)
+    for k, fault in faults.items():
+        assert fault["lost_requests"] == sum(x.process == k for x in lost)
+    return set(faults)
 
 
-def test_a_killed_worker_loses_only_its_requests_and_the_run_goes_on(tmp_path: Path, cluster: str) -> None:
-    proc, out = _sending(tmp_path, "rk", cluster, worker=1)
-    ray.kill(_worker(1, proc))
-    _, err = proc.communicate(timeout=300)
-    assert "Ray worker 1" in err and "was lost" in err
+def test_workers_whose_actor_or_process_dies_lose_only_what_they_held(tmp_path: Path, cluster: str) -> None:
+    """In one run, SIGKILL of worker 1's actor (Ray says it died) and of the worker process worker
+    2's actor started (its relay says it ended without a word): each is lost, named, with only
+    the requests it held; what every worker had finished before is kept, and worker 0 goes on
+    with the rest. The report has a row per worker and says which were lost."""
+    proc, out = _sending(tmp_path, "rk", cluster, workers=(1, 2))
+    actor = ray.get(_worker(1, proc).info.remote())["pid"]
+    holder = ray.get(_worker(2, proc).info.remote())["pid"]
+    (sender,) = [p for p in processes_with(b"process_main") if parent_of(p) == holder]
+    assert b"_raylet" not in Path(f"/proc/{sender}/maps").read_bytes()  # a worker process without Ray in it
     (folder,) = (out / "rk").iterdir()
-    assert _lost_with(folder) == 1
+    before = {(x.process, x.schedule_index) for x in read_requests(folder) if x.ok}
+    os.kill(actor, signal.SIGKILL)
+    os.kill(sender, signal.SIGKILL)
+    _, err = proc.communicate(timeout=240)
+    assert _lost_with(folder) == {1, 2}, err
+    assert "Ray worker 1" in err and "Ray worker 2" in err and "was lost" in err
+    assert "its worker process ended without a word" in err
     recs = read_requests(folder)
     lost = [x for x in recs if not x.ok]
     assert proc.returncode == (4 if lost else 0), err  # exit 4: requests failed, the lost ones
-    if lost:  # what it reported before is kept, and the others went on after its loss
-        assert any(x.ok and x.process == 1 for x in recs)
-        assert any(x.ok and x.process != 1 and x.start_s > max(y.start_s for y in lost) for x in recs)
+    assert before <= {(x.process, x.schedule_index) for x in recs if x.ok}
+    if lost:  # the one left went on after their loss
+        assert any(x.ok and x.process == 0 and x.start_s > max(y.start_s for y in lost) for x in recs)
     meta = _run_json(folder)
     assert meta["status"] == "completed"
-    assert [w["worker"] for w in meta["distributed"]["workers"] if w["lost"]] == [1]
-    # the report has a row per worker and says which one was lost
+    assert [w["worker"] for w in meta["distributed"]["workers"] if w["lost"]] == [1, 2]
     r = kvbench("report", str(folder), "-o", str(tmp_path / "r.html"))
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "r.html").read_text()
     assert "Client processes and hosts" in html and "worker 1 on" in html and "was lost" in html
-
-
-@pytest.mark.parametrize("victim", ["actor", "process"])
-def test_a_worker_whose_process_dies_keeps_what_it_finished(tmp_path: Path, cluster: str, victim: str) -> None:
-    """SIGKILL of a worker's actor (Ray says it died) or of the worker process it started (its
-    actor's relay says it ended without a word): that worker is lost, and only what it held."""
-    proc, out = _sending(tmp_path, f"rp{victim}", cluster, worker=2)
-    actor = ray.get(_worker(2, proc).info.remote())["pid"]
-    (sender,) = [p for p in processes_with(b"process_main") if parent_of(p) == actor]
-    assert b"_raylet" not in Path(f"/proc/{sender}/maps").read_bytes()  # a worker process without Ray in it
-    (folder,) = (out / f"rp{victim}").iterdir()
-    before = {(x.process, x.schedule_index) for x in read_requests(folder) if x.ok}
-    os.kill(actor if victim == "actor" else sender, signal.SIGKILL)
-    _, err = proc.communicate(timeout=300)
-    assert _lost_with(folder) == 2 and "Ray worker 2" in err and "was lost" in err
-    if victim == "process":
-        assert "its worker process ended without a word" in err
-    recs = read_requests(folder)
-    lost = [x for x in recs if not x.ok]
-    assert proc.returncode == (4 if lost else 0), err  # (none lost if it had nothing in flight)
-    # what every worker had finished before, the one that died too, is kept
-    assert before <= {(x.process, x.schedule_index) for x in recs if x.ok}
 
 
 def _node_of(nodes: Any, k: int, run: subprocess.Popen[str]) -> Any:
@@ -487,51 +351,6 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def test_a_record_crosses_from_a_worker_to_the_coordinator_intact() -> None:
-    from hypothesis import given
-    from hypothesis import strategies as st
-
-    from harness.distributed.dispatch import tagged, untagged
-
-    @given(
-        st.booleans(),
-        st.one_of(st.none(), st.floats(min_value=0, max_value=1e6, allow_nan=False)),
-        st.one_of(st.none(), st.integers(0, 10**9)),
-        st.one_of(st.none(), st.integers(0, 10**6)),
-    )
-    def check(ok: bool, ttft: float | None, index: int | None, session: int | None) -> None:
-        r = RequestRecord(
-            id=7,
-            arm="cached",
-            phase="run",
-            prompt_id="p00001",
-            target_tokens=1000,
-            prompt_tokens=1000,
-            cached_tokens=992,
-            completion_tokens=3,
-            start_s=0.25,
-            ttft_s=ttft,
-            first_byte_s=0.01,
-            first_content_s=ttft,
-            headers_s=0.01,
-            e2e_s=0.125,
-            itl_s=[0.0125, 0.0],
-            ok=ok,
-            error=None if ok else "HTTP 500: \t tab\nand a line",
-            error_kind=None if ok else "http",
-            http_status=200 if ok else 500,
-            retried=False,
-            process=1,
-            schedule_index=index,
-            session=session,
-        )
-        line = tagged(r)
-        assert line.endswith(b"\n") and line.count(b"\n") == 1
-        assert untagged(line[:-1]) == (r.to_json(), ok, ttft, index, session)
-
-    check()
-
-
 def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: Any) -> None:
     proc, out = _sending(tmp_path, "rn", nodes.address)
     node = _node_of(nodes, 0, proc)
@@ -542,7 +361,7 @@ def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: A
         nodes.add_node(num_cpus=1)  # the cluster as the other tests expect it
         nodes.wait_for_nodes()
     (folder,) = (out / "rn").iterdir()
-    assert _lost_with(folder) == 0
+    assert _lost_with(folder) == {0}
     lost = [x for x in read_requests(folder) if not x.ok]
     assert proc.returncode == (4 if lost else 0), err  # (none lost if it had taken nothing yet)
     assert [w["node_id"] for w in _run_json(folder)["distributed"]["workers"] if w["worker"] == 0] == [node.node_id]
@@ -553,7 +372,7 @@ def test_a_frozen_node_is_declared_lost_by_its_silence(tmp_path: Path, nodes: An
     long while, but the worker there stops sending records and heartbeats, and is declared lost
     after the scenario's lost_after_s; the others finish the schedule."""
     extra = '\n[distributed]\nengine = "ray"\nlost_after_s = 3\n'
-    proc, out = _sending(tmp_path, "rf", str(nodes.address), extra, worker=1)
+    proc, out = _sending(tmp_path, "rf", str(nodes.address), extra, workers=(1,))
     node = _node_of(nodes, 1, proc)
     frozen = _tree(node.all_processes["raylet"][0].process.pid)
     for pid in frozen:
@@ -568,7 +387,7 @@ def test_a_frozen_node_is_declared_lost_by_its_silence(tmp_path: Path, nodes: An
         nodes.add_node(num_cpus=1)
         nodes.wait_for_nodes()
     (folder,) = (out / "rf").iterdir()
-    assert _lost_with(folder) == 1
+    assert _lost_with(folder) == {1}
     (fault,) = _run_json(folder)["distributed"]["faults"]
     assert "neither records nor a heartbeat for 3 s" in fault["reason"], fault
     lost = [x for x in read_requests(folder) if not x.ok]
@@ -585,7 +404,7 @@ def test_sigterm_under_ray_drains_and_keeps_every_answered_request(tmp_path: Pat
         proc = _popen(
             ["run", str(sc), "--arm", "reuse", "--ray", cluster, "--endpoint", emu.base_url, "--out", str(out)]
         )
-        _wait(lambda: result_lines(out) >= 6)
+        _wait(lambda: result_lines(out) >= 6, proc)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
         served = answered(emu.base_url)
@@ -621,7 +440,7 @@ def test_ctrl_c_stops_every_ray_worker_and_keeps_merged_partial_results(tmp_path
     sc = write_scenario(tmp_path / "c.toml", loop("rc", 400, 1.0))
     out = tmp_path / "out"
     proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", cluster, "--out", str(out)])
-    _wait(lambda: result_lines(out) >= 6)
+    _wait(lambda: result_lines(out) >= 6, proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -634,8 +453,9 @@ def test_ctrl_c_stops_every_ray_worker_and_keeps_merged_partial_results(tmp_path
     _wait(lambda: not any(a["name"].startswith("worker-") for a in ray.util.list_named_actors(all_namespaces=True)))
 
 
-def test_ray_from_the_scenario_and_the_bare_flag(tmp_path: Path, cluster: str) -> None:
-    """`[distributed]` asks for Ray in the file; a bare --ray joins the cluster RAY_ADDRESS names."""
+def test_ray_from_the_scenario(tmp_path: Path, cluster: str) -> None:
+    """`[distributed]` asks for Ray, and for fewer workers than the cluster has CPUs, in the file
+    (a bare --ray with RAY_ADDRESS: test_a_session_stays_on_one_ray_worker)."""
     body = loop("rd", 12, 10.0)
     sc = write_scenario(
         tmp_path / "d.toml", body + f'\n[distributed]\nengine = "ray"\naddress = "{cluster}"\nworkers = 2\n'
@@ -643,56 +463,12 @@ def test_ray_from_the_scenario_and_the_bare_flag(tmp_path: Path, cluster: str) -
     r = kvbench("run", str(sc), "--arm", "reuse", "--out", str(tmp_path / "a"))
     assert r.returncode == 0, r.stderr
     assert "2 Ray workers" in r.stderr
-    plain = write_scenario(tmp_path / "p.toml", body)
-    r = kvbench(
-        "run",
-        str(plain),
-        "--arm",
-        "reuse",
-        "--ray",
-        "--workers",
-        "1",
-        "--out",
-        str(tmp_path / "b"),
-        env={"RAY_ADDRESS": cluster},
-    )
-    assert r.returncode == 0, r.stderr
-    (folder,) = (tmp_path / "b" / "rd").iterdir()
-    assert {x.process for x in read_requests(folder)} == {0}
+    (folder,) = (tmp_path / "a" / "rd").iterdir()
+    recs = read_requests(folder)
+    assert sorted(x.schedule_index for x in recs) == list(range(12)) and {x.process for x in recs} <= {0, 1}
 
 
 def test_more_workers_than_the_cluster_has_cpus_is_refused(tmp_path: Path, cluster: str) -> None:
     sc = write_scenario(tmp_path / "m.toml", loop("rl", 12, 10.0))
     r = kvbench("run", str(sc), "--ray", cluster, "--workers", str(NODES + 1), "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and f"has {NODES} CPU(s)" in r.stderr, r.stderr
-
-
-@pytest.mark.parametrize(
-    ("section", "key"),
-    [
-        ('engine = "dask"', "distributed.engine"),
-        ('address = "auto"', "distributed.engine"),  # the engine is required
-        ('engine = "ray"\nworkers = 0', "distributed.workers"),
-        ('engine = "ray"\naddress = " "', "distributed.address"),
-        ('engine = "ray"\nadress = "auto"', "distributed.adress"),
-        ('engine = "ray"\nlost_after_s = 1', "distributed.lost_after_s"),  # less than two heartbeats
-    ],
-)
-def test_bad_distributed_section_names_the_key(tmp_path: Path, section: str, key: str) -> None:
-    sc = write_scenario(tmp_path / "b.toml", loop("rl", 12, 10.0) + f"\n[distributed]\n{section}\n")
-    r = kvbench("validate", str(sc))
-    assert r.returncode == 2 and key in r.stderr and str(sc) in r.stderr, r.stderr
-
-
-def test_ray_missing_says_how_to_install_it(tmp_path: Path) -> None:
-    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None  # as if not installed\n")
-    sc = write_scenario(tmp_path / "n.toml", loop("rl", 12, 10.0))
-    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
-    r = kvbench("run", str(sc), "--ray", "--out", str(tmp_path / "o"), env=env)
-    assert r.returncode == 2 and "pip install 'kvbench[ray]'" in r.stderr and "Traceback" not in r.stderr, r.stderr
-
-
-def test_nothing_but_the_ray_module_imports_ray() -> None:
-    for path in (ROOT / "harness").rglob("*.py"):
-        if path.name != "raypool.py":
-            assert not re.search(r"^\s*(import ray\b|from ray\b)", path.read_text(), re.M), path

@@ -165,9 +165,11 @@ def test_real_local_traffic_beside_an_emulator_run(tmp_path: Path, tool: str) ->
 
 @needs_fio
 def test_unreachable_target_is_warned(tmp_path: Path) -> None:
-    sc = write_scenario(
-        tmp_path / "io.toml", TRAFFIC_SWEEP.format(tool="fio", target="400GB/s", directory=tmp_path / "s")
-    )
+    # fio writes as fast as it can for as long as the run lasts: one length, two repetitions
+    body = TRAFFIC_SWEEP.format(tool="fio", target="400GB/s", directory=tmp_path / "s")
+    body = body.replace("lengths = [4000, 8000, 16000]", "lengths = [4000]")
+    body = body.replace("repetitions = 3", "repetitions = 2")
+    sc = write_scenario(tmp_path / "io.toml", body)
     r = kvbench("run", str(sc), "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert "did not apply the load it claims" in r.stderr

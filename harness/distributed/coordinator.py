@@ -34,8 +34,6 @@ from harness.distributed.worker import HEARTBEAT_S, ID_STRIDE, Share, combine_he
 from harness.results import RequestRecord, RunWriter
 from harness.workloads.base import Plan, Sender
 
-# How long workers have to be ready to send (s): started, connected, their client up.
-READY_TIMEOUT_S = 60.0
 # After the grace period of a stop (aio.GRACE_S), how long the coordinator still waits for the
 # workers' last records before it records what they hold as lost (s).
 END_WAIT_S = 5.0
@@ -115,26 +113,29 @@ class Pool(ABC):
     # -- the arm -----------------------------------------------------------------------------
 
     async def ready(self) -> None:
+        """Until every worker can send (or is lost, or the run is stopped). No limit on how long
+        a worker takes to start (Python, kvbench's import, its client: slow on a busy host), only
+        on its silence: its launcher vouches for it while its process lives (`starting`)."""
         self.running = set(self.shares)
         self.heard = dict.fromkeys(self.shares, time.monotonic())
         await self.start()
         up: set[int] = set()
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while self.running - up:
-            if (left := deadline - time.monotonic()) <= 0:
-                late = ", ".join(map(str, sorted(self.running - up)))
-                await self._end()
-                raise EndpointError(f"worker(s) {late} were not ready to send within {READY_TIMEOUT_S:g} s")
+        while self.running - up and not self.sender.stop.is_set():
+            get = asyncio.ensure_future(self.events.get())
+            stopped = asyncio.ensure_future(self.sender.stop.wait())
             try:
-                async with asyncio.timeout(left):
-                    k, event = await self.events.get()
-            except TimeoutError:
-                continue
-            if event[0] == "up":
-                up.add(k)
-                self.heard[k] = time.monotonic()  # silence counts from here (starting may take long)
-            else:
-                await self._handle(k, event)
+                await asyncio.wait({get, stopped}, timeout=HEARTBEAT_S, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                get.cancel()
+                stopped.cancel()
+            if get.done() and not get.cancelled():
+                k, event = get.result()
+                if event[0] == "up":
+                    up.add(k)
+                    self.heard[k] = time.monotonic()
+                else:
+                    await self._handle(k, event)
+            self._watch(self.running - up)
         if not self.running:
             raise EndpointError(f"every worker was lost before the arm began: {'; '.join(self.lost.values())}")
 
@@ -207,10 +208,18 @@ class Pool(ABC):
             self.sender.aborted = end["aborted"]
             self.sender.stop.set()
 
-    def _watch(self) -> None:
-        """Workers silent for lost_after_s are lost (found here, handled as their event)."""
+    def starting(self, k: int) -> bool:
+        """Worker k's process lives and has not said it is up: the launcher vouches for it while
+        it starts. (A Ray worker's actor does so with heartbeats of its own: False here.)"""
+        return False
+
+    def _watch(self, starting: set[int] | frozenset[int] = frozenset()) -> None:
+        """Workers silent for lost_after_s are lost (found here, handled as their event); of those
+        still `starting`, only one whose launcher no longer vouches for it."""
         now = time.monotonic()
         for k in sorted(self.running):
+            if k in starting and self.starting(k):
+                self.heard[k] = now
             if now - self.heard[k] > self.lost_after_s:
                 self.kill(k)
                 self.heard[k] = now  # one event, not one per look

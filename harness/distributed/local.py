@@ -94,6 +94,9 @@ class LocalPool(Pool):
         got = getattr(self.table, method)(*args)
         return await got if asyncio.iscoroutine(got) else got
 
+    def starting(self, k: int) -> bool:
+        return (proc := self.procs.get(k)) is not None and proc.is_alive()
+
     def kill(self, k: int) -> None:
         if (proc := self.procs.get(k)) is not None and proc.is_alive():
             proc.kill()
