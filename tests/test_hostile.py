@@ -415,8 +415,11 @@ def alive(pid: str) -> bool:
 @pytest.mark.slow
 def test_sigterm_keeps_the_results_and_stops_the_emulator(tmp_path: Path) -> None:
     env = user_env()
+    # streams in flight when SIGTERM comes: 8 at a time, 64 tokens each at the modelled pace
+    body = LOOP.format(requests=400, concurrency=8).replace("max_tokens = 1", "max_tokens = 64")
+    sc = write_scenario(tmp_path / "s.toml", body + "[emulator]\ntime_scale = 1.0\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", "scenarios/redbooks-concurrency.toml", "--out", str(tmp_path)],
+        [sys.executable, "-m", "harness", "run", str(sc), "--out", str(tmp_path / "out")],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -424,7 +427,7 @@ def test_sigterm_keeps_the_results_and_stops_the_emulator(tmp_path: Path) -> Non
         text=True,
     )
     deadline = time.monotonic() + 120
-    lines = lambda: sum(len(p.read_text().splitlines()) for p in tmp_path.glob("*/*/requests.jsonl"))  # noqa: E731
+    lines = lambda: sum(len(p.read_text().splitlines()) for p in tmp_path.glob("out/*/*/requests.jsonl"))  # noqa: E731
     while time.monotonic() < deadline and lines() < 3:
         time.sleep(0.2)
     emulator = emulator_of(proc.pid)
@@ -433,7 +436,7 @@ def test_sigterm_keeps_the_results_and_stops_the_emulator(tmp_path: Path) -> Non
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    (folder,) = tmp_path.glob("*/*/run.json")
+    (folder,) = tmp_path.glob("out/*/*/run.json")
     assert json.loads(folder.read_text())["status"] == "interrupted"
     # kvbench waits for its emulator, which leaves when its stdin closes, its streams in flight
     # given a second (emulator.serve.SHUTDOWN_S): gone by the time kvbench is

@@ -256,7 +256,7 @@ max_tokens = 4
 [workload]
 kind = "open_loop"
 rates = [5.0, 20.0]
-requests = 120
+requests = 60
 warmup_requests = 4
 pool = 8
 prompt_tokens = 1000
@@ -280,14 +280,14 @@ time_scale = 2.0
     for name, folder in folders.items():
         run = read_run(folder)
         recs = read_requests(folder)
-        assert sorted(r.schedule_index for r in recs) == list(range(124))  # each sent once
+        assert sorted(r.schedule_index for r in recs) == list(range(64))  # each sent once
         assert {r.process for r in recs} == {0, 1}
         assert sum(r.phase == "warmup" for r in recs) == 4
         # over both processes, the warm-up is answered before the measured part starts
         warm_end = max(r.end_s() or 0.0 for r in recs if r.phase == "warmup")
         assert min(r.start_s for r in recs if r.phase == "run") >= warm_end
         s = run.meta["summary"]
-        assert s["slo"]["requests"] == 120 and s["schedule_lag"]["requests"] == 120
+        assert s["slo"]["requests"] == 60 and s["schedule_lag"]["requests"] == 60
         assert run.meta["load"]["rate"] == float(name.split("-r")[1])
         # the real sends follow the arrival process asked for
         fit = stats.arrival_fit([r for r in recs if r.phase == "run"], "poisson", run.rate, 1.0)

@@ -320,23 +320,12 @@ async def start(
     # after them, on the arm's first call
     beside = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     dispatch = ray.remote(num_cpus=0)(Dispatch).options(scheduling_strategy=beside).remote([], [], {})
-    answers: asyncio.Future[list[dict[str, Any]]] = asyncio.gather(
-        *(asyncio.wrap_future(a.info.remote().future()) for a in actors)
-    )
-    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
     try:
-        done, _ = await asyncio.wait({answers, stopped}, timeout=START_NOTE_S, return_when=asyncio.FIRST_COMPLETED)
-        if not done:
-            say(f"Waiting for Ray to start {n} worker actor(s) (their processes start slowly on a busy host) ...")
-            await asyncio.wait({answers, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if not answers.done():
-            return None
-        infos = answers.result()
+        infos = await _answers(actors, stop, say)
     except ray.exceptions.RayError as e:
         raise EndpointError(f"--ray: the workers could not start kvbench ({_first_line(e)}): {INSTALL_HINT}") from None
-    finally:
-        stopped.cancel()
-        answers.cancel()
+    if infos is None:
+        return None
     mine = versions()["kvbench"]
     if odd := [i for i in infos if i["kvbench"] != mine]:
         raise InputError(
@@ -353,6 +342,25 @@ async def start(
             "and --endpoint)"
         )
     return Cluster(address, members, here, ray.__version__, dispatch, lost_after_s)
+
+
+async def _answers(actors: list[Any], stop: asyncio.Event, say: Callable[[str], None]) -> list[dict[str, Any]] | None:
+    """Each actor's `info`, once all have answered (Ray's error if one could not start); None if
+    `stop` is set first."""
+    answers: asyncio.Future[list[dict[str, Any]]] = asyncio.gather(
+        *(asyncio.wrap_future(a.info.remote().future()) for a in actors)
+    )
+    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait({answers, stopped}, timeout=START_NOTE_S, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            n = len(actors)
+            say(f"Waiting for Ray to start {n} worker actor(s) (their processes start slowly on a busy host) ...")
+            await asyncio.wait({answers, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        return answers.result() if answers.done() else None
+    finally:
+        stopped.cancel()
+        answers.cancel()
 
 
 class RayPool(Pool):
