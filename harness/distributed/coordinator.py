@@ -117,8 +117,8 @@ class Pool(ABC):
         a worker takes to start (Python, kvbench's import, its client: slow on a busy host), only
         on its silence: its launcher vouches for it while its process lives (`starting`)."""
         self.running = set(self.shares)
-        self.heard = dict.fromkeys(self.shares, time.monotonic())
         await self.start()
+        self.heard = dict.fromkeys(self.shares, time.monotonic())  # silence counts once started
         up: set[int] = set()
         while self.running - up and not self.sender.stop.is_set():
             get = asyncio.ensure_future(self.events.get())

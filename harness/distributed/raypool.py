@@ -404,6 +404,7 @@ class RayPool(Pool):
         actor = self.members[k].actor
         try:
             await actor.run.remote(self.shares[k], headers, self.offsets[k].offset_ns, self.cluster.dispatch)
+            self.events.put_nowait((k, ("records", b"")))  # its process started: alive
             while True:
                 for said in await actor.shipped.remote():
                     self.events.put_nowait((k, said))
