@@ -26,6 +26,8 @@ from harness.distributed.dispatch import (
     START_MARGIN_NS,
     Dispatch,
     FedOrder,
+    tagged,
+    untagged,
 )
 from harness.distributed.raypool import RayWorker, ration
 from harness.results import RequestRecord
@@ -170,11 +172,6 @@ def test_clock_offset_comes_from_the_shortest_round_trip() -> None:
 
 
 def test_a_record_crosses_from_a_worker_to_the_coordinator_intact() -> None:
-    from hypothesis import given
-    from hypothesis import strategies as st
-
-    from harness.distributed.dispatch import tagged, untagged
-
     @given(
         st.booleans(),
         st.one_of(st.none(), st.floats(min_value=0, max_value=1e6, allow_nan=False)),

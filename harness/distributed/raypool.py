@@ -355,7 +355,7 @@ async def _answers(actors: list[Any], stop: asyncio.Event, say: Callable[[str], 
         done, _ = await asyncio.wait({answers, stopped}, timeout=START_NOTE_S, return_when=asyncio.FIRST_COMPLETED)
         if not done:
             n = len(actors)
-            say(f"Waiting for Ray to start {n} worker actor(s) (their processes start slowly on a busy host) ...")
+            say(f"Waiting for Ray to start {n} worker actor(s): Python and kvbench's import on each (Ctrl-C stops) ...")
             await asyncio.wait({answers, stopped}, return_when=asyncio.FIRST_COMPLETED)
         return answers.result() if answers.done() else None
     finally:
