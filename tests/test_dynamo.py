@@ -219,7 +219,12 @@ def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(tmp_path:
             assert phase["mapped"]["dynamo_router_selected_cached_tokens"] == sum(cached[mode])
             # the workers' own metrics too, each worker's apart, and their first-token time
             counts = [k for k in phase["raw_deltas"] if k.startswith("vllm:time_to_first_token_seconds_count")]
-            assert sorted(k.split('kvbench_source="')[1].split('"')[0] for k in counts) == ["mocker-0", "mocker-1"]
+            labelled = [k for k in phase["raw_deltas"] if "kvbench_source" in k]
+            scraped = {k.split('kvbench_source="')[1].split('"')[0] for k in labelled}
+            assert scraped == {"mocker-0", "mocker-1"}
+            # (a worker the router sent nothing has no first-token series: under load it sent all
+            # 16 to one, once, every repeat still finding its KV there)
+            assert {k.split('kvbench_source="')[1].split('"')[0] for k in counts} <= scraped, counts
             assert sum(phase["raw_deltas"][k] for k in counts) == 16
             assert phase["mapped"]["workers_ttft_mean_s"] > 0
         else:
