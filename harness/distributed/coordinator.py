@@ -74,6 +74,7 @@ class Pool(ABC):
         self.events: asyncio.Queue[tuple[int, tuple[Any, ...]]] = asyncio.Queue()
         self.heard: dict[int, float] = {}  # worker -> when it was last heard from (monotonic s)
         self.running: set[int] = set()  # started, neither ended nor lost
+        self.up: set[int] = set()  # said they can send
         self.healths: dict[int, dict[str, Any]] = {}
         self.lost: dict[int, str] = {}  # worker -> why it is gone
         self.seen = Taken()
@@ -116,26 +117,12 @@ class Pool(ABC):
         """Until every worker can send (or is lost, or the run is stopped). No limit on how long
         a worker takes to start (Python, kvbench's import, its client: slow on a busy host), only
         on its silence: its launcher vouches for it while its process lives (`starting`)."""
-        self.running = set(self.shares)
+        self.running, self.up = set(self.shares), set()
         await self.start()
         self.heard = dict.fromkeys(self.shares, time.monotonic())  # silence counts once started
-        up: set[int] = set()
-        while self.running - up and not self.sender.stop.is_set():
-            get = asyncio.ensure_future(self.events.get())
-            stopped = asyncio.ensure_future(self.sender.stop.wait())
-            try:
-                await asyncio.wait({get, stopped}, timeout=HEARTBEAT_S, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                get.cancel()
-                stopped.cancel()
-            if get.done() and not get.cancelled():
-                k, event = get.result()
-                if event[0] == "up":
-                    up.add(k)
-                    self.heard[k] = time.monotonic()
-                else:
-                    await self._handle(k, event)
-            self._watch(self.running - up)
+        while self.running - self.up and not self.sender.stop.is_set():
+            await self._next_event(until_stop=True)
+            self._watch()
         if not self.running:
             raise EndpointError(f"every worker was lost before the arm began: {'; '.join(self.lost.values())}")
 
@@ -184,7 +171,7 @@ class Pool(ABC):
         elif what in ("failed", "lost"):
             await self._lose(k, event[1])
         elif what == "up":
-            pass  # up again: it was told already
+            self.up.add(k)
 
     def _record(self, data: bytes) -> None:
         if not data:
@@ -213,12 +200,12 @@ class Pool(ABC):
         it starts. (A Ray worker's actor does so with heartbeats of its own: False here.)"""
         return False
 
-    def _watch(self, starting: set[int] | frozenset[int] = frozenset()) -> None:
+    def _watch(self) -> None:
         """Workers silent for lost_after_s are lost (found here, handled as their event); of those
-        still `starting`, only one whose launcher no longer vouches for it."""
+        not yet up, only one whose launcher no longer vouches for it."""
         now = time.monotonic()
         for k in sorted(self.running):
-            if k in starting and self.starting(k):
+            if k not in self.up and self.starting(k):
                 self.heard[k] = now
             if now - self.heard[k] > self.lost_after_s:
                 self.kill(k)
