@@ -196,8 +196,8 @@ class Pool(ABC):
             self.sender.stop.set()
 
     def starting(self, k: int) -> bool:
-        """Worker k's process lives and has not said it is up: the launcher vouches for it while
-        it starts. (A Ray worker's actor does so with heartbeats of its own: False here.)"""
+        """Worker k's launcher vouches for it while it starts (its process lives and has not said
+        it is up; a Ray worker's actor then vouches with heartbeats of its own)."""
         return False
 
     def _watch(self) -> None:

@@ -383,6 +383,7 @@ class RayPool(Pool):
         super().__init__(sender, kind, plan, sink, list(self.members), cluster.lost_after_s)
         self.offsets: dict[int, Offset] = {}
         self.readers: dict[int, asyncio.Task[None]] = {}
+        self.launching: set[int] = set()  # its `run` call is in flight: Ray answers it, or says the actor died
 
     def send_clock(self, k: int) -> bool:
         return self.emulated and self.members[k].info["node_ip"] == self.cluster.node_ip
@@ -397,13 +398,17 @@ class RayPool(Pool):
             except self.ray.exceptions.RayError as e:
                 self.events.put_nowait((k, ("lost", _first_line(e))))
                 continue
+            self.launching.add(k)
             self.readers[k] = asyncio.ensure_future(self._read(k, headers))
 
     async def _read(self, k: int, headers: dict[str, str]) -> None:
         """Worker k's arm started, then what it ships as events, its end or its loss last."""
         actor = self.members[k].actor
         try:
-            await actor.run.remote(self.shares[k], headers, self.offsets[k].offset_ns, self.cluster.dispatch)
+            try:
+                await actor.run.remote(self.shares[k], headers, self.offsets[k].offset_ns, self.cluster.dispatch)
+            finally:
+                self.launching.discard(k)
             self.events.put_nowait((k, ("records", b"")))  # its process started: alive
             while True:
                 for said in await actor.shipped.remote():
@@ -412,6 +417,12 @@ class RayPool(Pool):
                         return
         except self.ray.exceptions.RayError as e:
             self.events.put_nowait((k, ("lost", _first_line(e))))
+
+    def starting(self, k: int) -> bool:
+        """Ray has not yet answered the call that starts worker k's process (slow on a busy host:
+        its actor's share of a core); once it has, the actor vouches with heartbeats while the
+        process starts (RayWorker.shipped)."""
+        return k in self.launching
 
     async def tell(self, k: int, said: dict[str, Any]) -> None:
         with contextlib.suppress(self.ray.exceptions.RayError):  # gone: its stream says so
