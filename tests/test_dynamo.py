@@ -189,6 +189,11 @@ ROUTING = ENGINE.format(name="dyn-routing") + (
 )
 
 
+def _source(series: str) -> str:
+    """The `kvbench_source` label of a scraped series' key (which worker's /metrics it came from)."""
+    return series.split('kvbench_source="')[1].split('"')[0]
+
+
 def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(tmp_path: Path) -> None:
     """Two workers, four prompts taking turns, one run: Dynamo's KV-aware router sends repeats to
     the worker that holds their blocks and finds there what it expected; the next arm's frontend,
@@ -219,12 +224,11 @@ def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(tmp_path:
             assert phase["mapped"]["dynamo_router_selected_cached_tokens"] == sum(cached[mode])
             # the workers' own metrics too, each worker's apart, and their first-token time
             counts = [k for k in phase["raw_deltas"] if k.startswith("vllm:time_to_first_token_seconds_count")]
-            labelled = [k for k in phase["raw_deltas"] if "kvbench_source" in k]
-            scraped = {k.split('kvbench_source="')[1].split('"')[0] for k in labelled}
+            scraped = {_source(k) for k in phase["raw_deltas"] if "kvbench_source" in k}
             assert scraped == {"mocker-0", "mocker-1"}
             # (a worker the router sent nothing has no first-token series: under load it sent all
             # 16 to one, once, every repeat still finding its KV there)
-            assert {k.split('kvbench_source="')[1].split('"')[0] for k in counts} <= scraped, counts
+            assert {_source(k) for k in counts} <= scraped, counts
             assert sum(phase["raw_deltas"][k] for k in counts) == 16
             assert phase["mapped"]["workers_ttft_mean_s"] > 0
         else:

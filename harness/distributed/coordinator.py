@@ -116,7 +116,7 @@ class Pool(ABC):
     async def ready(self) -> None:
         """Until every worker can send (or is lost, or the run is stopped). No limit on how long
         a worker takes to start (Python, kvbench's import, its client: slow on a busy host), only
-        on its silence: its launcher vouches for it while its process lives (`starting`)."""
+        on its silence: its launcher vouches for it while it starts (`starting`)."""
         self.running, self.up = set(self.shares), set()
         await self.start()
         self.heard = dict.fromkeys(self.shares, time.monotonic())  # silence counts once started
