@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -55,6 +56,29 @@ def kvbench(*args: str, env: dict[str, str] | None = None, timeout: float = 240)
         env=full_env,
         cwd=ROOT,
     )
+
+
+# Commands that only read files and write files: `cli` runs them in this process
+FILE_COMMANDS = frozenset({"validate", "report", "export", "compare", "gate", "baseline", "trace"})
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A command that only reads and writes files (FILE_COMMANDS) through the CLI's own entry
+    point, in this process (typer's CliRunner), as `kvbench` would run it from the repository:
+    the same exit code, stdout and stderr, without an interpreter's start (about a second of CPU
+    each, a hundred times a suite). An exception that escapes the CLI fails the test: a user
+    would have seen a traceback. `env` is set while the command runs (what it reads then, not
+    at import). Whatever starts a server or a run, takes a signal or needs a process of its own
+    (PYTHONPATH, resource limits) goes through `kvbench`."""
+    from typer.testing import CliRunner
+
+    from harness.cli import app, with_ray_value
+
+    assert args[0] in FILE_COMMANDS, args
+    environ: dict[str, str | None] = {"OPENAI_API_KEY": None, "OPENAI_BASE_URL": None, **(env or {})}
+    with contextlib.chdir(ROOT):
+        r = CliRunner().invoke(app, with_ray_value(list(args)), env=environ, catch_exceptions=False)
+    return subprocess.CompletedProcess(["kvbench", *args], r.exit_code, r.stdout, r.stderr)
 
 
 def arm_folders(out: Path, scenario: str) -> dict[str, Path]:

@@ -31,7 +31,7 @@ from harness.distributed.dispatch import (
 )
 from harness.distributed.raypool import RayWorker, ration
 from harness.results import RequestRecord
-from tests.conftest import ROOT, kvbench, write_scenario
+from tests.conftest import ROOT, cli, kvbench, write_scenario
 from tests.test_workers import LOOP
 
 
@@ -226,7 +226,7 @@ def test_bad_distributed_section_names_the_key(tmp_path: Path, section: str, key
     sc = write_scenario(
         tmp_path / "b.toml", LOOP.format(requests=12, tokens=2000, scale=10.0) + f"\n[distributed]\n{section}\n"
     )
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     assert r.returncode == 2 and key in r.stderr and str(sc) in r.stderr, r.stderr
 
 

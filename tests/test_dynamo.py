@@ -20,7 +20,7 @@ import pytest
 
 from harness.engines.dynamo import ENGINE_PREFIX, VERSION, Deployment, Workers, annotation, python
 from harness.results import read_requests
-from tests.conftest import ROOT, arm_folders, interrupt, kvbench, other_warnings, write_scenario
+from tests.conftest import ROOT, arm_folders, cli, interrupt, kvbench, other_warnings, write_scenario
 
 PYTHON = python()
 pytestmark = [
@@ -167,19 +167,19 @@ def test_a_host_tier_pays_at_a_high_bandwidth_and_costs_more_than_recomputing_at
 
     assert median(hit_ttft["g2"]) < median(hit_ttft["recompute"]) < median(hit_ttft["slow"]), hit_ttft
     # the report says in words that the slow tier lost to recomputing, and names each arm's tier
-    rep = kvbench("report", *map(str, folders.values()), "-o", str(tmp_path / "r.html"))
+    rep = cli("report", *map(str, folders.values()), "-o", str(tmp_path / "r.html"))
     assert rep.returncode == 0, rep.stderr
     html = (tmp_path / "r.html").read_text()
     assert "G2 3100 blocks at 1GB/s" in html and "no G2" in html and "times modelled by the mocker" in html
     assert "slower than" in html and "KV router's expected hit ratio" in html
     # and the gate reads them: the run against a baseline made of itself holds every rule
     base = tmp_path / "base.json"
-    assert kvbench("baseline", "save", str(tmp_path / "out" / "dyn-tiers"), "-o", str(base)).returncode == 0
+    assert cli("baseline", "save", str(tmp_path / "out" / "dyn-tiers"), "-o", str(base)).returncode == 0
     rules = tmp_path / "rules.toml"
     rules.write_text(
         '[gate.regression]\n"ttft_s{arm=g2}" = { p50 = "+20%" }\n"req_per_s{arm=slow}" = { value = "-20%" }\n'
     )
-    gate = kvbench("gate", str(tmp_path / "out" / "dyn-tiers"), "--baseline", str(base), "--rules", str(rules))
+    gate = cli("gate", str(tmp_path / "out" / "dyn-tiers"), "--baseline", str(base), "--rules", str(rules))
     assert gate.returncode == 0 and "2 rules: 2 held" in gate.stdout + gate.stderr, gate.stdout + gate.stderr
 
 

@@ -19,7 +19,7 @@ from harness.commands.export import to_csv
 from harness.gate import figures
 from harness.report.build import build_context
 from harness.results import load_runs
-from tests.conftest import ROOT, kvbench
+from tests.conftest import ROOT, cli
 
 GOLDEN = Path(__file__).parent / "golden" / "runs"
 
@@ -56,7 +56,7 @@ def test_one_row_per_request_with_its_run() -> None:
 @pytest.mark.parametrize("fmt", ["csv", "parquet", "jsonl"])
 def test_exports_read_back_equal_the_frame(fmt: str, tmp_path: Path) -> None:
     out = tmp_path / f"requests.{fmt}"
-    r = kvbench("export", str(GOLDEN / "golden-loop"), "--format", fmt, "-o", str(out))
+    r = cli("export", str(GOLDEN / "golden-loop"), "--format", fmt, "-o", str(out))
     assert r.returncode == 0, r.stderr
     frame = load(GOLDEN / "golden-loop").requests()
     if fmt == "csv":
@@ -80,13 +80,13 @@ def test_damaged_lines_are_skipped_and_counted(tmp_path: Path) -> None:
         f.write('{"id": "cut sh')
     runs = load(copy)
     assert len(runs.requests()) == len(load(run).requests()) and len(runs.skipped) == 1
-    r = kvbench("export", str(copy), "--format", "jsonl")
+    r = cli("export", str(copy), "--format", "jsonl")
     assert r.returncode == 0 and "requests.jsonl:" in r.stderr and len(r.stdout.splitlines()) == len(runs.requests())
 
 
 def test_parquet_without_a_file_and_bad_formats_are_clear_errors() -> None:
     for args in (("--format", "parquet"), ("--format", "xlsx"), ("--table", "nope")):
-        r = kvbench("export", str(GOLDEN / "smoke"), *args)
+        r = cli("export", str(GOLDEN / "smoke"), *args)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
 
 

@@ -21,7 +21,7 @@ from harness.gate import figures
 from harness.gate import output as gate_output
 from harness.gate import rules as gate
 from harness.gate import verdicts as judge
-from tests.conftest import ROOT, kvbench
+from tests.conftest import ROOT, cli, kvbench
 
 
 def rules(text: str) -> gate.Rules:
@@ -203,7 +203,7 @@ def test_the_committed_gate_judges_unchanged_code(tmp_path: Path) -> None:
     tests/README.md; baselines/README.md says how the baseline's stability was measured)."""
     result = run_smoke(tmp_path / "out")
     summary = tmp_path / "summary.md"
-    r = kvbench(
+    r = cli(
         "gate",
         str(result),
         "--baseline",
@@ -225,14 +225,14 @@ def test_the_committed_gate_judges_unchanged_code(tmp_path: Path) -> None:
     assert summary.read_text() == (tmp_path / "g.md").read_text()
 
     own = tmp_path / "own.json"
-    assert kvbench("baseline", "save", str(result), "-o", str(own)).returncode == 0
-    r = kvbench("gate", str(result), "--baseline", str(own))
+    assert cli("baseline", "save", str(result), "-o", str(own)).returncode == 0
+    r = cli("gate", str(result), "--baseline", str(own))
     assert r.returncode == 0 and "6 rules: 6 held" in r.stderr, r.stdout + r.stderr
 
 
 def test_slowed_emulator_fails_the_gate(tmp_path: Path) -> None:
     result = run_smoke(tmp_path / "out", slowdown=1.5)
-    r = kvbench("gate", str(result), "--baseline", "baselines/smoke.json", "--junit", str(tmp_path / "g.xml"))
+    r = cli("gate", str(result), "--baseline", "baselines/smoke.json", "--junit", str(tmp_path / "g.xml"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert re.search(r"FAIL\s+│ ttft_s", r.stdout)
     assert ET.parse(tmp_path / "g.xml").getroot().find("testsuite").get("failures") != "0"  # type: ignore[union-attr]
@@ -242,15 +242,15 @@ def test_rule_that_cannot_hold_and_bad_inputs(tmp_path: Path) -> None:
     result = run_smoke(tmp_path / "out")
     impossible = tmp_path / "impossible.toml"
     impossible.write_text('[gate.thresholds]\n"ttft_s{phase=warm}" = ["p50 < 0.000001"]\n')
-    r = kvbench("gate", str(result), "--rules", str(impossible))
+    r = cli("gate", str(result), "--rules", str(impossible))
     assert r.returncode == 1 and "FAIL" in r.stdout
     bad = tmp_path / "bad.toml"
     bad.write_text('[gate.thresholds]\n"ttft_s{phase=warm}" = ["p50 < soon"]\n')
-    r = kvbench("gate", str(result), "--rules", str(bad))
+    r = cli("gate", str(result), "--rules", str(bad))
     assert r.returncode == 2 and "ttft_s{phase=warm}" in r.stderr and "Traceback" not in r.stderr
     missing = tmp_path / "missing.toml"
     missing.write_text('[gate.thresholds]\n"ttft_s{length=99}" = ["p50 < 1"]\n')
-    assert kvbench("gate", str(result), "--rules", str(missing)).returncode == 3
+    assert cli("gate", str(result), "--rules", str(missing)).returncode == 3
 
 
 def test_incompatible_baseline_is_refused(tmp_path: Path) -> None:
@@ -260,5 +260,5 @@ def test_incompatible_baseline_is_refused(tmp_path: Path) -> None:
     )
     with EmbeddedEmulator("redbooks-g4", 10.0) as emu:
         assert kvbench("run", str(sc), "--endpoint", emu.base_url, "--out", str(tmp_path / "o")).returncode == 0
-    r = kvbench("gate", str(tmp_path / "o" / "smoke"), "--baseline", "baselines/smoke.json")
+    r = cli("gate", str(tmp_path / "o" / "smoke"), "--baseline", "baselines/smoke.json")
     assert r.returncode == 2 and "incompatible baseline" in r.stderr and "lengths" in r.stderr

@@ -15,7 +15,7 @@ from harness.core.errors import InputError
 from harness.emulator import tokenizer as emulator_tokenizer
 from harness.inputs import hf_tokenizer
 from harness.results import read_requests, read_run
-from tests.conftest import arm_folders, kvbench, write_scenario
+from tests.conftest import arm_folders, cli, kvbench, write_scenario
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -87,5 +87,5 @@ def test_a_run_sized_by_the_tokenizer_file_gets_exact_lengths(tmp_path: Path) ->
     assert "tokenizer file" in read_run(run).meta["prompt_counting"]
     recs = read_requests(run)
     assert recs and all(x.prompt_tokens == x.target_tokens for x in recs)  # as the server counted
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     assert r.returncode == 0

@@ -24,7 +24,7 @@ import pytest
 from aiohttp import web
 
 from harness.results import read_requests
-from tests.conftest import ROOT, kvbench, start_kvbench, user_env, write_scenario
+from tests.conftest import ROOT, cli, kvbench, start_kvbench, user_env, write_scenario
 from tests.servers import ThreadedServer, path_of, requests_on
 
 GOLDEN = Path(__file__).parent / "golden" / "runs"
@@ -188,15 +188,15 @@ def no_traceback(r: subprocess.CompletedProcess[str]) -> None:
 
 def test_paths_and_messages_with_brackets_are_printed_as_they_are(tmp_path: Path) -> None:
     odd = tmp_path / "[" / "[/x].toml"
-    r = kvbench("validate", str(odd))
+    r = cli("validate", str(odd))
     no_traceback(r)
     assert r.returncode == 2 and "[/x].toml: no such scenario file" in r.stderr
-    r = kvbench("report", str(tmp_path / "["))
+    r = cli("report", str(tmp_path / "["))
     assert r.returncode == 2 and f"{tmp_path / '['}: no such result folder" in r.stderr
     # the gate's own hint names the [gate] table
     folder = tmp_path / "run"
     shutil.copytree(next((GOLDEN / "golden-loop").iterdir()), folder)
-    r = kvbench("gate", str(folder))
+    r = cli("gate", str(folder))
     assert r.returncode == 2 and "add a [gate] table" in r.stderr
 
 
@@ -214,7 +214,7 @@ def test_paths_and_messages_with_brackets_are_printed_as_they_are(tmp_path: Path
 )
 def test_non_finite_numbers_are_refused(tmp_path: Path, line: str, key: str) -> None:
     sc = write_scenario(tmp_path / "s.toml", f'name = "t"\n[workload]\nkind = "sweep"\nlengths = [100]\n{line}\n')
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     no_traceback(r)
     assert r.returncode == 2 and key in r.stderr
 
@@ -225,14 +225,14 @@ def test_deep_nesting_is_refused(tmp_path: Path) -> None:
         tmp_path / "s.toml",
         f'name = "t"\n[workload]\nkind = "sweep"\nlengths = [100]\n[endpoint]\nextra_body = {deep}\n',
     )
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     no_traceback(r)
     assert r.returncode == 2 and "nested too deeply" in r.stderr
 
 
 def test_a_mistyped_required_key_is_named_with_a_suggestion(tmp_path: Path) -> None:
     sc = write_scenario(tmp_path / "s.toml", 'name = "t"\n[workload]\nkind = "sweep"\nlenghts = [100]\n')
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     assert r.returncode == 2 and "workload.lenghts: unknown key (did you mean 'lengths'?)" in r.stderr
 
 
@@ -240,7 +240,7 @@ def test_an_unknown_key_gets_a_suggestion(tmp_path: Path) -> None:
     sc = write_scenario(
         tmp_path / "s.toml", 'name = "t"\n[workload]\nkind = "sweep"\nlengths = [100]\nrepetition = 2\n'
     )
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     assert r.returncode == 2 and "workload.repetition: unknown key (did you mean 'repetitions'?" in r.stderr
 
 
@@ -282,7 +282,7 @@ def test_every_reader_says_so_and_the_gate_does_not_pass(tmp_path: Path) -> None
         (("baseline", "save", str(folder), "-o", str(tmp_path / "b.json")), 0),
         (("gate", str(folder), "--rules", str(rules)), 3),
     ):
-        r = kvbench(*args)
+        r = cli(*args)
         no_traceback(r)
         assert r.returncode == code, (args, r.stderr)
         assert "line(s) of requests.jsonl are not request records" in r.stderr, args
@@ -293,7 +293,7 @@ def test_a_run_json_that_is_not_an_object_is_refused(tmp_path: Path) -> None:
     folder = damaged(tmp_path)
     (folder / "run.json").write_text("null")
     for args in (("report", str(folder)), ("gate", str(folder)), ("compare", str(folder), str(folder))):
-        r = kvbench(*args)
+        r = cli(*args)
         no_traceback(r)
         assert r.returncode == 2 and "run.json: schema_version None, expected 1" in r.stderr
 
@@ -354,10 +354,9 @@ def test_an_endless_line_fails_its_request_in_bounded_memory(fault: FaultServer,
 def test_max_line_bytes_is_a_size(tmp_path: Path) -> None:
     base = 'name = "t"\n[workload]\nkind = "sweep"\nlengths = [100]\n[endpoint]\n'
     assert (
-        kvbench("validate", str(write_scenario(tmp_path / "a.toml", base + 'max_line_bytes = "64KiB"\n'))).returncode
-        == 0
+        cli("validate", str(write_scenario(tmp_path / "a.toml", base + 'max_line_bytes = "64KiB"\n'))).returncode == 0
     )
-    r = kvbench("validate", str(write_scenario(tmp_path / "b.toml", base + "max_line_bytes = -3\n")))
+    r = cli("validate", str(write_scenario(tmp_path / "b.toml", base + "max_line_bytes = -3\n")))
     assert r.returncode == 2 and "endpoint.max_line_bytes" in r.stderr
 
 
@@ -784,7 +783,7 @@ def test_a_time_scale_beyond_what_the_scenario_keeps_is_capped(tmp_path: Path) -
     (folder,) = (tmp_path / "o" / "capped").iterdir()
     assert json.loads((folder / "run.json").read_text())["time_scale"] == 8.0
     bad = write_scenario(tmp_path / "b.toml", sc.read_text().split("\n", 1)[1].replace("5.0", "9.0"))
-    r = kvbench("validate", str(bad))
+    r = cli("validate", str(bad))
     assert r.returncode == 2 and "emulator.time_scale: expected at most max_time_scale (8)" in r.stderr
 
 
@@ -851,7 +850,7 @@ def test_a_side_file_on_a_full_disk_names_itself_and_marks_the_run(tmp_path: Pat
 def test_nul_bytes_in_a_scenario_are_refused_by_key(body: str, tmp_path: Path) -> None:
     sc = write_scenario(tmp_path / "s.toml", body)
     for command in ("validate", "run"):
-        r = kvbench(command, str(sc), "--out", str(tmp_path / "o")) if command == "run" else kvbench(command, str(sc))
+        r = kvbench(command, str(sc), "--out", str(tmp_path / "o")) if command == "run" else cli(command, str(sc))
         no_traceback(r)
         assert r.returncode == 2 and "NUL" in r.stderr, r.stderr
 
@@ -958,7 +957,7 @@ def test_a_key_a_server_echoes_back_is_never_written_or_shown(tmp_path: Path) ->
 )
 def test_gate_rules_with_infinities_or_unicode_digits_are_refused(rules: str, says: str, tmp_path: Path) -> None:
     (tmp_path / "rules.toml").write_text(rules, encoding="utf-8")
-    r = kvbench("gate", str(next((GOLDEN / "smoke").iterdir())), "--rules", str(tmp_path / "rules.toml"))
+    r = cli("gate", str(next((GOLDEN / "smoke").iterdir())), "--rules", str(tmp_path / "rules.toml"))
     no_traceback(r)
     assert r.returncode == 2 and says in r.stderr, r.stderr
 
@@ -966,7 +965,7 @@ def test_gate_rules_with_infinities_or_unicode_digits_are_refused(rules: str, sa
 def test_an_absurd_time_scale_is_refused(tmp_path: Path) -> None:
     body = 'name = "fast"\n[workload]\nkind = "sweep"\nlengths = [10]\n[emulator]\ntime_scale = 1e308\n'
     sc = write_scenario(tmp_path / "s.toml", body)
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     assert r.returncode == 2 and "emulator.time_scale: expected a number <= 1,000" in r.stderr, r.stderr
     r = kvbench("emulator", "--time-scale", "1e308")
     assert r.returncode == 2 and "--time-scale: expected a number > 0 and at most 1,000" in r.stderr, r.stderr

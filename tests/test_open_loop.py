@@ -23,7 +23,7 @@ from harness.results import read_requests, read_run
 from harness.workloads import open_loop, schedule
 from harness.workloads.base import Plan
 from harness.workloads.open_loop import OpenLoopConfig
-from tests.conftest import kvbench, write_scenario
+from tests.conftest import cli, kvbench, write_scenario
 
 BASE = """
 name = "ol"
@@ -113,7 +113,7 @@ def test_warmup_prompts_share_no_prefix_with_measured_ones_unless_asked(tmp_path
 
 def test_bad_rate_exits_2_from_the_cli(tmp_path: Path) -> None:
     sc = write_scenario(tmp_path / "s.toml", BASE + "rate = -3\nrequests = 5\n")
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     assert r.returncode == 2 and "workload.rate" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -300,7 +300,7 @@ time_scale = 2.0
     assert [a["arm"] for a in doc["arms"]] == ["recompute", "cached"]
     assert doc["benefit"] and doc["benefit"][0]["with"] == "cached"
     assert "SLO capacity" in out
-    r = kvbench("report", str(res / "ol-emu"), "-o", str(tmp_path / "r.html"))
+    r = cli("report", str(res / "ol-emu"), "-o", str(tmp_path / "r.html"))
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "r.html").read_text()
     assert "Open loop: latency, goodput and SLO capacity" in html and "cached@20req/s" in html
@@ -408,7 +408,7 @@ time_scale = 10.0
     assert c["low"] is None or c["low"] <= c["req_per_s"] <= c["high"]
     assert "the arm's saturated throughput" in out
     # the report recomputes it from the folders: the same probe, its interval and its size
-    r = kvbench("report", str(res / "auto"), "-o", str(tmp_path / "r.html"))
+    r = cli("report", str(res / "auto"), "-o", str(tmp_path / "r.html"))
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "r.html").read_text()
     assert f"{sizes[-1]} requests)" in html and "Saturated closed-loop throughput" in html

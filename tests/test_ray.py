@@ -21,6 +21,7 @@ from harness.emulator.serve import EmbeddedEmulator
 from harness.results import read_requests, read_run
 from tests.conftest import (
     ROOT,
+    cli,
     kvbench,
     parent_of,
     processes_with,
@@ -325,7 +326,7 @@ def test_workers_whose_actor_or_process_dies_lose_only_what_they_held(tmp_path: 
     meta = _run_json(folder)
     assert meta["status"] == "completed"
     assert [w["worker"] for w in meta["distributed"]["workers"] if w["lost"]] == [1, 2]
-    r = kvbench("report", str(folder), "-o", str(tmp_path / "r.html"))
+    r = cli("report", str(folder), "-o", str(tmp_path / "r.html"))
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "r.html").read_text()
     assert "Client processes and hosts" in html and "worker 1 on" in html and "was lost" in html

@@ -15,7 +15,7 @@ import pytest
 from harness.report.build import render
 from harness.results import load_runs
 from tests.browser import assert_clean, inspect_page
-from tests.conftest import kvbench, write_scenario
+from tests.conftest import cli, kvbench, write_scenario
 
 CLOSED = """
 name = "redbooks-concurrency"
@@ -130,11 +130,11 @@ def test_errors_interrupted_single_request_and_escaping(results: Path, tmp_path:
 
 
 def test_cli_report_and_run_report(results: Path, tmp_path: Path) -> None:
-    r = kvbench("report", str(results / "redbooks-ttft-sweep"), "-o", str(tmp_path / "x.html"))
+    r = cli("report", str(results / "redbooks-ttft-sweep"), "-o", str(tmp_path / "x.html"))
     assert r.returncode == 0 and Path(r.stdout.strip()) == tmp_path / "x.html"
-    r = kvbench("report", str(tmp_path / "nothing-here"))
+    r = cli("report", str(tmp_path / "nothing-here"))
     assert r.returncode == 2 and "no such result folder" in r.stderr
-    r = kvbench("compare", str(results / "redbooks-ttft-sweep"), str(results / "redbooks-ttft-sweep"))
+    r = cli("compare", str(results / "redbooks-ttft-sweep"), str(results / "redbooks-ttft-sweep"))
     assert r.returncode == 0 and "within noise" in r.stdout
 
 

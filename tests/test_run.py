@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.emulator.serve import EmbeddedEmulator
 from harness.results import read_requests
-from tests.conftest import arm_folders, interrupt, kvbench, other_warnings, write_scenario
+from tests.conftest import arm_folders, cli, interrupt, kvbench, other_warnings, write_scenario
 
 
 def test_smoke_sweep_on_the_embedded_emulator(tmp_path: Path) -> None:
@@ -199,7 +199,7 @@ def test_a_known_context_refuses_longer_prompts(tmp_path: Path) -> None:
     assert "context of 131,072 tokens (emulator profile redbooks-g4)" in r.stderr
     assert not (tmp_path / "out").exists()
     own = body.replace("140000", "2000") + "[model]\nmax_context_tokens = 1500\n"
-    r = kvbench("validate", str(write_scenario(tmp_path / "own.toml", own)))
+    r = cli("validate", str(write_scenario(tmp_path / "own.toml", own)))
     assert r.returncode == 2 and "(model.max_context_tokens)" in r.stderr
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from harness.config import scenario
 from harness.core.errors import InputError
-from tests.conftest import kvbench, write_scenario
+from tests.conftest import cli, write_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = """
@@ -267,6 +267,6 @@ def test_validate_bounds_prompts_by_what_run_would_start(tmp_path: Path, engine:
     """`kvbench validate` refuses what `kvbench run` of the same file would: a prompt longer than
     the context of the engine it starts, or of the embedded emulator's profile."""
     sc = write_scenario(tmp_path / "s.toml", SWEEP.replace("[1000, 2000]", "[1000, 200000]") + engine)
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     assert r.returncode == 2 and "workload.lengths[1]: prompts up to 200," in r.stderr, r.stderr
     assert bound in r.stderr and "Traceback" not in r.stderr

@@ -11,7 +11,7 @@ import pytest
 from harness.config.scenario import EmulatorCfg
 from harness.emulator.profiles import get_profile
 from harness.results import read_requests
-from tests.conftest import kvbench, write_scenario
+from tests.conftest import cli, kvbench, write_scenario
 
 SESSIONS = """
 name = "sess"
@@ -144,5 +144,5 @@ def test_bad_session_keys_name_the_key(tmp_path: Path, extra: str, said: str) ->
     key = extra.split(" =")[0]
     body = "\n".join(line for line in body.splitlines() if not line.startswith(key + " ")) + "\n"
     body = body.replace("[[arms]]", extra + "\n[[arms]]", 1)
-    r = kvbench("validate", str(write_scenario(tmp_path / "s.toml", body)))
+    r = cli("validate", str(write_scenario(tmp_path / "s.toml", body)))
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr

@@ -11,7 +11,7 @@ import pytest
 from harness.analysis import findings
 from harness.inputs import traces
 from harness.results import read_requests, read_run
-from tests.conftest import kvbench, write_scenario
+from tests.conftest import cli, kvbench, write_scenario
 
 
 def trace_file(path: Path, block: int = 64) -> Path:
@@ -47,7 +47,7 @@ time_scale = 4.0
 def test_a_trace_replay_on_the_emulator_captures_what_it_could(tmp_path: Path) -> None:
     path = trace_file(tmp_path / "t.jsonl")
     sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=path, extra="speed = 2.0\nlru_blocks = [8, 3]"))
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     assert r.returncode == 0 and "12 requests" in r.stdout
     r = kvbench("run", str(sc), "--out", str(tmp_path / "out"), timeout=300)
     assert r.returncode == 0, r.stderr
@@ -153,7 +153,7 @@ def test_a_slice_at_a_concurrency(tmp_path: Path) -> None:
 )
 def test_bad_trace_keys_name_the_key(tmp_path: Path, extra: str, said: str) -> None:
     sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=trace_file(tmp_path / "t.jsonl"), extra=extra))
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr
 
 
@@ -164,7 +164,7 @@ def test_a_missing_or_bad_trace_stops_before_anything_runs(tmp_path: Path) -> No
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1}\n')
     sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(path=bad, extra=""))
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     assert r.returncode == 2 and f"{bad}:2: input_length: missing" in r.stderr.replace("\n", "")
 
 
@@ -219,5 +219,5 @@ def test_capacity_blocks_of_a_tier_the_profile_lacks_is_refused(tmp_path: Path) 
         tmp_path / "b.toml",
         SCENARIO.format(path=trace_file(tmp_path / "t.jsonl"), extra="") + "capacity_blocks = { G9 = 10 }\n",
     )
-    r = kvbench("validate", str(bad))
+    r = cli("validate", str(bad))
     assert r.returncode == 2 and "emulator.capacity_blocks.G9: unknown key" in r.stderr

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from harness.core.errors import InputError
 from harness.inputs import traces
-from tests.conftest import ROOT, kvbench
+from tests.conftest import ROOT, cli, kvbench
 
 SAMPLES = ROOT / "scenarios" / "traces"
 
@@ -136,7 +136,7 @@ def test_valid_lines_read_back_as_written(tmp_path_factory: pytest.TempPathFacto
 
 
 def test_inspect_the_shipped_samples(tmp_path: Path) -> None:
-    r = kvbench(
+    r = cli(
         "trace",
         "inspect",
         str(SAMPLES / "mooncake-sample.jsonl"),
@@ -153,21 +153,21 @@ def test_inspect_the_shipped_samples(tmp_path: Path) -> None:
     assert [u["capacity_blocks"] for u in doc["reuse"]] == [None, 60]
     assert doc["reuse"][1]["cached_tokens"] == traces.reuse(trace.requests, 512, 60).cached_tokens
     assert 0 < doc["reuse"][1]["share"] < doc["reuse"][0]["share"] < 1
-    b = kvbench("trace", "inspect", str(SAMPLES / "bailian-sample.jsonl"))
+    b = cli("trace", "inspect", str(SAMPLES / "bailian-sample.jsonl"))
     assert b.returncode == 0 and "bailian format, 16-token blocks" in b.stdout.replace("\n", " ")
 
 
 def test_inspect_bad_input_exits_2_without_a_traceback(tmp_path: Path) -> None:
     path = write(tmp_path / "t.jsonl", [mc(0, 600, [1]), {"timestamp": 1}])
-    r = kvbench("trace", "inspect", str(path))
+    r = cli("trace", "inspect", str(path))
     assert r.returncode == 2 and f"{path}:2: input_length: missing" in r.stderr.replace("\n", "")
     assert "Traceback" not in r.stderr
-    r = kvbench("trace", "inspect", str(path), "--skip-bad")
+    r = cli("trace", "inspect", str(path), "--skip-bad")
     assert r.returncode == 0 and "1 lines left out" in r.stdout
     for args in (["--lru-blocks", "0"], ["--block-tokens", "0"]):
-        r = kvbench("trace", "inspect", str(path), *args)
+        r = cli("trace", "inspect", str(path), *args)
         assert r.returncode == 2 and "expected" in r.stderr
-    r = kvbench("trace", "inspect", str(tmp_path / "none.jsonl"))
+    r = cli("trace", "inspect", str(tmp_path / "none.jsonl"))
     assert r.returncode == 2 and "cannot read the trace" in r.stderr
 
 
@@ -195,11 +195,11 @@ def test_an_absurd_length_is_refused_before_anything_is_built(tmp_path: Path) ->
     and field), as `run` does before building any prompt; the bound is the scenario's
     model.max_context_tokens (default 1,048,576) or --max-context-tokens."""
     path = write(tmp_path / "t.jsonl", [mc(0, 600, [1, 2]), mc(1, 10**9, [3, 4])])
-    r = kvbench("trace", "inspect", str(path))
+    r = cli("trace", "inspect", str(path))
     said = f"{path}:2: input_length: 1,000,000,000 + output_length 10 exceeds the model's context (1,048,576 tokens"
     assert r.returncode == 2 and said in r.stderr.replace("\n", "") and "Traceback" not in r.stderr
     short = write(tmp_path / "s.jsonl", [mc(0, 600, [1, 2])])
-    r = kvbench("trace", "inspect", str(short), "--max-context-tokens", "500")
+    r = cli("trace", "inspect", str(short), "--max-context-tokens", "500")
     assert r.returncode == 2 and "(500 tokens, --max-context-tokens)" in r.stderr.replace("\n", "")
     scenario = tmp_path / "s.toml"
     scenario.write_text(f'schema_version = 1\nname = "t"\n[workload]\nkind = "trace"\npath = "{path}"\n')
@@ -217,11 +217,11 @@ def test_lengths_that_do_not_fit_their_hash_ids_are_warned_of(tmp_path: Path) ->
     path = write(tmp_path / "t.jsonl", [*fits, mc(3, 600, list(range(10))), mc(4, 20_000, [7])])
     trace = traces.read(path)
     assert trace.misfit_lines == 2 and trace.misfits[0] == f"{path}:4: input_length 600 with 10 hash_ids"
-    r = kvbench("trace", "inspect", str(path))
+    r = cli("trace", "inspect", str(path))
     assert r.returncode == 0 and "warning: 2 lines' input_length is more than a block" in r.stdout.replace("\n", "")
     scenario = tmp_path / "s.toml"
     scenario.write_text(f'schema_version = 1\nname = "t"\n[workload]\nkind = "trace"\npath = "{path}"\n')
-    r = kvbench("validate", str(scenario))
+    r = cli("validate", str(scenario))
     assert r.returncode == 0 and "warning: 2 lines' input_length" in r.stderr.replace("\n", "")
 
 

@@ -22,7 +22,7 @@ from harness.core.units import parse_bandwidth, parse_size
 from harness.engines.process import free_port
 from harness.traffic.base import TrafficResult, cleanup_directory, prepare_directory
 from harness.traffic.fio import FioDriver, job_file, json_objects, snapshots, timeline
-from tests.conftest import ROOT, kvbench, write_scenario
+from tests.conftest import ROOT, cli, kvbench, write_scenario
 
 GOLDEN = Path(__file__).parent / "golden"
 FIO = shutil.which("fio")
@@ -315,7 +315,7 @@ def test_validate_applies_the_directory_rules(tmp_path: Path, directory: str, ex
         'schema_version = 1\nname = "t"\n[workload]\nkind = "sweep"\nlengths = [100]\n'
         f'[traffic]\ntool = "fio"\ntarget = "1MB/s"\ndirectory = {json.dumps(directory)}\n{extra}\n'
     )
-    r = kvbench("validate", str(sc))
+    r = cli("validate", str(sc))
     assert r.returncode == 2 and "traffic.directory" in r.stderr and message in r.stderr, r.stderr
 
 
