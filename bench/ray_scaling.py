@@ -2,7 +2,9 @@
 output tokens each, against bench/firehose.py pinned to core 1) with one process, one Ray
 worker, `--workers 2` and two Ray workers, alternated in each of 3 rounds, with the ratios; then
 an open loop (Poisson arrivals at 50 % and at 80 % of the one process's ceiling) over two
-processes and over two Ray workers, with its schedule lag p99 over all workers and per worker.
+processes, over two processes beside an idle Ray cluster on the same cores ("beside": what Ray's
+own processes cost their timing, without kvbench using Ray) and over two Ray workers, with its
+schedule lag p99 over all workers and per worker.
 
 One process and one Ray worker run on core 0 (the coordinator and the Ray cluster's own
 processes too: what they cost is part of the price here, where on client hosts the coordinator
@@ -86,20 +88,45 @@ def ray_cluster(workers: int, cores: set[int], head_cores: set[int] | None = Non
         c.shutdown()
 
 
-def move(root: int, cores: set[int]) -> None:
-    """Every thread of process `root` and of the processes it started onto `cores`."""
+def tree(root: int) -> list[int]:
+    """Process `root` and the processes it started, and theirs."""
     children: dict[int, list[int]] = {}
     for p in Path("/proc").iterdir():
         with contextlib.suppress(OSError, ValueError, IndexError):
             children.setdefault(int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(p.name))
-    todo = [root]
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
+        found.append(pid)
         todo += children.get(pid, [])
+    return found
+
+
+def move(root: int, cores: set[int]) -> None:
+    """Every thread of process `root` and of the processes it started onto `cores`."""
+    for pid in tree(root):
         with contextlib.suppress(OSError):
             for task in Path(f"/proc/{pid}/task").iterdir():
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(int(task.name), cores)
+
+
+def at_rest(root: int, seconds: float = 10.0) -> float:
+    """The share of a core that process `root` and what it started take over `seconds` of doing
+    nothing asked of them (a Ray node's raylet and its agents: the price of the node being there,
+    with or without kvbench)."""
+
+    def cpu_s() -> float:
+        total = 0
+        for pid in tree(root):
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
+    before, t0 = cpu_s(), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_s() - before) / (time.monotonic() - t0)
 
 
 def settle(quiet: float = 0.05, longest_s: float = 30.0) -> None:
@@ -126,6 +153,7 @@ def pairs(n: int) -> None:
     client = client_cores(1)
     got: dict[str, list[dict[str, Any]]] = {"process": [], "ray apart": []}
     with Firehose(ttft_ms=0, tokens=256) as fh, ray_cluster(1, client, {SERVER_CORE}) as (address, (raylet,)):
+        rest = at_rest(raylet)
         for k in range(PAIRS):
             for how in ("process", "ray apart") if k % 2 == 0 else ("ray apart", "process"):
                 move(raylet, client if how == "ray apart" else {SERVER_CORE})
@@ -144,6 +172,10 @@ def pairs(n: int) -> None:
             f"  {label}: median {float(np.median(r)):.3f}x ({CI_LEVEL:.0%} interval {low:.3f}-{high:.3f}; "
             f"pairs {r.min():.3f}-{r.max():.3f})"
         )
+    print(
+        f"  the worker's node at rest before the runs (its raylet and agents, nothing asked of them): {rest:.1%} "
+        "of a core, part of what the worker's process did not have of its core"
+    )
 
 
 def measured(meta: dict[str, Any]) -> dict[str, Any]:
@@ -174,15 +206,17 @@ def measured(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def once(scenario: str, how: str, workers: int) -> dict[str, Any]:
-    """One run: `how` is "process" (--workers), "ray", or "ray apart" (the coordinator and the
-    head node on the server's core, as on a host of their own)."""
+    """One run: `how` is "process" (--workers), "ray", "ray apart" (the coordinator and the
+    head node on the server's core, as on a host of their own), or "beside" (--workers with an idle
+    Ray cluster on the same cores: what Ray's own processes cost the processes' timing)."""
     cores = client_cores(workers)
     with tempfile.TemporaryDirectory() as tmp, Firehose(ttft_ms=0, tokens=256) as fh:
         with contextlib.ExitStack() as stack:
             driver = cores
-            if how.startswith("ray"):
+            if how != "process":
                 apart = {SERVER_CORE} if how == "ray apart" else None
                 address, _ = stack.enter_context(ray_cluster(workers, cores, apart))
+            if how.startswith("ray"):
                 extra = ["--ray", address, "--workers", str(workers)]
                 driver = apart or cores
             else:
@@ -227,12 +261,12 @@ def main() -> None:
     for share in OPEN_SHARES:
         rate = round(share * med(r["rps"] for r in runs["one process"]))
         print(f"\nopen loop, Poisson at {rate} req/s ({share:.0%} of one process's ceiling), {n} requests")
-        print("client           sent req/s  schedule lag p99 ms (all)  per worker")
-        for label, how in (("--workers 2", "process"), ("2 Ray workers", "ray")):
+        print("client                sent req/s  schedule lag p99 ms (all)  per worker")
+        for label, how in (("--workers 2", "process"), ("--workers 2, beside", "beside"), ("2 Ray workers", "ray")):
             for _ in range(ROUNDS):
                 r = once(POISSON.format(name="ray-open", rate=rate, requests=n), how, 2)
                 workers = ", ".join(f"{k}: {v:.2f}" for k, v in r["lag_by_worker"].items())
-                print(f"{label:16s}  {r['sent']:10.0f}  {r['lag_p99_ms']:25.2f}  {workers}", flush=True)
+                print(f"{label:20s}  {r['sent']:10.0f}  {r['lag_p99_ms']:25.2f}  {workers}", flush=True)
 
 
 if __name__ == "__main__":

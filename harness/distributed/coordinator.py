@@ -30,7 +30,7 @@ from harness.core import aio
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError
 from harness.distributed.dispatch import untagged
-from harness.distributed.worker import HEARTBEAT_S, ID_STRIDE, Share, combine_health, deal
+from harness.distributed.worker import FLUSH_S, HEARTBEAT_S, ID_STRIDE, Share, combine_health, deal
 from harness.results import RequestRecord, RunWriter
 from harness.workloads.base import Plan, Sender
 
@@ -58,6 +58,7 @@ class Pool(ABC):
     noun: ClassVar[str]  # what the progress line calls the workers
     one: ClassVar[str]  # what a message calls one of them
     engine: ClassVar[str]  # run.json distributed.engine
+    flush_s: ClassVar[float] = FLUSH_S  # how often a worker ships its records (each ship costs a message)
 
     def __init__(
         self, sender: Sender, kind: str, plan: Plan, sink: RunWriter, workers: list[int], lost_after_s: float
@@ -67,7 +68,7 @@ class Pool(ABC):
         spec = sender.spec
         dealt = deal(spec.connections, len(workers))
         self.shares = {
-            k: Share(k, spec, kind, {}, plan, dealt[pos], sum(dealt[:pos]), self.send_clock(k))
+            k: Share(k, spec, kind, {}, plan, dealt[pos], sum(dealt[:pos]), self.send_clock(k), self.flush_s)
             for pos, k in enumerate(workers)
         }
         self.times = [spec.clock.wall_s(t) for t in plan.times]

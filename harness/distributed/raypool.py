@@ -64,11 +64,19 @@ START_NOTE_S = 10.0
 # neither Ray (multiprocessing's spawn would: it imports the actor's __main__, Ray's worker) nor
 # anything else the actor has loaded; its pipe's end follows.
 WORKER_ENTRY = "import sys; from harness.distributed.worker import process_main; process_main(int(sys.argv[1]))"
-# The most record bytes one `shipped` answer carries: under Ray's inline limit for a call's result
-# (max_direct_call_object_size, 100 KiB by default), so that it comes back in the reply itself. A
-# larger result goes through the object store and the raylets: at 2,000 req/s (about 280 KB per
-# FLUSH_S) that cost the raylets 8.6 % of a core against 2.5 % inline (docs/performance.md).
-SHIP_BYTES = 90_000
+# Ray's inline limit for a call's result (max_direct_call_object_size, 100 KiB by default), raised
+# for the worker actors (their runtime_env, RAY_<name> being how Ray reads a setting): a larger
+# result goes through the object store and the raylets (at 2,000 req/s, about 280 KB per 0.1 s,
+# that cost the raylets 8.6 % of a core against 2.5 % inline), and under the default limit every
+# flush of records took two or three `shipped` calls of about a millisecond of the actor's CPU each
+# (docs/performance.md: the actor 5-6 % of a core at its worker's ceiling, 3 % with this limit and
+# RAY_FLUSH_S).
+INLINE_BYTES = 8 << 20
+# The most record bytes one `shipped` answer carries: under INLINE_BYTES with room for the rest of
+# the answer, so that it comes back in the reply itself.
+SHIP_BYTES = INLINE_BYTES // 2
+# How often a Ray worker ships its records (s): each ship is a Ray call on its host.
+RAY_FLUSH_S = 0.25
 
 
 def require() -> None:
@@ -310,6 +318,7 @@ async def start(
     actors = [
         actor.options(
             name=f"worker-{k}",
+            runtime_env={"env_vars": {"RAY_max_direct_call_object_size": str(INLINE_BYTES)}},
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k),
         ).remote()
         for k in range(n)
@@ -370,6 +379,7 @@ class RayPool(Pool):
     noun = "Ray workers"
     one = "Ray worker"
     engine = "ray"
+    flush_s = RAY_FLUSH_S
 
     def __init__(
         self, cluster: Cluster, sender: Sender, kind: str, plan: Plan, sink: RunWriter, emulated: bool

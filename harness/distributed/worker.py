@@ -31,8 +31,9 @@ from harness.workloads.base import ArmSpec, Plan, Schedule, Sender
 # The ids a worker gives its requests start at index x ID_STRIDE, unique until the coordinator
 # renumbers them in start order.
 ID_STRIDE = 10**9
-# How often a worker hands its finished records on (s): a record reaches the coordinator's file
-# this long after it ended, at most (plus the trip); one message per FLUSH_S, not per record.
+# How often a worker hands its finished records on (s), unless its launcher says otherwise
+# (Pool.flush_s): a record reaches the coordinator's file this long after it ended, at most (plus
+# the trip); one message per flush, not per record.
 FLUSH_S = 0.1
 # A worker with nothing to send says it is alive this often (s): an empty batch of records.
 HEARTBEAT_S = 1.0
@@ -55,6 +56,7 @@ class Share:
     connections: int
     first_connection: int
     send_clock: bool  # tell the embedded emulator when requests left: only on the emulator's own host
+    flush_s: float = FLUSH_S  # how often it ships its finished records
 
 
 class WorkerSide:
@@ -90,7 +92,7 @@ class WorkerSide:
             self.loop.call_soon_threadsafe(self.hear, said)
 
     async def run(self) -> dict[str, Any]:
-        """The share, sent: what send_share saw. Its records go out every FLUSH_S as they end."""
+        """The share, sent: what send_share saw. Its records go out every flush_s as they end."""
         flusher = asyncio.ensure_future(self._flush_every())
         try:
             end = await send_share(self.share, self.order, self.stop, [self._keep], self._go)
@@ -108,7 +110,7 @@ class WorkerSide:
 
     async def _flush_every(self) -> None:
         while True:
-            await asyncio.sleep(FLUSH_S)
+            await asyncio.sleep(self.share.flush_s)
             self._flush(heartbeat=True)
 
     def _flush(self, heartbeat: bool) -> None:
