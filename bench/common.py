@@ -96,6 +96,12 @@ def _server_start() -> None:
         os.nice(-10)
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Firehose:
     """bench/firehose.py in its own process, pinned to core 1 (`script="engine.py"`: the
     engine-like server bench/engine.py instead)."""
@@ -144,8 +150,7 @@ class Firehose:
     def cpu_s(self) -> float:
         """CPU seconds the server has used so far."""
         assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.proc.pid)
 
     def first_request(self) -> int | None:
         assert self.proc is not None and self.proc.stdout is not None

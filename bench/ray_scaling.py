@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import POISSON, SERVER_CORE, STREAMING, Firehose, client_cores, kvbench_run, pin
+from common import POISSON, SERVER_CORE, STREAMING, Firehose, client_cores, kvbench_run, pin, process_cpu_s
 
 from harness.analysis.stats import CI_LEVEL, STATISTICS, bootstrap_ci
 
@@ -117,12 +117,11 @@ def at_rest(root: int, seconds: float = 10.0) -> float:
     with or without kvbench)."""
 
     def cpu_s() -> float:
-        total = 0
+        total = 0.0
         for pid in tree(root):
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                total += process_cpu_s(pid)
+        return total
 
     before, t0 = cpu_s(), time.monotonic()
     time.sleep(seconds)

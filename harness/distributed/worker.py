@@ -56,7 +56,7 @@ class Share:
     connections: int
     first_connection: int
     send_clock: bool  # tell the embedded emulator when requests left: only on the emulator's own host
-    flush_s: float = FLUSH_S  # how often it ships its finished records
+    flush_s: float  # how often it ships its finished records (its launcher's Pool.flush_s)
 
 
 class WorkerSide:
