@@ -122,6 +122,8 @@ def test_closed_loop_over_ray_matches_worker_processes(tmp_path: Path, cluster: 
             start, end = w["clock_start"], w["clock_end"]
             assert start["uncertainty_ns"] > 0 and abs(start["offset_ns"]) <= start["uncertainty_ns"]
             assert abs(end["offset_ns"]) <= end["uncertainty_ns"] and w["lost"] is None
+            # it sends at the niceness of the cluster's processes (this one's), not Ray's 15 for its workers
+            assert w["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
         health = meta["client_health"]
         assert health["engine"] == "ray" and health["processes"] == NODES
         assert {h["worker"] for h in health["per_process"]} == set(range(NODES))
