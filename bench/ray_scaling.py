@@ -4,7 +4,11 @@ worker, `--workers 2` and two Ray workers, alternated in each of 3 rounds, with 
 an open loop (Poisson arrivals at 50 % and at 80 % of the one process's ceiling) over two
 processes, over two processes beside an idle Ray cluster on the same cores ("beside": what Ray's
 own processes cost their timing, without kvbench using Ray) and over two Ray workers, with its
-schedule lag p99 over all workers and per worker.
+schedule lag p99 over all workers and per worker; last the open loop over two workers apart
+(`open_apart`: both senders on core 0, what coordinates them on core 1, as on client hosts of
+their own), `--workers 2` against two Ray workers in pairs on one cluster; and one process and
+one Ray worker apart beside a busy loop on the client core (`beside_busy`: another tenant of the
+host), what each gets of that core.
 
 One process and one Ray worker run on core 0 (the coordinator and the Ray cluster's own
 processes too: what they cost is part of the price here, where on client hosts the coordinator
@@ -30,6 +34,8 @@ interval.
 
     python bench/ray_scaling.py [requests]      # default 20000
     python bench/ray_scaling.py pairs [requests]  # the pairs only (default 8000 requests per run)
+    python bench/ray_scaling.py apart RATE [requests]  # the open loop's pairs only (default 5000)
+    python bench/ray_scaling.py busy [requests]  # beside a busy loop on the client core only (default 2000)
 """
 
 from __future__ import annotations
@@ -39,8 +45,10 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,10 +64,17 @@ ROUNDS = 3
 # runs, so that a pair sees this host at one speed.
 PAIRS = 12
 PAIR_REQUESTS = 8000
+# The open loop's pairs (two workers apart, `open_apart`): requests per run.
+OPEN_PAIR_REQUESTS = 5000
+# Requests per run beside a busy loop (`beside_busy`): a sender with half a core, or less.
+BUSY_REQUESTS = 2000
 CONNECTIONS = 28  # per worker, as bench/ceiling.py
 # Open-loop rates, shares of the one process's ceiling: at 80 % this 2-core machine, with the
 # server and Ray's processes on it, has no CPU to spare, and a worker that falls behind stays behind.
 OPEN_SHARES = (0.5, 0.8)
+# The open loop of two workers apart (`open_apart`), whose two workers share one core: a share of
+# the one process's ceiling that leaves that core about half idle, as OPEN_SHARES[0] leaves two.
+APART_SHARE = 0.25
 
 
 @contextlib.contextmanager
@@ -88,18 +103,50 @@ def ray_cluster(workers: int, cores: set[int], head_cores: set[int] | None = Non
         c.shutdown()
 
 
-def tree(root: int) -> list[int]:
-    """Process `root` and the processes it started, and theirs."""
-    children: dict[int, list[int]] = {}
+def children() -> dict[int, list[int]]:
+    """Each process's children, now."""
+    found: dict[int, list[int]] = {}
     for p in Path("/proc").iterdir():
         with contextlib.suppress(OSError, ValueError, IndexError):
-            children.setdefault(int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(p.name))
+            found.setdefault(int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(p.name))
+    return found
+
+
+def tree(root: int) -> list[int]:
+    """Process `root` and the processes it started, and theirs."""
+    kids = children()
     found, todo = [], [root]
     while todo:
         pid = todo.pop()
         found.append(pid)
-        todo += children.get(pid, [])
+        todo += kids.get(pid, [])
     return found
+
+
+@contextlib.contextmanager
+def grandchildren_onto(cores: set[int], expect: int) -> Iterator[None]:
+    """While it lasts, the first `expect` worker processes that this process's children start
+    (`kvbench run --workers`'s, multiprocessing's spawn; not its resource tracker) are moved onto
+    `cores` as they appear (within 20 ms, long before one has imported kvbench): the coordinator
+    stays where it was started."""
+    done, moved = threading.Event(), set()
+
+    def watch() -> None:
+        while len(moved) < expect and not done.wait(0.02):
+            kids = children()
+            for pid in (g for c in kids.get(os.getpid(), []) for g in kids.get(c, [])):
+                with contextlib.suppress(OSError):
+                    if pid not in moved and b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        move(pid, cores)
+                        moved.add(pid)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 def move(root: int, cores: set[int]) -> None:
@@ -163,18 +210,95 @@ def pairs(n: int) -> None:
                     (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, cores=driver)
                     got[how].append(measured(json.loads((folder / "run.json").read_text())))
     print(f"\none Ray worker apart / one process: {PAIRS} pairs of {n} requests in turns, on one cluster")
-    p50 = STATISTICS["p50"]
-    for key, label in (("rps", "req/s"), ("cpu_ms", "sender CPU per request"), ("share", "its share of a core")):
-        r = np.array([a[key] / b[key] for a, b in zip(got["ray apart"], got["process"], strict=True)])
-        low, high = bootstrap_ci((r,), p50) or (math.nan, math.nan)
-        print(
-            f"  {label}: median {float(np.median(r)):.3f}x ({CI_LEVEL:.0%} interval {low:.3f}-{high:.3f}; "
-            f"pairs {r.min():.3f}-{r.max():.3f})"
-        )
+    paired_ratios(
+        got["ray apart"],
+        got["process"],
+        (("rps", "req/s"), ("cpu_ms", "sender CPU per request"), ("share", "its share of a core")),
+    )
     print(
         f"  the worker's node at rest before the runs (its raylet and agents, nothing asked of them): {rest:.1%} "
         "of a core, part of what the worker's process did not have of its core"
     )
+
+
+def open_apart(rate: int, n: int) -> None:
+    """An open loop at `rate` over two workers whose coordination is apart, as on client hosts of
+    their own, PAIRS times each in turns on one cluster: `--workers 2` with its worker processes on
+    the client core and the coordinator on the server's; two Ray workers with their nodes (raylet,
+    agents, actor, worker process) on the client core and the coordinator, the head node and the
+    Dispatch on the server's. What differs is only what Ray puts on a worker's host. Both nodes
+    are moved onto the server's core while the processes run, and this process (its watch for the
+    worker processes, the Ray client threads of its cluster) stays there too."""
+    client = client_cores(1)
+    got: dict[str, list[dict[str, Any]]] = {"--workers 2": [], "2 Ray workers": []}
+    scenario = POISSON.format(name="ray-open", rate=rate, requests=n)
+    mine = os.sched_getaffinity(0)
+    pin({SERVER_CORE})
+    try:
+        with Firehose(ttft_ms=0, tokens=256) as fh, ray_cluster(2, client, {SERVER_CORE}) as (address, raylets):
+            for k in range(PAIRS):
+                for how in list(got) if k % 2 == 0 else list(got)[::-1]:
+                    ray = how == "2 Ray workers"
+                    for raylet in raylets:
+                        move(raylet, client if ray else {SERVER_CORE})
+                    settle()  # a Ray run's end (its job's processes ending) is not the next run's start
+                    extra = ["--ray", address, "--workers", "2"] if ray else ["--workers", "2"]
+                    moving = contextlib.nullcontext() if ray else grandchildren_onto(client, 2)
+                    with tempfile.TemporaryDirectory() as tmp, moving:
+                        (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, {SERVER_CORE})
+                        got[how].append(measured(json.loads((folder / "run.json").read_text())))
+    finally:
+        pin(mine)
+    print(
+        f"\nopen loop, Poisson at {rate} req/s, two workers apart: {PAIRS} pairs of {n} requests in turns, one cluster"
+    )
+    for how, runs in got.items():
+        lags = [r["lag_p99_ms"] for r in runs]
+        print(f"  {how}: schedule lag p99 median {statistics.median(lags):.2f} ms ({min(lags):.2f}-{max(lags):.2f})")
+    paired_ratios(
+        got["2 Ray workers"], got["--workers 2"], (("lag_p99_ms", "2 Ray workers / --workers 2, schedule lag p99"),)
+    )
+
+
+def beside_busy(n: int) -> None:
+    """One process against one Ray worker apart, ROUNDS times each in turns, with a busy loop
+    (another tenant of a client host, at the same niceness as the rest of it) on the client core:
+    what each sender gets of its core when it is not alone there."""
+    client = client_cores(1)
+    got: dict[str, list[dict[str, Any]]] = {"one process": [], "1 Ray worker apart": []}
+    scenario = STREAMING.format(name="ray", requests=n, concurrency=CONNECTIONS)
+    busy = [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {client!r})\nwhile True: pass"]
+    with Firehose(ttft_ms=0, tokens=256) as fh, ray_cluster(1, client, {SERVER_CORE}) as (address, (raylet,)):
+        hog = subprocess.Popen(busy)
+        try:
+            for _ in range(ROUNDS):
+                for how in got:
+                    ray = how != "one process"
+                    move(raylet, client if ray else {SERVER_CORE})
+                    extra = ["--ray", address, "--workers", "1"] if ray else []
+                    with tempfile.TemporaryDirectory() as tmp:
+                        (folder,) = kvbench_run(
+                            scenario, fh.base_url, Path(tmp), extra, {SERVER_CORE} if ray else client
+                        )
+                        got[how].append(measured(json.loads((folder / "run.json").read_text())))
+        finally:
+            hog.kill()
+            hog.wait()
+    print(f"\nbeside a busy loop on the client core: {ROUNDS} rounds of {n} requests")
+    for how, runs in got.items():
+        rps, share = statistics.median(r["rps"] for r in runs), statistics.median(r["share"] for r in runs)
+        print(f"  {how}: {rps:.0f} req/s, {share:.1%} of a core (medians)")
+
+
+def paired_ratios(runs: list[dict[str, Any]], base: list[dict[str, Any]], keys: tuple[tuple[str, str], ...]) -> None:
+    """The median of the pairs' ratios of each key, with its bootstrap interval."""
+    for key, label in keys:
+        r = np.array([a[key] / b[key] for a, b in zip(runs, base, strict=True)])
+        low, high = bootstrap_ci((r,), STATISTICS["p50"]) or (math.nan, math.nan)
+        print(
+            f"  {label}: median {float(np.median(r)):.3f}x ({CI_LEVEL:.0%} interval {low:.3f}-{high:.3f}; "
+            f"pairs {r.min():.3f}-{r.max():.3f})"
+        )
 
 
 def measured(meta: dict[str, Any]) -> dict[str, Any]:
@@ -228,6 +352,12 @@ def main() -> None:
     if sys.argv[1:2] == ["pairs"]:
         pairs(int(sys.argv[2]) if len(sys.argv) > 2 else PAIR_REQUESTS)
         return
+    if sys.argv[1:2] == ["busy"]:
+        beside_busy(int(sys.argv[2]) if len(sys.argv) > 2 else BUSY_REQUESTS)
+        return
+    if sys.argv[1:2] == ["apart"]:
+        open_apart(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else OPEN_PAIR_REQUESTS)
+        return
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
     configs = [("one process", "process", 1), ("1 Ray worker", "ray", 1), ("1, apart", "ray apart", 1)]
     configs += [("--workers 2", "process", 2), ("2 Ray workers", "ray", 2)]
@@ -266,6 +396,8 @@ def main() -> None:
                 r = once(POISSON.format(name="ray-open", rate=rate, requests=n), how, 2)
                 workers = ", ".join(f"{k}: {v:.2f}" for k, v in r["lag_by_worker"].items())
                 print(f"{label:20s}  {r['sent']:10.0f}  {r['lag_p99_ms']:25.2f}  {workers}", flush=True)
+    open_apart(round(APART_SHARE * med(r["rps"] for r in runs["one process"])), OPEN_PAIR_REQUESTS)
+    beside_busy(BUSY_REQUESTS)
 
 
 if __name__ == "__main__":
