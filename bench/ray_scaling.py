@@ -129,7 +129,8 @@ def grandchildren_onto(cores: set[int], expect: int) -> Iterator[None]:
     (`kvbench run --workers`'s, multiprocessing's spawn; not its resource tracker) are moved onto
     `cores` as they appear (within 20 ms, long before one has imported kvbench): the coordinator
     stays where it was started."""
-    done, moved = threading.Event(), set()
+    done = threading.Event()
+    moved: set[int] = set()
 
     def watch() -> None:
         while len(moved) < expect and not done.wait(0.02):
@@ -196,19 +197,13 @@ def pairs(n: int) -> None:
     whose worker node (raylet, agents) is moved onto the server's core while the process runs:
     both see this host at the same speed within seconds, so their ratios are steadier than the
     rounds', and a bootstrap interval says how far they can be trusted."""
-    client = client_cores(1)
     got: dict[str, list[dict[str, Any]]] = {"process": [], "ray apart": []}
+    client, scenario = client_cores(1), STREAMING.format(name="ray", requests=n, concurrency=CONNECTIONS)
     with Firehose(ttft_ms=0, tokens=256) as fh, ray_cluster(1, client, {SERVER_CORE}) as (address, (raylet,)):
         rest = at_rest(raylet)
         for k in range(PAIRS):
             for how in ("process", "ray apart") if k % 2 == 0 else ("ray apart", "process"):
-                move(raylet, client if how == "ray apart" else {SERVER_CORE})
-                extra = ["--ray", address, "--workers", "1"] if how == "ray apart" else []
-                driver = {SERVER_CORE} if how == "ray apart" else client
-                scenario = STREAMING.format(name="ray", requests=n, concurrency=CONNECTIONS)
-                with tempfile.TemporaryDirectory() as tmp:
-                    (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, cores=driver)
-                    got[how].append(measured(json.loads((folder / "run.json").read_text())))
+                got[how].append(one_or_apart(scenario, fh, address, raylet, how == "ray apart"))
     print(f"\none Ray worker apart / one process: {PAIRS} pairs of {n} requests in turns, on one cluster")
     paired_ratios(
         got["ray apart"],
@@ -219,6 +214,18 @@ def pairs(n: int) -> None:
         f"  the worker's node at rest before the runs (its raylet and agents, nothing asked of them): {rest:.1%} "
         "of a core, part of what the worker's process did not have of its core"
     )
+
+
+def one_or_apart(scenario: str, fh: Firehose, address: str, raylet: int, ray: bool) -> dict[str, Any]:
+    """One run of one process on the client core, or of one Ray worker apart: its node (raylet,
+    agents, actor, worker process) on the client core, the coordinator and the head node on the
+    server's; the node is moved onto the server's core while the process runs."""
+    client = client_cores(1)
+    move(raylet, client if ray else {SERVER_CORE})
+    extra = ["--ray", address, "--workers", "1"] if ray else []
+    with tempfile.TemporaryDirectory() as tmp:
+        (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, {SERVER_CORE} if ray else client)
+        return measured(json.loads((folder / "run.json").read_text()))
 
 
 def open_apart(rate: int, n: int) -> None:
@@ -273,14 +280,7 @@ def beside_busy(n: int) -> None:
         try:
             for _ in range(ROUNDS):
                 for how in got:
-                    ray = how != "one process"
-                    move(raylet, client if ray else {SERVER_CORE})
-                    extra = ["--ray", address, "--workers", "1"] if ray else []
-                    with tempfile.TemporaryDirectory() as tmp:
-                        (folder,) = kvbench_run(
-                            scenario, fh.base_url, Path(tmp), extra, {SERVER_CORE} if ray else client
-                        )
-                        got[how].append(measured(json.loads((folder / "run.json").read_text())))
+                    got[how].append(one_or_apart(scenario, fh, address, raylet, how != "one process"))
         finally:
             hog.kill()
             hog.wait()
