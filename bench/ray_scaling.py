@@ -41,6 +41,7 @@ interval.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -274,9 +275,8 @@ def beside_busy(n: int) -> None:
     client = client_cores(1)
     got: dict[str, list[dict[str, Any]]] = {"one process": [], "1 Ray worker apart": []}
     scenario = STREAMING.format(name="ray", requests=n, concurrency=CONNECTIONS)
-    busy = [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {client!r})\nwhile True: pass"]
     with Firehose(ttft_ms=0, tokens=256) as fh, ray_cluster(1, client, {SERVER_CORE}) as (address, (raylet,)):
-        hog = subprocess.Popen(busy)
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=functools.partial(pin, client))
         try:
             for _ in range(ROUNDS):
                 for how in got:
