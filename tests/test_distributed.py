@@ -29,7 +29,7 @@ from harness.distributed.dispatch import (
     tagged,
     untagged,
 )
-from harness.distributed.raypool import RayWorker, ration
+from harness.distributed.raypool import RAY_BATCH_S, RayWorker, ration
 from harness.results import RequestRecord
 from tests.conftest import ROOT, cli, kvbench, write_scenario
 from tests.test_workers import LOOP
@@ -132,7 +132,7 @@ def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
     async def closed_loop() -> None:
         told: list[dict[str, int]] = []
         now = [0]  # the pace's clock, ns: the test says how long things took, not the machine
-        order = FedOrder(told.append, [], "closed_loop", 4, 0, lambda: now[0])
+        order = FedOrder(told.append, [], "closed_loop", 4, 0, clock=lambda: now[0])
         first = asyncio.ensure_future(anext(order))
         await asyncio.sleep(0)
         assert told.pop() == {"want": CLOSED_BATCH * 4}  # nothing known of its pace yet
@@ -151,6 +151,10 @@ def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
         # what it sends in CLOSED_BATCH_S at 8,000 per second
         assert order.wanted(at + 10**9) == CLOSED_BATCH * 4
         assert order.wanted(at + 10**6) == round(8_000 * CLOSED_BATCH_S)
+        # a launcher whose asks cost more asks for larger batches (Ray's: raypool.RAY_BATCH_S)
+        ray = FedOrder(told.append, [], "closed_loop", 4, 0, RAY_BATCH_S)
+        ray.asked_ns, ray.handed = at, 2  # 2,000 per second
+        assert ray.wanted(at + 10**6) == round(2_000 * RAY_BATCH_S) > round(2_000 * CLOSED_BATCH_S)
         # a session is long and stays where it goes; an open loop's window is the Dispatch's
         assert FedOrder(told.append, [], "sessions", 4, 0).wanted(at + 10**6) == 1
         assert FedOrder(told.append, [0.0], "open_loop", 4, 0).wanted(at + 10**6) == MAX_BATCH

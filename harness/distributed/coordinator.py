@@ -29,7 +29,7 @@ from harness.config import kinds
 from harness.core import aio
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError
-from harness.distributed.dispatch import untagged
+from harness.distributed.dispatch import CLOSED_BATCH_S, untagged
 from harness.distributed.worker import FLUSH_S, HEARTBEAT_S, ID_STRIDE, Share, combine_health, deal
 from harness.results import RequestRecord, RunWriter
 from harness.workloads.base import Plan, Sender
@@ -59,6 +59,7 @@ class Pool(ABC):
     one: ClassVar[str]  # what a message calls one of them
     engine: ClassVar[str]  # run.json distributed.engine
     flush_s: ClassVar[float] = FLUSH_S  # how often a worker ships its records (each ship costs a message)
+    batch_s: ClassVar[float] = CLOSED_BATCH_S  # a closed loop's batch: this long at its pace (each costs an ask)
 
     def __init__(
         self, sender: Sender, kind: str, plan: Plan, sink: RunWriter, workers: list[int], lost_after_s: float
@@ -68,7 +69,9 @@ class Pool(ABC):
         spec = sender.spec
         dealt = deal(spec.connections, len(workers))
         self.shares = {
-            k: Share(k, spec, kind, {}, plan, dealt[pos], sum(dealt[:pos]), self.send_clock(k), self.flush_s)
+            k: Share(
+                k, spec, kind, {}, plan, dealt[pos], sum(dealt[:pos]), self.send_clock(k), self.flush_s, self.batch_s
+            )
             for pos, k in enumerate(workers)
         }
         self.times = [spec.clock.wall_s(t) for t in plan.times]

@@ -18,16 +18,17 @@ from harness.config import kinds
 from harness.results import RequestRecord
 from harness.workloads.base import Schedule
 
-# Requests a worker takes from the schedule at once. A closed loop's: what its client sends in
-# CLOSED_BATCH_S at the pace it has kept since its last batch, at least CLOSED_BATCH times as many
-# as it has connections (its first batch, and at a slow pace: a worker lost takes the batch with
-# it) and at most MAX_BATCH; at most a GUIDED-th of its share of what is left (with others still
-# there), so that none holds many at the end; the next batch is asked for when half of one is
-# left. An open loop's: its own requests due within OPEN_WINDOW_S (wall-clock) of the first (at
-# most MAX_BATCH), the next asked for when less than half a window is left: an ask may take tens
-# of milliseconds on a loaded host without a send waiting for it. (At 2,500 req/s, batches of 8x
-# a worker's connections over Ray took a point more of its core than batches of a quarter second,
-# measured; the sizes also bound what a lost worker takes with it.)
+# Requests a worker takes from the schedule at once. A closed loop's: what its client sends in its
+# launcher's Pool.batch_s (CLOSED_BATCH_S `--workers`', raypool.RAY_BATCH_S Ray's) at the pace it
+# has kept since its last batch, at least CLOSED_BATCH times as many as it has connections (its
+# first batch, and at a slow pace: a worker lost takes the batch with it) and at most MAX_BATCH;
+# at most a GUIDED-th of its share of what is left (with others still there), so that none holds
+# many at the end; the next batch is asked for when half of one is left. An open loop's: its own
+# requests due within OPEN_WINDOW_S (wall-clock) of the first (at most MAX_BATCH), the next asked
+# for when less than half a window is left: an ask may take tens of milliseconds on a loaded host
+# without a send waiting for it. (At 2,500 req/s, batches of 8x a worker's connections over Ray
+# took a point more of its core than batches of a quarter second, measured; the sizes also bound
+# what a lost worker takes with it.)
 CLOSED_BATCH = 8
 CLOSED_BATCH_S = 0.25
 MAX_BATCH = 4096
@@ -162,10 +163,12 @@ class FedOrder(Schedule):
         kind: str,
         connections: int,
         offset_ns: int,
+        batch_s: float = CLOSED_BATCH_S,  # a closed loop's batch: what it sends in this long
         clock: Callable[[], int] = time.perf_counter_ns,  # the pace's clock (a test's own)
     ) -> None:
         super().__init__(())
         self.tell, self.times, self.connections, self.clock = tell, times_wall_s, connections, clock
+        self.batch_s = batch_s
         self.limit = kinds.get(kind).batch_limit
         self.offset_ns = offset_ns
         self.buf: deque[Item] = deque()
@@ -227,7 +230,7 @@ class FedOrder(Schedule):
         if self.asked_ns is None or now_ns <= self.asked_ns:
             return least
         pace = self.handed * 1e9 / (now_ns - self.asked_ns)
-        return max(least, min(MAX_BATCH, math.ceil(pace * CLOSED_BATCH_S)))
+        return max(least, min(MAX_BATCH, math.ceil(pace * self.batch_s)))
 
     async def measured_start(self, ready_ns: int) -> int:
         self.tell({"ready_at": ready_ns - self.offset_ns})

@@ -77,6 +77,11 @@ INLINE_BYTES = 8 << 20
 SHIP_BYTES = INLINE_BYTES // 2
 # How often a Ray worker ships its records (s): each ship is a Ray call on its host.
 RAY_FLUSH_S = 0.25
+# How much of a Ray worker's pace a closed loop's batch of the schedule covers (s): each ask is a
+# Ray call of its actor's, about a millisecond of its host's CPU with the answer's relay. At
+# `--workers`' 0.25 s a worker at its ceiling asked 8 times a second and its actor took 3.1 % of its
+# core; at 1 s, 2.5 % (docs/performance.md). A lost worker takes at most this much with it.
+RAY_BATCH_S = 1.0
 # Ray's settings for kvbench's actors' processes (RAY_<name>, through their runtime_env; Ray's job
 # supervisor sets its own niceness the same way). Ray lowers every worker process it starts by 15
 # (worker_niceness), and the worker process a worker actor starts would inherit that: beside a busy
@@ -393,6 +398,7 @@ class RayPool(Pool):
     one = "Ray worker"
     engine = "ray"
     flush_s = RAY_FLUSH_S
+    batch_s = RAY_BATCH_S
 
     def __init__(
         self, cluster: Cluster, sender: Sender, kind: str, plan: Plan, sink: RunWriter, emulated: bool

@@ -57,6 +57,7 @@ class Share:
     first_connection: int
     send_clock: bool  # tell the embedded emulator when requests left: only on the emulator's own host
     flush_s: float  # how often it ships its finished records (its launcher's Pool.flush_s)
+    batch_s: float  # a closed loop's batch of the schedule: what it sends in this long (its launcher's Pool.batch_s)
 
 
 class WorkerSide:
@@ -71,7 +72,7 @@ class WorkerSide:
         self.stop = asyncio.Event()
         self.go_at: asyncio.Future[int] = self.loop.create_future()
         times = [share.spec.clock.wall_s(t) for t in share.plan.times]
-        self.order = FedOrder(tell, times, share.kind, share.connections, offset_ns)
+        self.order = FedOrder(tell, times, share.kind, share.connections, offset_ns, share.batch_s)
         self.pending: list[bytes] = []
         self.shipped_ns = time.perf_counter_ns()
 
