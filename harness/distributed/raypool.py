@@ -80,7 +80,8 @@ RAY_FLUSH_S = 0.25
 # How much of a Ray worker's pace a closed loop's batch of the schedule covers (s): each ask is a
 # Ray call of its actor's, about a millisecond of its host's CPU with the answer's relay. At
 # `--workers`' 0.25 s a worker at its ceiling asked 8 times a second and its actor took 3.1 % of its
-# core; at 1 s, 2.5 % (docs/performance.md). A lost worker takes at most this much with it.
+# core; at 1 s, 2.5 % (docs/performance.md). A lost worker takes at most a batch and a half
+# (the next is asked for when half of one is left) with it, recorded as failed (`lost`).
 RAY_BATCH_S = 1.0
 # Ray's settings for kvbench's actors' processes (RAY_<name>, through their runtime_env; Ray's job
 # supervisor sets its own niceness the same way). Ray lowers every worker process it starts by 15
