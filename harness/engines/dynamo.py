@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,6 +171,7 @@ class Deployment:
         for m in reversed(self.mockers):
             m.__exit__(None, None, None)
         self.mockers = []
+        self._wait_dropped(gone)
         said = ""
         if router_mode is not None and router_mode != self.router_mode:
             assert self.frontend is not None
@@ -182,28 +183,39 @@ class Deployment:
         self.workers = workers or self.workers
         for _ in range(self.workers.count):
             self.mockers.append(Mocker(self.py, self.home, self.model, self.workers).__enter__())
-        self._wait_registered(gone)
+        self._wait_registered()
         return f"Dynamo's {self.workers.count} mocker worker(s) restarted: their KV caches (G1, G2) start empty{said}"
 
     def worker_metrics(self) -> dict[str, str]:
         """Each mocker's /metrics (its system port: vLLM-style first-token times and KV usage)."""
         return {f"http://127.0.0.1:{m.port}/metrics": f"mocker-{k}" for k, m in enumerate(self.mockers)}
 
-    def _wait_registered(self, gone: frozenset[int] = frozenset()) -> None:
-        """Until the frontend lists the model and knows every worker's `generate` endpoint (and
-        none of the workers `gone`)."""
+    def _wait_registered(self) -> None:
+        """Until the frontend lists the model and knows every worker's `generate` endpoint."""
+        self._wait(
+            lambda: self._model_listed() and len(self._workers_listed()) >= self.workers.count,
+            f"list model {SERVED_NAME!r} with {self.workers.count} worker(s)",
+        )
+
+    def _wait_dropped(self, gone: frozenset[int]) -> None:
+        """Until the frontend has dropped the stopped workers `gone` and, with the last of them, the
+        model (it removes a model with its last worker's card: its log says so). The new workers
+        register only then, so that no removal of an old worker's card comes after them: once, on
+        a busy host, an arm's requests after such a restart were answered 404 from the sixth on,
+        the model gone while its new worker was listed."""
+        self._wait(
+            lambda: not self._model_listed() and not self._workers_listed() & gone,
+            f"drop model {SERVED_NAME!r} and its stopped worker(s)",
+        )
+
+    def _wait(self, done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError, AttributeError):
-                if self._model_listed():
-                    listed = self._workers_listed()
-                    if len(listed) >= self.workers.count and not listed & gone:
-                        return
+                if done():
+                    return
             time.sleep(0.2)
-        raise RuntimeError(
-            f"dynamo: the frontend did not list model {SERVED_NAME!r} with {self.workers.count} worker(s) "
-            f"within {READY_TIMEOUT_S:g} s"
-        )
+        raise RuntimeError(f"dynamo: the frontend did not {what} within {READY_TIMEOUT_S:g} s")
 
     def _model_listed(self) -> bool:
         with urllib.request.urlopen(self.base_url + "/models", timeout=5) as r:
