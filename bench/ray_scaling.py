@@ -30,7 +30,8 @@ a second or two, the closed loop's last batches (a round trip each, while connec
 weigh several percent. But this host's speed moves within a minute, so the ratio of two such runs
 moves by 10-20 %: the bench therefore also runs one process and one Ray worker apart in PAIRS
 pairs of shorter runs in turns on one cluster, and gives the median ratios with a bootstrap
-interval.
+interval, and where the client core went in them (`CoreUse`: a Ray worker's actor, which is
+kvbench's coordination of it, beside what a worker actor takes at rest, which is Ray's).
 
     python bench/ray_scaling.py [requests]      # default 20000
     python bench/ray_scaling.py pairs [requests]  # the pairs only (default 8000 requests per run)
@@ -177,6 +178,24 @@ def at_rest(root: int, seconds: float = 10.0) -> float:
     return (cpu_s() - before) / (time.monotonic() - t0)
 
 
+def actor_at_rest(address: str) -> float:
+    """The share of a core a worker actor takes started as a run starts it and asked nothing
+    (Ray's machinery for an actor: its threads, the main one woken about 100 times a second),
+    on the cluster's worker node."""
+    import ray
+
+    from harness.distributed.raypool import worker_actor
+
+    ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    try:
+        actor = worker_actor().remote()
+        pid = ray.get(actor.info.remote())["pid"]
+        time.sleep(2)  # what its start left to do
+        return at_rest(pid)
+    finally:
+        ray.shutdown()
+
+
 def settle(quiet: float = 0.05, longest_s: float = 30.0) -> None:
     """Wait until the machine's CPUs are idle but for `quiet` of their time over half a second."""
     deadline = time.monotonic() + longest_s
@@ -197,14 +216,21 @@ def pairs(n: int) -> None:
     """One process against one Ray worker apart, PAIRS times each in turns (ABBA), on one cluster
     whose worker node (raylet, agents) is moved onto the server's core while the process runs:
     both see this host at the same speed within seconds, so their ratios are steadier than the
-    rounds', and a bootstrap interval says how far they can be trusted."""
+    rounds', and a bootstrap interval says how far they can be trusted. Beside each run, where the
+    client core went (`CoreUse`): a Ray worker's actor is kvbench's coordination of it, measured
+    directly rather than as what the worker's process did not have of the core."""
     got: dict[str, list[dict[str, Any]]] = {"process": [], "ray apart": []}
     client, scenario = client_cores(1), STREAMING.format(name="ray", requests=n, concurrency=CONNECTIONS)
-    with Firehose(ttft_ms=0, tokens=256) as fh, ray_cluster(1, client, {SERVER_CORE}) as (address, (raylet,)):
-        rest = at_rest(raylet)
-        for k in range(PAIRS):
-            for how in ("process", "ray apart") if k % 2 == 0 else ("ray apart", "process"):
-                got[how].append(one_or_apart(scenario, fh, address, raylet, how == "ray apart"))
+    mine = os.sched_getaffinity(0)
+    pin({SERVER_CORE})  # this process samples the client core: not from it
+    try:
+        with Firehose(ttft_ms=0, tokens=256) as fh, ray_cluster(1, client, {SERVER_CORE}) as (address, (raylet,)):
+            rest, idle_actor = at_rest(raylet), actor_at_rest(address)
+            for k in range(PAIRS):
+                for how in ("process", "ray apart") if k % 2 == 0 else ("ray apart", "process"):
+                    got[how].append(one_or_apart(scenario, fh, address, raylet, how == "ray apart"))
+    finally:
+        pin(mine)
     print(f"\none Ray worker apart / one process: {PAIRS} pairs of {n} requests in turns, on one cluster")
     paired_ratios(
         got["ray apart"],
@@ -215,6 +241,89 @@ def pairs(n: int) -> None:
         f"  the worker's node at rest before the runs (its raylet and agents, nothing asked of them): {rest:.1%} "
         "of a core, part of what the worker's process did not have of its core"
     )
+    print(f"where the client core went, the middle {CoreUse.MIDDLE:.0%} of each run (medians of {PAIRS}, min-max):")
+    for how, label in (("process", "one process"), ("ray apart", "one Ray worker apart")):
+        parts = [part for part in CoreUse.PARTS if any(r["core"][part] for r in got[how])]
+        print(f"  {label}: " + "; ".join(spread(part, [r["core"][part] for r in got[how]]) for part in parts))
+    print(
+        "  (the actor is kvbench's coordination of its worker: the relay of the worker process's pipe, its Ray calls "
+        f"and Ray's machinery for an actor, which a worker actor started and asked nothing takes: {idle_actor:.1%} "
+        "of the core; the node is Ray's: the raylet and its agents; steal is what the VM's host took)"
+    )
+
+
+def spread(label: str, xs: list[float]) -> str:
+    return f"{label} {statistics.median(xs):.1%} ({min(xs):.1%}-{max(xs):.1%})"
+
+
+class CoreUse:
+    """Where a core went while a run sent: the CPU time of each process this one started (the
+    run, the cluster, the server), by what it is (the sending process; a Ray worker's actor; its
+    node, the raylet's tree), the core's idle time and what the VM's host took of it (steal),
+    sampled every EVERY_S and taken over the middle MIDDLE of the sending process's life (its
+    start and end are not its ceiling). Shares of the core; `other` is the rest (the kernel's
+    work, anything else on it)."""
+
+    EVERY_S = 0.5
+    MIDDLE = 0.6
+    PARTS = ("sender", "actor", "node", "idle", "steal", "other")
+
+    def __init__(self, core: int, raylet: int | None) -> None:
+        self.core = core
+        self.node = frozenset(tree(raylet)) if raylet is not None else frozenset()
+        self.samples: list[tuple[float, dict[int, tuple[str, float]], tuple[int, int, int]]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> CoreUse:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _sample(self) -> None:
+        while not self.done.wait(self.EVERY_S):
+            procs: dict[int, tuple[str, float]] = {}
+            for pid in tree(os.getpid()):
+                with contextlib.suppress(OSError, ValueError, IndexError):  # it ended meanwhile
+                    procs[pid] = (self._what(pid), process_cpu_s(pid))
+            self.samples.append((time.monotonic(), procs, core_ticks(self.core)))
+
+    def _what(self, pid: int) -> str:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if any(b"process_main" in a for a in argv) or (b"harness" in argv and b"--ray" not in argv):
+            return "sender"  # a Ray worker's process, or one process's run
+        if argv[0].startswith(b"ray::RayWorker"):
+            return "actor"
+        return "node" if pid in self.node else "else"
+
+    def shares(self) -> dict[str, float]:
+        """Each part's share of the core over the middle of the sender's life."""
+        alive = [s for s in self.samples if any(what == "sender" for what, _ in s[1].values())]
+        if len(alive) < 3:
+            raise SystemExit("bench: a run too short to sample where the core went: give it more requests")
+        skip = (1 - self.MIDDLE) / 2
+        (t0, p0, c0), (t1, p1, c1) = alive[int(len(alive) * skip)], alive[int(len(alive) * (1 - skip))]
+        got = dict.fromkeys(self.PARTS, 0.0)
+        for pid, (what, cpu) in p1.items():
+            if what in got and pid in p0:
+                got[what] += (cpu - p0[pid][1]) / (t1 - t0)
+        ticks = (c1[2] - c0[2]) or 1
+        got["idle"], got["steal"] = (c1[0] - c0[0]) / ticks, (c1[1] - c0[1]) / ticks
+        got["other"] = max(0.0, 1 - sum(got.values()))
+        return got
+
+
+def core_ticks(core: int) -> tuple[int, int, int]:
+    """Core `core`'s idle (with I/O wait), steal and total ticks so far (/proc/stat)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *values = line.split()
+        if name == f"cpu{core}":
+            v = [int(x) for x in values]
+            return v[3] + v[4], v[7], sum(v[:8])
+    raise SystemExit(f"bench: no cpu{core} in /proc/stat")
 
 
 def one_or_apart(scenario: str, fh: Firehose, address: str, raylet: int, ray: bool) -> dict[str, Any]:
@@ -225,8 +334,9 @@ def one_or_apart(scenario: str, fh: Firehose, address: str, raylet: int, ray: bo
     move(raylet, client if ray else {SERVER_CORE})
     extra = ["--ray", address, "--workers", "1"] if ray else []
     with tempfile.TemporaryDirectory() as tmp:
-        (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, {SERVER_CORE} if ray else client)
-        return measured(json.loads((folder / "run.json").read_text()))
+        with CoreUse(min(client), raylet if ray else None) as use:
+            (folder,) = kvbench_run(scenario, fh.base_url, Path(tmp), extra, {SERVER_CORE} if ray else client)
+        return {**measured(json.loads((folder / "run.json").read_text())), "core": use.shares()}
 
 
 def open_apart(rate: int, n: int) -> None:

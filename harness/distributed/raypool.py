@@ -327,14 +327,9 @@ async def start(
             f"--ray: the cluster at {address} could not give {n} worker(s) a CPU each within {PLACE_TIMEOUT_S:g} s "
             f"({free} of its {cpus} CPU(s) free): other work holds them; give fewer with --workers"
         ) from None
-    # threaded: `tell` and `now` are answered while `run` streams (Ray's stubs know only the
-    # options of a task, not an actor's max_concurrency)
-    actor = cast(Any, ray.remote)(num_cpus=1, max_restarts=0, max_concurrency=4)(RayWorker)
     actors = [
-        actor.options(
-            name=f"worker-{k}",
-            runtime_env={"env_vars": WORKER_ENV},
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k),
+        worker_actor(
+            name=f"worker-{k}", scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k)
         ).remote()
         for k in range(n)
     ]
@@ -370,6 +365,17 @@ async def start(
             "and --endpoint)"
         )
     return Cluster(address, members, here, ray.__version__, dispatch, lost_after_s)
+
+
+def worker_actor(**options: Any) -> Any:
+    """RayWorker as a Ray actor class, as a run starts its workers, with Ray's `options` (its name,
+    where it goes; bench/ray_scaling.py starts one to measure what it takes at rest)."""
+    import ray
+
+    # threaded: `tell` and `now` are answered while `run` streams (Ray's stubs know only the
+    # options of a task, not an actor's max_concurrency)
+    actor = cast(Any, ray.remote)(num_cpus=1, max_restarts=0, max_concurrency=4)(RayWorker)
+    return actor.options(runtime_env={"env_vars": WORKER_ENV}, **options)
 
 
 async def _answers(actors: list[Any], stop: asyncio.Event, say: Callable[[str], None]) -> list[dict[str, Any]] | None:
