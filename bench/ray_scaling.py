@@ -199,16 +199,11 @@ def actor_at_rest(address: str) -> float:
 def settle(quiet: float = 0.05, longest_s: float = 30.0) -> None:
     """Wait until the machine's CPUs are idle but for `quiet` of their time over half a second."""
     deadline = time.monotonic() + longest_s
-
-    def busy() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(fields) - fields[3] - fields[4], sum(fields)
-
     while time.monotonic() < deadline:
-        b0, t0 = busy()
+        idle0, _, total0 = cpu_ticks()
         time.sleep(0.5)
-        b1, t1 = busy()
-        if (b1 - b0) / max(1, t1 - t0) < quiet:
+        idle1, _, total1 = cpu_ticks()
+        if 1 - (idle1 - idle0) / max(1, total1 - total0) < quiet:
             return
 
 
@@ -289,7 +284,7 @@ class CoreUse:
             for pid in tree(os.getpid()):
                 with contextlib.suppress(OSError, ValueError, IndexError):  # it ended meanwhile
                     procs[pid] = (self._what(pid), process_cpu_s(pid))
-            self.samples.append((time.monotonic(), procs, core_ticks(self.core)))
+            self.samples.append((time.monotonic(), procs, cpu_ticks(self.core)))
 
     def _what(self, pid: int) -> str:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -316,14 +311,15 @@ class CoreUse:
         return got
 
 
-def core_ticks(core: int) -> tuple[int, int, int]:
-    """Core `core`'s idle (with I/O wait), steal and total ticks so far (/proc/stat)."""
+def cpu_ticks(core: int | None = None) -> tuple[int, int, int]:
+    """Core `core`'s idle (with I/O wait), steal and total ticks so far, or all cores' (/proc/stat)."""
+    want = "cpu" if core is None else f"cpu{core}"
     for line in Path("/proc/stat").read_text().splitlines():
         name, *values = line.split()
-        if name == f"cpu{core}":
+        if name == want:
             v = [int(x) for x in values]
-            return v[3] + v[4], v[7], sum(v[:8])
-    raise SystemExit(f"bench: no cpu{core} in /proc/stat")
+            return v[3] + v[4], v[7], sum(v[:8])  # guest time is in user time already
+    raise SystemExit(f"bench: no {want} in /proc/stat")
 
 
 def one_or_apart(scenario: str, fh: Firehose, address: str, raylet: int, ray: bool) -> dict[str, Any]:
