@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.core.clock import Offset
+from harness.distributed import raypool
 from harness.distributed.dispatch import (
     CLOSED_BATCH,
     CLOSED_BATCH_S,
@@ -66,10 +67,11 @@ def test_a_ray_worker_ships_its_records_in_answers_under_the_inline_limit(items:
         assert len(lines) <= limit or lines.count(b"\n") == 1
 
 
-def test_a_workers_actor_vouches_for_its_process_only_while_it_starts() -> None:
+def test_a_workers_actor_vouches_for_its_process_only_while_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing from the worker process for two heartbeats: while the process lives and has not
     said it is up (starting, slowly on a busy host), its actor answers with a heartbeat; once up,
     or gone, silence (the coordinator's rule for it decides)."""
+    monkeypatch.setattr(raypool, "batch_threads", lambda: None)  # this process is not an actor's
     actor = RayWorker()
     assert actor.shipped() == []  # no process yet
     actor.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -84,6 +86,31 @@ def test_a_workers_actor_vouches_for_its_process_only_while_it_starts() -> None:
     finally:
         actor.proc.kill()
         actor.proc.wait(timeout=60)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_a_workers_actor_does_not_preempt_its_worker_process() -> None:
+    """A worker actor's threads, those there before it and those started after, run on
+    SCHED_BATCH (they do not preempt the worker process on its core when they wake); the worker
+    process, which inherits that from the actor, goes back to SCHED_OTHER. In a process of its
+    own, as an actor is."""
+    script = """
+import os, threading
+from harness.distributed.raypool import RayWorker
+from harness.distributed.worker import process_main
+before = threading.Thread(target=threading.Event().wait, daemon=True)
+before.start()
+RayWorker()
+after = threading.Thread(target=threading.Event().wait, daemon=True)
+after.start()
+print(*(os.sched_getscheduler(t.native_id) for t in (threading.main_thread(), before, after)))
+r, w = os.pipe()
+os.close(w)
+process_main(r)  # the pipe's other end is gone: it returns at once
+print(os.sched_getscheduler(0))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == [str(os.SCHED_BATCH)] * 3 + [str(os.SCHED_OTHER)]
 
 
 def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None:

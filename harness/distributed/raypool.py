@@ -113,6 +113,7 @@ class RayWorker:
     this actor does (its pipe closes)."""
 
     def __init__(self) -> None:
+        batch_threads()
         self.out: Outbox[tuple[Any, ...]] = Outbox()
         self.held: deque[tuple[Any, ...]] = deque()  # taken from `out`, not yet fetched
         self.conn: Connection | None = None
@@ -214,6 +215,22 @@ class RayWorker:
     def tell(self, said: dict[str, Any]) -> None:
         """The coordinator's `go` or `stop`, down the pipe."""
         self._send(said)
+
+
+def batch_threads() -> None:
+    """This process's threads on SCHED_BATCH (where the OS has it; the threads it starts later
+    inherit it): a worker actor's threads (Ray's own, whose main thread wakes about 100 times a
+    second, and the relay) then do not preempt the worker process on its core each time they
+    wake, but run when it waits or at the scheduler's tick, with the same fair share of the core
+    as before. Measured at the worker's ceiling: the worker process preempted 0.15 times a request
+    instead of 0.23, the actor 2.1 % of the core instead of 2.4 % (docs/performance.md). The worker
+    process it starts goes back to the usual policy (worker.process_main)."""
+    if not hasattr(os, "SCHED_BATCH"):
+        return
+    with contextlib.suppress(OSError):  # no /proc: nothing changes
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
 
 
 def ration(held: deque[tuple[Any, ...]], limit: int) -> list[tuple[Any, ...]]:

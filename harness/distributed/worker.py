@@ -144,6 +144,9 @@ def process_main(conn: Connection | int) -> None:
     stalls its sends. No Ray in it: Ray's threads taking Python's lock would hold its loop."""
     if isinstance(conn, int):  # a pipe end inherited from a Ray actor (RayWorker.run)
         conn = Connection(conn)
+        if hasattr(os, "SCHED_OTHER"):  # the actor's SCHED_BATCH (raypool.batch_threads) is not for sending
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     # The coordinator stops it (a Ctrl-C reaches the whole process group): it finishes what is in
     # flight when told, and ends by itself when the coordinator is gone (the pipe closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
