@@ -222,9 +222,9 @@ def batch_threads() -> None:
     inherit it): a worker actor's threads (Ray's own, whose main thread wakes about 100 times a
     second, and the relay) then do not preempt the worker process on its core each time they
     wake, but run when it waits or at the scheduler's tick, with the same fair share of the core
-    as before. Measured at the worker's ceiling: the worker process preempted 0.15 times a request
-    instead of 0.23, the actor 2.1 % of the core instead of 2.4 % (docs/performance.md). The worker
-    process it starts goes back to the usual policy (worker.process_main)."""
+    as before. Measured at the worker's ceiling: the worker process preempted 0.14 times a request
+    instead of 0.20, the actor 2.2 % of the core instead of 2.45 % (docs/performance.md). The
+    worker process it starts goes back to the usual policy (worker.process_main)."""
     if not hasattr(os, "SCHED_BATCH"):
         return
     with contextlib.suppress(OSError):  # no /proc: nothing changes
