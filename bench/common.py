@@ -114,9 +114,11 @@ class Firehose:
         itl_ms: float = 0.0,
         script: str = "firehose.py",
         tls: bool = False,
+        shape: tuple[str, ...] = (),
     ) -> None:
+        """`shape`: more of firehose.py's flags (--framing, --first, --one-write)."""
         self.script = script
-        self.args = ["--ttft-ms", str(ttft_ms), "--tokens", str(tokens), "--itl-ms", str(itl_ms)]
+        self.args = ["--ttft-ms", str(ttft_ms), "--tokens", str(tokens), "--itl-ms", str(itl_ms), *shape]
         if timing_log:
             self.args += ["--timing-log", str(timing_log)]
         self.tls = tempfile.TemporaryDirectory() if tls else None

@@ -3,11 +3,20 @@ installed), pre-encoded SSE chunks, batched writes. It records when it sent each
 token (monotonic ns, the clock kvbench uses), so a client's TTFT can be checked against it.
 
     python bench/firehose.py --port 0 --ttft-ms 200 --tokens 256 --timing-log server.jsonl [--tls CERT KEY]
+        [--itl-ms MS] [--framing chunked|length] [--first role|content] [--one-write]
 
 Prints "firehose listening on http://127.0.0.1:PORT/v1" when ready. Speaks just enough of
 OpenAI's API for kvbench: GET /v1/models, POST /tokenize (counts words), POST
 /v1/chat/completions and /v1/completions (streaming). The output length is --tokens, whatever
 max_tokens says.
+
+The headers go out when a request arrives, with a role-only chunk (`--first role`, the default,
+as vLLM does) or alone (`--first content`: the first chunk, at the TTFT, carries the role and the
+first token). The body is chunked (`--framing chunked`) or one Content-Length body
+(`--framing length`, every byte known ahead). After the first token, the rest come `--itl-ms`
+apart, or at once: 32 a write with a turn of the loop between, or all in one write
+(`--one-write`, a server that writes a response's tokens in one burst). The truth logged is the
+monotonic time just before the first token's bytes are handed to the socket.
 """
 
 from __future__ import annotations
@@ -27,30 +36,57 @@ def chunked(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(payload), payload)
 
 
-def sse(obj: dict) -> bytes:
-    return chunked(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+def event(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Body:
+    """One endpoint's pre-encoded response pieces (chat or completions), framed as asked."""
+
+    def __init__(self, chat: bool, tokens: int, framing: str, first: str) -> None:
+        head = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0}
+        head["model"] = "firehose"
+
+        def choice(delta: dict) -> dict:
+            return {"index": 0, "delta": delta} if chat else {"index": 0, "text": delta.get("content", "")}
+
+        frame = chunked if framing == "chunked" else (lambda payload: payload)
+        role_first = chat and first == "role"
+        self.role = (
+            frame(event({**head, "choices": [choice({"role": "assistant", "content": ""})]})) if role_first else b""
+        )
+        first_delta = {"content": " tok"} if role_first or not chat else {"role": "assistant", "content": " tok"}
+        self.first = frame(event({**head, "choices": [choice(first_delta)]}))
+        self.token = frame(event({**head, "choices": [choice({"content": " tok"})]}))
+        usage = {"prompt_tokens": 0, "completion_tokens": tokens}
+        self.done = frame(event({**head, "choices": [], "usage": usage})) + frame(b"data: [DONE]\n\n")
+        if framing == "chunked":
+            self.done += b"0\r\n\r\n"
+            length = b"Transfer-Encoding: chunked"
+        else:
+            size = len(self.role) + len(self.first) + len(self.token) * (tokens - 1) + len(self.done)
+            length = b"Content-Length: %d" % size
+        self.headers = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n%s\r\nConnection: keep-alive\r\n\r\n" % (
+            length
+        )
+        self.batch = self.token * BATCH
 
 
 class Server:
-    def __init__(self, ttft_s: float, tokens: int, log_path: str | None, itl_s: float = 0.0) -> None:
-        self.ttft_s, self.tokens, self.itl_s = ttft_s, tokens, itl_s
+    def __init__(
+        self,
+        ttft_s: float,
+        tokens: int,
+        log_path: str | None,
+        itl_s: float = 0.0,
+        framing: str = "chunked",
+        first: str = "role",
+        one_write: bool = False,
+    ) -> None:
+        self.ttft_s, self.tokens, self.itl_s, self.one_write = ttft_s, tokens, itl_s, one_write
         self.log = open(log_path, "a") if log_path else None  # noqa: SIM115
         self.first_request_ns: int | None = None
-        head = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "firehose"}
-        self.role = sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-        self.token = sse({**head, "choices": [{"index": 0, "delta": {"content": " tok"}}]})
-        self.ctoken = sse({**head, "object": "text_completion", "choices": [{"index": 0, "text": " tok"}]})
-        self.batch = self.token * BATCH
-        self.cbatch = self.ctoken * BATCH
-        self.done = (
-            sse({**head, "choices": [], "usage": {"prompt_tokens": 0, "completion_tokens": tokens}})
-            + chunked(b"data: [DONE]\n\n")
-            + b"0\r\n\r\n"
-        )
-        self.headers = (
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
-        )
+        self.bodies = {chat: Body(chat, tokens, framing, first) for chat in (True, False)}
         self.models = json.dumps({"object": "list", "data": [{"id": "firehose", "object": "model"}]}).encode()
 
 
@@ -105,25 +141,27 @@ class Proto(asyncio.Protocol):
     async def stream(self, rid: str, path: str, arrived: float) -> None:
         srv, t = self.srv, self.transport
         assert t is not None
-        chat = path.endswith("chat/completions")
-        t.write(srv.headers + (srv.role if chat else b""))
+        body = srv.bodies[path.endswith("chat/completions")]
+        t.write(body.headers + body.role)
         await asyncio.sleep(max(0.0, arrived + srv.ttft_s - time.perf_counter()))
         if t.is_closing():
             return
-        t.write(srv.token if chat else srv.ctoken)
         sent = time.perf_counter_ns()
+        t.write(body.first)
         left = srv.tokens - 1
-        batch = srv.batch if chat else srv.cbatch
         while left > 0 and not t.is_closing() and srv.itl_s > 0:  # paced, like a real engine
             await asyncio.sleep(max(0.0, sent / 1e9 + (srv.tokens - left) * srv.itl_s - time.perf_counter()))
-            t.write(srv.token if chat else srv.ctoken)
+            t.write(body.token)
             left -= 1
+        if left > 0 and srv.one_write:  # the rest in one burst
+            t.write(body.token * left)
+            left = 0
         while left > 0 and not t.is_closing():
             n = min(BATCH, left)
-            t.write(batch if n == BATCH else (srv.token if chat else srv.ctoken) * n)
+            t.write(body.batch if n == BATCH else body.token * n)
             left -= n
             await asyncio.sleep(0)  # let the other connections have their turn
-        t.write(srv.done)
+        t.write(body.done)
         if srv.log:
             srv.log.write(f'{{"request_id":"{rid}","first_token_ns":{sent}}}\n')
 
@@ -136,8 +174,11 @@ async def main() -> None:
     ap.add_argument("--timing-log")
     ap.add_argument("--itl-ms", type=float, default=0.0, help="pace the tokens (0: as fast as possible)")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve https with this certificate")
+    ap.add_argument("--framing", choices=("chunked", "length"), default="chunked")
+    ap.add_argument("--first", choices=("role", "content"), default="role", help="what the first chunk carries")
+    ap.add_argument("--one-write", action="store_true", help="the tokens after the first in one write")
     a = ap.parse_args()
-    srv = Server(a.ttft_ms / 1e3, a.tokens, a.timing_log, a.itl_ms / 1e3)
+    srv = Server(a.ttft_ms / 1e3, a.tokens, a.timing_log, a.itl_ms / 1e3, a.framing, a.first, a.one_write)
     loop = asyncio.get_running_loop()
     ctx = None
     if a.tls:

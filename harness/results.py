@@ -119,6 +119,13 @@ class RequestRecord:
     restore_tokens: int | None = None
     restore_bytes: int | None = None
     restore_s: float | None = None
+    # Where the first token's time came from: "kernel" (the kernel's receive stamp of the read
+    # that carried it) or "user" (the time the client read it); how much later than the kernel's
+    # stamp the client read it; how many later token chunks that read held (its stamp is theirs
+    # when they arrived later: results/README.md)
+    first_token_stamp: str | None = None
+    first_token_late_s: float | None = None
+    first_token_shared: int | None = None
 
     @property
     def lag_s(self) -> float | None:
@@ -187,9 +194,12 @@ _OPTIONAL = (
     "restore_tokens",
     "restore_bytes",
     "restore_s",
+    "first_token_stamp",
+    "first_token_late_s",
+    "first_token_shared",
 )
-_OPTIONAL_NUMBERS = ("intended_s", "held_s", "idle_s", "restore_s")
-_OPTIONAL_TEXT = ("warm_from",)
+_OPTIONAL_NUMBERS = ("intended_s", "held_s", "idle_s", "restore_s", "first_token_late_s")
+_OPTIONAL_TEXT = ("warm_from", "first_token_stamp")
 _NUMBER, _MAYBE_NUMBER, _MAYBE_INT, _MAYBE_TEXT = (
     (int, float),
     (int, float, type(None)),

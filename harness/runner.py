@@ -45,6 +45,7 @@ from harness.server.scrape import Scraper
 from harness.traffic import make_driver
 from harness.traffic.base import TrafficDriver, TrafficResult
 from harness.wire.client import StreamingClient, client_for
+from harness.wire.stamps import KERNEL_CLOCK
 from harness.workloads.base import ArmSpec, Load, Plan, Sender
 from harness.workloads.kind import ArmsDone
 
@@ -417,13 +418,17 @@ class ArmLifecycle:
         health = self.health or {}
         writer.meta["client_health"] = health
         writer.meta.update(sender.info)
+        records = read_requests(writer.folder, itl=False)
+        reads = stats.first_token_reads(records, self.t.clock.scale)
+        writer.meta["first_token_stamps"] = {**{k: reads[k] for k in ("kernel", "user")}, "kernel_clock": KERNEL_CLOCK}
+        health["lateness"] = {k: reads[k] for k in ("late_ms", "shared_while_late", "shared_late_ms")}
+        health["warning"] = selfcheck.client_warning(health, reads)
         if (w := health.get("warning")) and w not in sender.warnings:
             sender.warn(w)
         if self.t.emulated and isinstance(writer.meta.get("emulator"), dict):
             writer.meta["emulator"]["lateness"] = late = await self._emulator_lateness("GET")
             if (warning := selfcheck.emulator_warning(late)) is not None:
                 sender.warn(warning)
-        records = read_requests(writer.folder, itl=False)
         if self.scraper is not None:
             if sender.scraper is None:
                 self.scraper.record("run", self.before, await self.scraper.snapshot(), records)

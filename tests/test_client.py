@@ -459,15 +459,15 @@ def test_broken_framing_is_a_protocol_error_never_a_success(answer: bytes) -> No
 
 
 def test_one_flooding_connection_does_not_starve_the_others() -> None:
-    """The backlog hands each connection at most RELEASE_BYTES in turn: a connection that always
-    has reads held (a flood) gives way to the others after each slice."""
-    from harness.wire.connection import RELEASE_BYTES, Backlog
+    """The backlog hands each connection one held read in turn: a connection that always has
+    reads held (a flood) gives way to the others after each read."""
+    from harness.wire.connection import Backlog
 
     released: list[str] = []
 
     class Held:
         def __init__(self, name: str, reads: int) -> None:
-            self.name, self.held = name, [b"x" * RELEASE_BYTES] * reads
+            self.name, self.held = name, [b"x" * 65536] * reads
 
         def release_one(self) -> None:
             self.held.pop()
@@ -483,7 +483,7 @@ def test_one_flooding_connection_does_not_starve_the_others() -> None:
 
     aio.run(main())
     assert released.index("quiet") <= 1 and released.count("quiet") == 2
-    assert [i for i, n in enumerate(released) if n == "quiet"][1] <= 3  # one slice of the flood between
+    assert [i for i, n in enumerate(released) if n == "quiet"][1] <= 3  # one read of the flood between
 
 
 def test_https_streams_through_the_same_transport_with_the_same_stamps(tmp_path: Path) -> None:

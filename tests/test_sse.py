@@ -4,28 +4,19 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.wire import stream
 from harness.wire.client import Exchange
 from harness.wire.http1 import ResponseParser
 from harness.wire.response import Response
 from harness.wire.sse import MAX_LINE_BYTES, Run, SSEDecoder, SSEEvent, SSELimitError
-from harness.wire.stream import CHUNKED_TEXT_MAX, FRAMES, FramePatterns, StreamState, chunk_tokens
+from harness.wire.stream import CHUNKED_TEXT_MAX, FramePatterns, StreamState, chunk_tokens
 
 GOLDEN = Path(__file__).parent / "golden"
-
-
-@pytest.fixture(autouse=True)
-def frames_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs are checked read for read here: chunked runs' patterns are compiled when first asked
-    for, not in the background (test_chunked_runs_wait_for_a_pattern_compiled_off_the_loop)."""
-    monkeypatch.setattr(FRAMES, "background", False)
 
 
 def decode(pieces: list[bytes]) -> list[SSEEvent]:
@@ -376,7 +367,7 @@ def fast_and_full(chunks: list[bytes], reads_at: list[int], upper: bool = False)
 
     ex = Exchange(start_ns=0)
     ex.state.answer = []
-    response = Response(ex, MAX_LINE_BYTES)
+    response = Response(ex, MAX_LINE_BYTES, FramePatterns())
     for t, r in enumerate(reads):
         response.feed(t, r)
         if response.ended():  # as transport.Reader stops
@@ -423,8 +414,7 @@ def test_a_whole_response_in_one_read_is_taken_in_runs_after_its_first_token() -
     """A response whose head, role chunk and 256 token chunks come in one read (a firehose, or a
     server that buffers): the head, the role chunk and the first token chunk (which teaches the
     template) are parsed; the other token chunks are taken as a run, never decoded; the same in
-    the slices the connection hands on (cut after a chunk's end)."""
-    from harness.wire.connection import RELEASE_BYTES
+    reads cut after a chunk's end."""
 
     role = sse_event(vllm_chunk({"role": "assistant", "content": ""}))
     tokens = [sse_event(vllm_chunk({"content": f" w{i}"})) for i in range(256)]
@@ -443,17 +433,17 @@ def test_a_whole_response_in_one_read_is_taken_in_runs_after_its_first_token() -
         def __getattr__(self, name: str) -> object:
             return getattr(self.decoder, name)
 
-    def slices(data: bytes) -> list[bytes]:  # as Connection.release_one cuts a long read
+    def slices(data: bytes, size: int = 8192) -> list[bytes]:  # reads that end where a chunk does
         out = []
-        while len(data) > RELEASE_BYTES:
-            cut = data.rfind(b"\n\r\n", 0, RELEASE_BYTES) + 3
+        while len(data) > size:
+            cut = data.rfind(b"\n\r\n", 0, size) + 3
             out.append(data[:cut])
             data = data[cut:]
         return [*out, data]
 
     for reads in ([raw], slices(raw)):
         ex = Exchange(start_ns=0)
-        response = Response(ex, MAX_LINE_BYTES)
+        response = Response(ex, MAX_LINE_BYTES, FramePatterns())
         counted = response.decoder = Counted(response.decoder)  # type: ignore[assignment]
         for t, r in enumerate(reads):
             response.feed(t, r)
@@ -485,38 +475,34 @@ def test_a_chunked_run_checks_every_chunk_size() -> None:
     state = StreamState()
     state.on_events(SSEDecoder(skip=state.run_end).feed(events[0]), 0)  # learns the template
     assert state.template is not None
+    frames = FramePatterns()
 
     def framed(evs: list[bytes], size: bytes = b"%x") -> bytes:
         return b"".join(size % len(e) + b"\r\n" + e + b"\r\n" for e in evs)
 
     run = framed(events * 10)
-    assert state.chunked_run_end(run + b"0\r\n\r\n", 0) == len(run)
-    assert state.chunked_run_end(framed(events * 10, b"%X"), 0) == len(run)
+    assert state.chunked_run_end(run + b"0\r\n\r\n", 0, frames) == len(run)
+    assert state.chunked_run_end(framed(events * 10, b"%X"), 0, frames) == len(run)
     one = len(framed(events[:1]))
     for lie in (-1, 1, 16):  # sizes that are not the event's length: not taken
         lying = framed(events[:1]) + b"%x\r\n%s\r\n" % (len(events[1]) + lie, events[1])
-        assert state.chunked_run_end(lying, 0) == one
+        assert state.chunked_run_end(lying, 0, frames) == one
     long_text = sse_event(vllm_chunk({"content": "x" * (CHUNKED_TEXT_MAX + 1)}))
     escaped = sse_event(vllm_chunk({"content": 'a"b'}))
-    assert state.chunked_run_end(framed([events[0], long_text, events[0]]), 0) == one
-    assert state.chunked_run_end(framed([events[0], escaped]), 0) == one
+    assert state.chunked_run_end(framed([events[0], long_text, events[0]]), 0, frames) == one
+    assert state.chunked_run_end(framed([events[0], escaped]), 0, frames) == one
     # the same lengths, other bytes (another request's id; another field's value): not taken
     for other in (events[1].replace(b"chatcmpl-7", b"chatcmpl-8"), events[1].replace(b"null}]}", b"nul1}]}")):
-        assert state.chunked_run_end(framed([events[0], other, events[0]]), 0) == 0
+        assert state.chunked_run_end(framed([events[0], other, events[0]]), 0, frames) == 0
 
 
-def test_chunked_runs_wait_for_a_pattern_compiled_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In a run, the first chunked run asks for its pattern and gets none yet (the chunks are
-    parsed one by one meanwhile); a thread compiles it, with a short switch interval while it
-    does, and the runs after it are taken whole. The interval is put back."""
+def test_a_client_compiles_each_frame_pattern_once_and_keeps_at_most_its_bound() -> None:
+    """Patterns belong to the FramePatterns a client hands its responses: compiled at the first
+    ask, the same object after, and no more than KEEP of them kept whatever templates a server
+    makes a stream learn."""
     frames = FramePatterns()
-    monkeypatch.setattr(stream, "FRAMES", frames)
-    events = [sse_event(vllm_chunk({"content": t})) for t in (" a", " bb", " ccc")]
-    state = StreamState()
-    state.on_events(SSEDecoder(skip=state.run_end).feed(events[0]), 0)
-    run = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events * 10)
-    usual = sys.getswitchinterval()
-    assert state.chunked_run_end(run, 0) == 0
-    frames.wait()
-    assert state.chunked_run_end(run, 0) == len(run)
-    assert sys.getswitchinterval() == usual
+    first = frames.get(40, 30, False)
+    assert frames.get(40, 30, False) is first and frames.get(40, 30, True) is not first
+    for n in range(FramePatterns.KEEP + 5):
+        frames.get(n, 1, False)
+    assert len(frames) == FramePatterns.KEEP

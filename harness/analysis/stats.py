@@ -22,6 +22,8 @@ Definitions:
 - open loop: warm-up requests (phase "warmup") are left out of every figure but the counts of
   requests and failures. Schedule lag: real send time (start_s) - intended send time.
 - TPOT: (e2e - TTFT) / (output tokens - 1), per request (vLLM's definition).
+- the client's lateness (first_token_reads): how long after the kernel's stamp the client read
+  the bytes that carried a first token, per request stamped by the kernel, in wall-clock ms.
 - reuse captured (trace replay): the share of prompt tokens the server reported cached, over the
   share an infinite prefix cache could have served (harness/inputs/traces.py), both over the requests
   replayed.
@@ -305,6 +307,32 @@ def schedule_lag(records: Records) -> dict[str, Any]:
         if starts[-1] > starts[0]:
             out["sent_req_per_s"] = (len(timed) - 1) / (starts[-1] - starts[0])
     return out
+
+
+# A first token read together with later token chunks while the client was later than this
+# (wall-clock ms) may carry a later token's stamp (wire/stamps.py): counted apart
+SHARED_LATE_MS = 1.0
+
+
+def first_token_reads(records: Records, time_scale: float = 1.0) -> dict[str, Any]:
+    """Where the first tokens' stamps came from (kernel or user space), how late the client read
+    the kernel-stamped ones (wall-clock ms: p50, p99, max), and how many of those shared their
+    read with later token chunks while the client was more than SHARED_LATE_MS late."""
+    firsts = [r for r in records if r.ttft_s is not None]
+    kernel = [r for r in firsts if r.first_token_stamp == "kernel" and r.first_token_late_s is not None]
+    late_ms = np.asarray([r.first_token_late_s for r in kernel], dtype=np.float64) * 1e3 / time_scale
+    shared = sum(1 for r, ms in zip(kernel, late_ms, strict=True) if r.first_token_shared and ms > SHARED_LATE_MS)
+    return {
+        "kernel": len(kernel),
+        "user": len(firsts) - len(kernel),
+        "late_ms": {
+            "p50": percentile(late_ms, 50),
+            "p99": percentile(late_ms, 99),
+            "max": float(late_ms.max()) if len(late_ms) else None,
+        },
+        "shared_while_late": shared,
+        "shared_late_ms": SHARED_LATE_MS,
+    }
 
 
 def schedule_lag_of(records: Records, process: int) -> dict[str, Any] | None:

@@ -331,9 +331,13 @@ class Emulator:
         resp: web.StreamResponse | None = None
         if body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await resp.prepare(request)
-            if chat:  # as many servers do: the role arrives before any token (and is not one)
-                await resp.write(out.sse({"role": "assistant", "content": ""}, None))
+            try:
+                await resp.prepare(request)
+                if chat:  # as many servers do: the role arrives before any token (and is not one)
+                    await resp.write(out.sse({"role": "assistant", "content": ""}, None))
+            except ConnectionResetError:  # the client went away before its answer began
+                self.counters.request_errors += 1
+                return resp
 
         prefill = await self.engine.prefill(hashes, n, arrived)
         self._count_prefill(n, prefill.match)

@@ -78,6 +78,33 @@ def schedule_warning(lag: dict[str, Any]) -> str | None:
     )
 
 
+# The client read kernel-stamped first tokens later than this (p99, wall-clock ms): busy
+LATE_P99_WARN_MS = 1.0
+
+
+def client_warning(health: dict[str, Any], reads: dict[str, Any]) -> str | None:
+    """What to tell the user about the client's own load. Where the kernel stamped every first
+    token, its lateness is measured directly (stats.first_token_reads) and the TTFTs do not move
+    with it, save the first tokens read together with later tokens while the client was late;
+    where any was stamped in user space, the loop-lag and CPU heuristics still speak for those."""
+    if reads["user"] or not reads["kernel"]:
+        return health.get("warning")
+    p99 = reads["late_ms"]["p99"]
+    if p99 is None or p99 <= LATE_P99_WARN_MS:
+        return None
+    shared = reads["shared_while_late"]
+    what = (
+        f"; {shared} first tokens were read together with later tokens while it was over "
+        f"{reads['shared_late_ms']:g} ms late, and their TTFT may be that of a later token"
+        if shared
+        else "; the kernel's stamps keep every TTFT right"
+    )
+    return (
+        f"the client read responses late (p99 {p99:.2f} ms, max {reads['late_ms']['max']:.2f} ms after they "
+        f"arrived){what}. Requests it sends wait as long: lower the concurrency or spread it (--workers N)"
+    )
+
+
 def _stamp(fut: asyncio.Future[float]) -> None:
     if not fut.done():
         fut.set_result(time.perf_counter())

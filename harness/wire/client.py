@@ -1,11 +1,12 @@
 """The streaming HTTP client: one request in, one `Exchange` out, with monotonic stamps.
 
 One transport serves every streamed request of a client, http and https alike: kvbench's own
-(transport.py over connection.py: each socket read stamped with `time.perf_counter_ns()` as the
-loop takes it, before any parsing; HTTP/1.1 framing by llhttp), or, as an escape hatch for a
-server that path cannot talk to, aiohttp's public client API (via_aiohttp.py, stamped when
-parsed). Either raises the same errors, which become the record's error and kind here, in one
-place, with the one set of timeouts (connect_s, first_token_s, idle_s, total_s).
+(transport.py over connection.py: each socket read stamped by the kernel as its bytes arrived,
+where it can, else as the loop reads them, before any parsing (stamps.py); HTTP/1.1 framing by
+llhttp), or, as an escape hatch for a server that path cannot talk to, aiohttp's public client
+API (via_aiohttp.py, stamped when parsed). Either raises the same errors, which become the
+record's error and kind here, in one place, with the one set of timeouts (connect_s,
+first_token_s, idle_s, total_s).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from harness.config.scenario import MAX_LINE_BYTES, EndpointCfg, Timeouts
 from harness.core.errors import Redactor
 from harness.wire.connection import KEPT_ALIVE, ONE_PER_REQUEST, TransportError
 from harness.wire.liveness import Liveness
+from harness.wire.stamps import USER, Stamp
 from harness.wire.stream import StreamState
 from harness.wire.transport import Backend, Kvbench
 
@@ -54,6 +56,16 @@ class Exchange:
     dead: str | None = None  # the server failed a liveness probe while this waited (liveness.py)
     resent: bool = False  # a second request of the same id, the first refused (workloads.base.Sender)
     token_limit: int = 1 << 20  # token chunks the response may carry (token_limit below)
+    # The read that carried the first token: stamped by the kernel or in user space, how late the
+    # client read it (kernel only), and how many later token chunks came in the same read (its
+    # stamp is the newest of them: stamps.py)
+    first_token_stamp: str = USER
+    first_token_late_ns: int | None = None
+    first_token_shared: int = 0
+
+    def first_token_read(self, stamp: Stamp) -> None:
+        self.first_token_stamp, self.first_token_late_ns = stamp.source, stamp.late_ns
+        self.first_token_shared = len(self.state.token_chunk_ns) - 1
 
     @property
     def ok(self) -> bool:
@@ -153,7 +165,7 @@ class StreamingClient:
         why = (
             '[endpoint] transport = "aiohttp" in the scenario'
             if self.backend.name == "aiohttp"
-            else "the default (kvbench's own, stamped at socket reads)"
+            else "the default (kvbench's own, stamped by the kernel at socket reads)"
         )
         return {
             "transport": self.backend.name,

@@ -1,14 +1,15 @@
-"""kvbench's streaming connections: one `asyncio.Protocol` per connection, a pool of them, and
-the backlog that parses what they read, on public asyncio APIs only (`loop.create_connection`,
-with `ssl=` for https, so that TLS streams get the same stamps and the same path).
+"""kvbench's streaming connections: one non-blocking socket per connection, read with `recvmsg`
+so that the kernel stamps each read's arrival (stamps.py), a pool of them, and the backlog that
+parses what they read, on public asyncio APIs only (`loop.sock_connect`, `loop.add_reader`); for
+https, `ssl.SSLObject` over memory BIOs on the same raw reads, so that TLS streams get the same
+stamps and the same path (the first decrypted token takes the stamp of the read that completed
+its TLS record).
 
-When each response byte arrived is taken as the loop reads the socket, before any parsing: the
-event loop reads every ready socket in one go and hands each read to its protocol at once, and
-parsing a 40 KB burst of 256 events there would stamp the next connection's bytes late. So a
-`Connection` only stamps and holds each read; the `Backlog` hands the reads to their exchanges'
-readers afterwards, in turns: at most RELEASE_BYTES of one connection, then the next connection's,
-a slice of time (turns.SLICE_NS) at most, so that the loop gets back to the sockets in between
-and a connection that floods cannot starve the others.
+A `Connection` stamps and holds each read; the `Backlog` hands the reads to their exchanges'
+readers afterwards, one read of one connection, then the next connection's, for a slice of time
+(turns.SLICE_NS) at most, so that a connection that floods cannot starve the others and an open
+loop's due send is not held behind parsing. The stamps no longer depend on when parsing happens:
+the kernel took them.
 
 The `Pool` keeps idle connections for reuse (most recently used first), at most `limit` open,
 closes idle ones before the servers kvbench meets would (KEEPALIVE_S), and learns whether the
@@ -33,9 +34,11 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from harness.wire import stamps
+from harness.wire.stamps import Stamp
 from harness.wire.turns import SLICE_NS, TURNS
 
-RELEASE_BYTES = 8192  # of one connection's held bytes handed on at once (about 50 SSE events)
+READ_BYTES = 65536  # asked of the kernel per read
 # Bytes one connection may hold unparsed: beyond this, reading pauses until the backlog has
 # caught up to half of it, so a server that sends faster than it can be parsed holds at most this.
 HOLD_BYTES = 1 << 20
@@ -46,7 +49,6 @@ KEEPALIVE_S = 4.0
 # A connection that stays open this long after a complete response proves the server keeps
 # connections alive; one closed sooner, that it closes each after its response.
 CLOSE_AFTER_RESPONSE_S = 0.05
-CLOSE_WAIT_S = 2.0
 # What poll says of a connection the server has closed or reset (Linux); elsewhere a peek tells
 _HANGUP = (select.POLLRDHUP | select.POLLHUP | select.POLLERR) if hasattr(select, "POLLRDHUP") else 0
 
@@ -103,7 +105,7 @@ class Origin:
 class Reader(Protocol):
     """What reads one response on a connection (transport.Reader)."""
 
-    def feed(self, t_ns: int, data: bytes) -> None: ...
+    def feed(self, stamp: Stamp, data: bytes) -> None: ...
     def eof(self) -> None: ...
     def lost(self, exc: BaseException | None) -> None: ...
 
@@ -131,7 +133,8 @@ class Habit:
 
 
 class Backlog:
-    """Reads held by a pool's connections, released a slice per loop turn, in turn."""
+    """Reads held by a pool's connections, released a read per connection in turn, for a slice
+    of time per loop turn."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -161,50 +164,145 @@ class Backlog:
                 self.loop.call_soon(self._drain)
 
 
-class Connection(asyncio.Protocol):
-    """One HTTP/1.1 connection: each read stamped on arrival and held for the backlog, which
-    hands it to the `reader` of the exchange in flight."""
+class TLS:
+    """One connection's TLS: an `ssl.SSLObject` over memory BIOs, fed the socket's raw reads."""
 
-    def __init__(self, pool: Pool, origin: Origin) -> None:
+    __slots__ = ("incoming", "obj", "outgoing")
+
+    def __init__(self, context: ssl.SSLContext, host: str) -> None:
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.obj = context.wrap_bio(self.incoming, self.outgoing, server_hostname=host)
+
+    async def handshake(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        while True:
+            try:
+                self.obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if out := self.outgoing.read():
+                    await loop.sock_sendall(sock, out)
+                data = await loop.sock_recv(sock, READ_BYTES)
+                if not data:
+                    raise ConnectionResetError("the server closed the connection during the TLS handshake") from None
+                self.incoming.write(data)
+        if out := self.outgoing.read():
+            await loop.sock_sendall(sock, out)
+
+    def decrypt(self, data: bytes) -> tuple[bytes, bool]:
+        """The plaintext that these raw bytes complete (b"" at the end of the stream), and
+        whether the TLS stream has ended (close_notify, or the connection's end). Raises
+        ssl.SSLError."""
+        if data:
+            self.incoming.write(data)
+        else:
+            self.incoming.write_eof()
+        out: list[bytes] = []
+        while True:
+            try:
+                piece = self.obj.read(READ_BYTES)
+            except ssl.SSLWantReadError:
+                return b"".join(out), False
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return b"".join(out), True
+            if not piece:
+                return b"".join(out), True
+            out.append(piece)
+
+    def encrypt(self, data: bytes) -> bytes:
+        self.obj.write(data)
+        return self.outgoing.read()
+
+    def goodbye(self) -> bytes:
+        """A close_notify, where the session can still send one."""
+        with contextlib.suppress(ssl.SSLError, ValueError):
+            self.obj.unwrap()
+        return self.outgoing.read()
+
+
+class Connection:
+    """One HTTP/1.1 connection on a non-blocking socket the loop watches (`loop.add_reader`):
+    each read taken with `recvmsg`, stamped by the kernel (stamps.py) and held for the backlog,
+    which hands it to the `reader` of the exchange in flight."""
+
+    def __init__(self, pool: Pool, origin: Origin, sock: socket.socket, tls: TLS | None) -> None:
         self.pool, self.origin = pool, origin
-        self.transport: asyncio.Transport | None = None
-        self.held: deque[tuple[int, bytes]] = deque()
+        self.loop = pool.loop
+        self.sock: socket.socket | None = sock
+        self.tls = tls
+        self.ancillary = stamps.ANCILLARY_BYTES if stamps.ask_kernel(sock) else 0
+        self.held: deque[tuple[Stamp, bytes]] = deque()
         self.held_bytes = 0
         self.paused = False
+        self.unsent: deque[memoryview] = deque()  # what the socket did not take at once
         self.reader: Reader | None = None
         self.served = 0  # requests written here
         self.closed = False  # the server's EOF (or a reset) has been seen, or the client closed it
         self.last_read_ns = 0  # when the last read arrived
         self.idle_since = 0.0  # loop time of its release to the pool
         self._hangup: select.poll | None = None
+        self.loop.add_reader(sock.fileno(), self._readable)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    def _readable(self) -> None:
+        sock = self.sock
+        if sock is None:
+            return
+        try:
+            data, ancdata, _, _ = sock.recvmsg(READ_BYTES, self.ancillary)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._shut(e)
+            return
+        stamp = stamps.of_read(ancdata)
+        TURNS.polled(time.perf_counter_ns())
+        self.last_read_ns = stamp.t_ns
+        ended = not data
+        if self.tls is not None:
+            try:
+                data, ended = self.tls.decrypt(data)
+            except ssl.SSLError as e:
+                self._shut(e)
+                return
+        if data:
+            self._received(stamp, data)
+        if ended:
+            self._eof()
 
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter_ns()
-        TURNS.polled(now)
-        self.last_read_ns = now
+    def _received(self, stamp: Stamp, data: bytes) -> None:
         if self.reader is None and not self.held:  # bytes no request asked for: not reusable
             self.close()
             return
-        self.held.append((now, data))
+        self.held.append((stamp, data))
         self.held_bytes += len(data)
         if len(self.held) == 1:
             self.pool.backlog.add(self)
-        if self.held_bytes > HOLD_BYTES and not self.paused and self.transport is not None:
+        if self.held_bytes > HOLD_BYTES and not self.paused and self.sock is not None:
             self.paused = True
-            self.transport.pause_reading()
+            self.loop.remove_reader(self.sock.fileno())
 
-    def eof_received(self) -> bool | None:
+    def _eof(self) -> None:
+        """The server ended the connection: its held reads are fed first, then the reader's eof."""
         self.release_all()
         self.closed = True
         self.pool.closed_by_server(self)
         if self.reader is not None:
             self.reader.eof()
-        return None  # close the transport
+        self._shut(None)
 
-    def connection_lost(self, exc: BaseException | None) -> None:
+    def _shut(self, exc: BaseException | None) -> None:
+        """Close the socket (once), and tell the pool and the reader."""
+        sock = self.sock
+        if sock is None:
+            return
+        self.loop.remove_reader(sock.fileno())
+        if self.unsent:
+            self.loop.remove_writer(sock.fileno())
+            self.unsent.clear()
+        if self.tls is not None and exc is None:
+            with contextlib.suppress(OSError):
+                sock.send(self.tls.goodbye())
+        self.sock = None
+        sock.close()
         self.release_all()
         if not self.closed:
             self.closed = True
@@ -218,59 +316,96 @@ class Connection(asyncio.Protocol):
             self.release_one()
 
     def release_one(self) -> None:
-        """Hand the reader the oldest held read, or its first RELEASE_BYTES, cut where a chunk of
-        an SSE event most likely ends (LF, then the chunk's CRLF): the next slice then starts at a
-        chunk boundary, where the parser's fast path can take a run at once (a slice cut inside
-        a chunk costs a search and a partial parse; correct either way)."""
-        t, data = self.held[0]
-        if len(data) > RELEASE_BYTES:
-            cut = data.rfind(b"\n\r\n", 0, RELEASE_BYTES) + 3
-            if cut < RELEASE_BYTES // 2:
-                cut = RELEASE_BYTES
-            self.held[0] = (t, data[cut:])
-            data = data[:cut]
-        else:
-            self.held.popleft()
+        """Hand the reader the oldest held read."""
+        stamp, data = self.held.popleft()
         self.held_bytes -= len(data)
-        if self.paused and self.held_bytes <= HOLD_BYTES // 2 and self.transport is not None:
+        if self.paused and self.held_bytes <= HOLD_BYTES // 2 and self.sock is not None:
             self.paused = False
-            self.transport.resume_reading()
+            self.loop.add_reader(self.sock.fileno(), self._readable)
         if self.reader is not None:
-            self.reader.feed(t, data)
+            self.reader.feed(stamp, data)
 
     def write(self, data: bytes) -> None:
-        assert self.transport is not None
         self.served += 1
-        self.transport.write(data)
+        if self.tls is not None:
+            data = self.tls.encrypt(data)
+        self._send(memoryview(data))
+
+    def _send(self, data: memoryview) -> None:
+        sock = self.sock
+        if sock is None:
+            return
+        if not self.unsent:
+            try:
+                data = data[sock.send(data) :]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as e:
+                self._shut(e)
+                return
+            if not data:
+                return
+            self.loop.add_writer(sock.fileno(), self._writable)
+        self.unsent.append(data)
+
+    def _writable(self) -> None:
+        sock = self.sock
+        while self.unsent and sock is not None:
+            try:
+                sent = sock.send(self.unsent[0])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._shut(e)
+                return
+            if sent < len(self.unsent[0]):
+                self.unsent[0] = self.unsent[0][sent:]
+                return
+            self.unsent.popleft()
+        if sock is not None:
+            self.loop.remove_writer(sock.fileno())
 
     def close(self) -> None:
         self.closed = True
-        if self.transport is not None:
-            self.transport.close()
+        self._shut(None)
 
     def closed_by_peer(self) -> bool:
         """Has the server closed this connection? Its EOF may wait in the socket unread: ask the
         kernel (poll for a hang-up, where there is POLLRDHUP), else peek."""
-        if self.closed or self.transport is None or self.transport.is_closing():
+        sock = self.sock
+        if self.closed or sock is None:
             return True
         if self._hangup is not None:
             return bool(self._hangup.poll(0))
-        sock = self.transport.get_extra_info("socket")
-        if sock is None:
-            return False
         if _HANGUP:  # one poll object for the connection's life (it owns no descriptor)
             self._hangup = select.poll()
             self._hangup.register(sock.fileno(), _HANGUP)
             return bool(self._hangup.poll(0))
-        peek = socket.socket(sock.family, sock.type, fileno=sock.fileno())
         try:
-            return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
         except BlockingIOError:
             return False  # open, nothing pending
         except OSError:
             return True  # reset by the server
-        finally:
-            peek.detach()
+
+
+async def open_socket(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
+    """A connected non-blocking TCP socket to the first of `host`'s addresses that answers."""
+    error: OSError | None = None
+    for family, kind, proto, _, addr in await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a request goes out as written
+            await loop.sock_connect(sock, addr)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+        except BaseException:
+            sock.close()
+            raise
+    raise error or OSError(f"no address for {host}")
 
 
 class Pool:
@@ -284,8 +419,8 @@ class Pool:
         self.idle: dict[Origin, list[Connection]] = {}
         self.probation: set[Connection] = set()  # used, not yet proven to stay open (Habit.UNKNOWN)
         self.open = 0  # connections open or opening
+        self.conns: set[Connection] = set()  # those open
         self.waiters: deque[asyncio.Future[None]] = deque()
-        self.all_closed: asyncio.Future[None] | None = None  # close(): until every transport is gone
         self._ssl: ssl.SSLContext | None = None
 
     async def acquire(self, origin: Origin) -> Connection:
@@ -322,24 +457,28 @@ class Pool:
 
     async def _connect(self, origin: Origin) -> Connection:
         self.open += 1
+        stage = "connection"
+        sock: socket.socket | None = None
         try:
             async with asyncio.timeout(self.connect_s):
-                _, conn = await self.loop.create_connection(
-                    lambda: Connection(self, origin),
-                    origin.host,
-                    origin.port,
-                    ssl=self._tls() if origin.tls else None,
-                    server_hostname=origin.host if origin.tls else None,
-                )
+                sock = await open_socket(self.loop, origin.host, origin.port)
+                tls = None
+                if origin.tls:
+                    stage = "TLS handshake"
+                    tls = TLS(self._tls(), origin.host)
+                    await tls.handshake(self.loop, sock)
         except TimeoutError as e:
-            self._lost_one()
-            raise ConnectFailed(f"timeout: no connection within {self.connect_s:g} s (connect_s)") from e
+            self._lost_one(sock)
+            raise ConnectFailed(f"timeout: no {stage} within {self.connect_s:g} s (connect_s)") from e
         except (OSError, ssl.SSLError) as e:
-            self._lost_one()
-            raise ConnectFailed(f"connection failed: {origin.host}:{origin.port}: {e}") from e
+            self._lost_one(sock)
+            what = "TLS handshake failed" if stage != "connection" else "connection failed"
+            raise ConnectFailed(f"{what}: {origin.host}:{origin.port}: {e}") from e
         except BaseException:
-            self._lost_one()
+            self._lost_one(sock)
             raise
+        conn = Connection(self, origin, sock, tls)
+        self.conns.add(conn)
         return conn
 
     def _tls(self) -> ssl.SSLContext:
@@ -353,8 +492,9 @@ class Pool:
         """The exchange on `conn` is over; keep the connection if it may carry another request."""
         conn.reader = None
         if not reusable or conn.closed or self.habit.closes_after_response:
-            conn.close()
-        elif self.habit.state == Habit.UNKNOWN:
+            conn.close()  # (its end wakes a waiter)
+            return
+        if self.habit.state == Habit.UNKNOWN:
             self.probation.add(conn)
             self.loop.call_later(CLOSE_AFTER_RESPONSE_S, self._proven, conn)
         else:
@@ -396,15 +536,17 @@ class Pool:
             idle.remove(conn)
 
     def gone(self, conn: Connection) -> None:
-        """The connection's transport is closed (connection_lost)."""
+        """The connection's socket is closed."""
         self.closed_by_server(conn)
-        self._lost_one()
+        self.conns.discard(conn)
+        self._lost_one(None)
 
-    def _lost_one(self) -> None:
+    def _lost_one(self, sock: socket.socket | None) -> None:
+        """One connection fewer (`sock`: one that was opened but never became a Connection)."""
+        if sock is not None:
+            sock.close()
         self.open -= 1
         self._wake()
-        if self.open == 0 and self.all_closed is not None:
-            self.all_closed.set_result(None)
 
     def _wake(self, n: int = 1) -> None:
         """Wake the `n` longest waiters for a connection (one for each that became free)."""
@@ -426,17 +568,8 @@ class Pool:
         return len(conns)
 
     async def close(self) -> None:
-        """Close every connection and wait (CLOSE_WAIT_S at most) until their transports are
-        gone: a TLS connection's close waits for the server's answer to its close_notify, and a
-        loop closed before that leaves the socket open."""
-        for conns in self.idle.values():
-            for c in conns:
-                c.close()
+        """Close every connection (a request still in flight on one fails as lost)."""
         self.idle.clear()
-        for c in self.probation:
-            c.close()
         self.probation.clear()
-        if self.open > 0:
-            self.all_closed = self.loop.create_future()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.all_closed, CLOSE_WAIT_S)
+        for conn in list(self.conns):
+            conn.close()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from harness.wire import http1
 from harness.wire.sse import SSEDecoder
+from harness.wire.stream import FramePatterns
 
 if TYPE_CHECKING:
     from harness.wire.client import Exchange
@@ -30,10 +31,10 @@ def too_many(limit: int) -> str:
 
 
 class Response:
-    __slots__ = ("decoder", "error_body", "ex", "over", "parser", "t")
+    __slots__ = ("decoder", "error_body", "ex", "frames", "over", "parser", "t")
 
-    def __init__(self, ex: Exchange, max_line_bytes: int) -> None:
-        self.ex = ex
+    def __init__(self, ex: Exchange, max_line_bytes: int, frames: FramePatterns) -> None:
+        self.ex, self.frames = ex, frames
         self.parser = http1.ResponseParser()
         self.decoder = SSEDecoder(max_line_bytes, skip=ex.state.run_end)
         self.error_body: list[bytes] | None = None  # a response that is not 200: its first bytes
@@ -87,7 +88,7 @@ class Response:
         self._headers()
         if self.error_body is not None or not self.decoder.between_events():
             return start
-        end = state.chunked_run_end(buf, start)
+        end = state.chunked_run_end(buf, start, self.frames)
         if end > start:
             if state.first_byte_ns is None:
                 state.first_byte_ns = self.t

@@ -18,9 +18,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import sys
-import threading
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,7 +186,7 @@ def chunk_frames(prefix_len: int, suffix_len: int, upper: bool) -> re.Pattern[by
     and suffix are only counted here, so that the pattern (slow to compile: milliseconds) serves
     every template of those lengths: engines put a request's own id into its chunks, so each
     stream learns a template of its own. `StreamState.chunked_run_end` checks their bytes (and
-    gets the pattern from FRAMES)."""
+    gets the pattern from its client's FramePatterns)."""
     event = len(b"data: ") + prefix_len + suffix_len + 2
     groups: dict[bytes, list[bytes]] = {}
     for n in range(1, CHUNKED_TEXT_MAX + 1):
@@ -201,71 +198,27 @@ def chunk_frames(prefix_len: int, suffix_len: int, upper: bool) -> re.Pattern[by
 
 
 class FramePatterns:
-    """chunk_frames' patterns, compiled off the event loop's thread. Compiling one takes 2-4 ms,
-    and the first is needed when the first token chunk of a run arrives, which is when the other
-    streams' first tokens arrive too: compiled on the loop, it held every read that came meanwhile
-    unstamped (the first 28 requests of a closed loop came out 3-5 ms late). So `get` hands the
-    pattern out once it is ready and meanwhile None (the chunks are parsed one by one, the same
-    records); a thread compiles it, with the interpreter's switch interval at SWITCH_S
-    meanwhile, so that the loop's thread, woken by a read, gets the GIL back within that.
-    `background = False` compiles at once (tests that check runs, read for read)."""
+    """chunk_frames' patterns, compiled when first asked for and kept (an engine's streams share
+    one or two): one per client transport, handed to each response it reads. Compiling one
+    takes 2-4 ms on the loop's thread; the reads that arrive meanwhile keep their kernel stamps
+    (stamps.py), so no thread of its own is needed to keep them early."""
 
-    SWITCH_S = 0.0001
-    KEEP = 64  # patterns kept (an engine's streams share one or two)
+    KEEP = 64  # patterns kept
 
     def __init__(self) -> None:
-        self.background = True
         self._ready: dict[tuple[int, int, bool], re.Pattern[bytes]] = {}
-        self._wanted: deque[tuple[int, int, bool]] = deque()
-        self._lock = threading.Lock()
-        self._worker: threading.Thread | None = None
 
-    def get(self, prefix_len: int, suffix_len: int, upper: bool) -> re.Pattern[bytes] | None:
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def get(self, prefix_len: int, suffix_len: int, upper: bool) -> re.Pattern[bytes]:
         key = (prefix_len, suffix_len, upper)
         pattern = self._ready.get(key)
-        if pattern is not None:
-            return pattern
-        if not self.background:
-            self._keep(key, chunk_frames(*key))
-            return self._ready[key]
-        with self._lock:
-            if key not in self._wanted:
-                self._wanted.append(key)
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._compile, name="kvbench-frames", daemon=True)
-                self._worker.start()
-        return None
-
-    def wait(self) -> None:
-        """Until every pattern asked for is ready."""
-        worker = self._worker
-        if worker is not None:
-            worker.join()
-
-    def _compile(self) -> None:
-        usual = sys.getswitchinterval()
-        sys.setswitchinterval(self.SWITCH_S)
-        try:
-            while True:
-                with self._lock:
-                    if not self._wanted:
-                        self._worker = None
-                        return
-                    key = self._wanted[0]
-                self._keep(key, chunk_frames(*key))
-                with self._lock:
-                    self._wanted.popleft()
-        finally:
-            sys.setswitchinterval(usual)
-
-    def _keep(self, key: tuple[int, int, bool], pattern: re.Pattern[bytes]) -> None:
-        if len(self._ready) >= self.KEEP:
-            del self._ready[next(iter(self._ready))]
-        self._ready[key] = pattern
-
-
-# One per process: every stream's runs share the patterns.
-FRAMES = FramePatterns()
+        if pattern is None:
+            if len(self._ready) >= self.KEEP:
+                del self._ready[next(iter(self._ready))]
+            pattern = self._ready[key] = chunk_frames(*key)
+        return pattern
 
 
 def learn(data: bytes, obj: dict[str, Any], tokens: ChunkTokens) -> Template | None:
@@ -446,7 +399,7 @@ class StreamState:
         # one line and a blank one each (counting one byte is the faster count)
         self.take_run(template, run.buf, run.start, run.end, run.buf.count(b"\n", run.start, run.end) // 2, t_ns)
 
-    def chunked_run_end(self, buf: bytes, start: int) -> int:
+    def chunked_run_end(self, buf: bytes, start: int, frames: FramePatterns) -> int:
         """The end of the run of whole HTTP chunks from `start` that are each one token event
         fitting the template; `start` for none. `chunk_frames` checks the chunks' sizes and
         texts; then every chunk's prefix and suffix are the template's if each occurs once per
@@ -458,11 +411,9 @@ class StreamState:
         if template is None or self.done:
             return start
         p, s = len(template.prefix), len(template.suffix)
-        frames = FRAMES.get(p, s, False)
-        m = None if frames is None else frames.match(buf, start)
+        m = frames.get(p, s, False).match(buf, start)
         if m is None and buf[start : start + 1] in _UPPER_HEX:
-            frames = FRAMES.get(p, s, True)
-            m = None if frames is None else frames.match(buf, start)
+            m = frames.get(p, s, True).match(buf, start)
         if m is None:
             return start
         end = m.end()

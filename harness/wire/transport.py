@@ -28,13 +28,15 @@ from harness.wire.connection import (
 from harness.wire.request import Target
 from harness.wire.response import Response, TooManyTokens
 from harness.wire.sse import SSELimitError
+from harness.wire.stamps import Stamp
+from harness.wire.stream import FramePatterns
 from harness.wire.turns import TURNS
 
 if TYPE_CHECKING:
     from harness.wire.client import Exchange
 
 # client_health.stamping: where the time of a response byte is taken
-SOCKET_READ = "socket-read"
+SOCKET_READ = "socket-read"  # the kernel's receive stamp of the read, else the time of the read
 PARSE_TIME = "parse-time"
 
 
@@ -82,11 +84,12 @@ class Reader:
         """The request is written: the timer (no data for idle_s, no first token in time) runs."""
         self._check()
 
-    def feed(self, t: int, data: bytes) -> None:
-        response = self.response
-        self.ex.last_read_ns = t
+    def feed(self, stamp: Stamp, data: bytes) -> None:
+        response, ex = self.response, self.ex
+        ex.last_read_ns = stamp.t_ns
+        before = ex.state.first_token_ns
         try:
-            response.feed(t, data)
+            response.feed(stamp.t_ns, data)
         except http1.ProtocolError as e:
             self._end(BrokenFraming(f"protocol: broken HTTP framing: {e}"))
             return
@@ -96,6 +99,8 @@ class Reader:
         except TooManyTokens as e:
             self._end(TooLong(f"too long: {e}"))
             return
+        if before is None and ex.state.first_token_ns is not None:
+            ex.first_token_read(stamp)
         # After [DONE], the body's end is read on from the reads already in, so that the
         # connection can be reused; if it is not there yet, the connection is closed.
         if not self.finished.done() and response.ended() and (response.parser.done or not self.conn.held):
@@ -110,7 +115,7 @@ class Reader:
         except http1.ProtocolError as e:
             self._lost(str(e))
             return
-        self.feed(self.conn.last_read_ns, b"")  # a body that ran to the connection's end is complete
+        self.feed(Stamp(self.conn.last_read_ns), b"")  # a body that ran to the connection's end is complete
 
     def lost(self, exc: BaseException | None) -> None:
         if not self.finished.done():
@@ -166,6 +171,7 @@ class Kvbench:
         self.pool = Pool(limit, connect_s)
         self.idle_s, self.max_line_bytes = idle_s, max_line_bytes
         self.send_clock = send_clock
+        self.frames = FramePatterns()  # the fast path's patterns, shared by this client's responses
         self.headers: dict[str, str] = {}
         self._targets: dict[str, Target] = {}
 
@@ -183,7 +189,7 @@ class Kvbench:
         target = self._target(url)
         conn = await self.pool.acquire(target.origin)
         ex.reused = conn.served > 0
-        response = Response(ex, self.max_line_bytes)
+        response = Response(ex, self.max_line_bytes, self.frames)
         reader = Reader(ex, conn, response, self.idle_s, first_token_by)
         reusable = False
         try:

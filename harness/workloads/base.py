@@ -175,8 +175,21 @@ class ArmSpec:
             http_status=ex.http_status,
             retried=ex.resent,
             attempts=2 if ex.resent else None,
+            **_first_token_read(ex, c),
             **extra,
         )
+
+
+def _first_token_read(ex: Exchange, clock: ModelClock) -> dict[str, Any]:
+    """The record's fields of the read that carried the first token (none without a first token)."""
+    if ex.state.first_token_ns is None:
+        return {}
+    late = ex.first_token_late_ns
+    return {
+        "first_token_stamp": ex.first_token_stamp,
+        "first_token_late_s": None if late is None else clock.between(0, late),
+        "first_token_shared": ex.first_token_shared or None,
+    }
 
 
 @dataclass

@@ -1,0 +1,81 @@
+"""When a read's bytes arrived: the kernel's receive stamp where it gives one, else the time the
+event loop read them.
+
+Linux stamps every segment it receives; with `SO_TIMESTAMPNS` set on a TCP socket, each `recvmsg`
+carries the stamp of the newest data it returns (CLOCK_REALTIME). A stamp taken in user space waits
+behind whatever CPU work stood in front of the read (parsing other streams, garbage collection,
+other processes on the core); the kernel's does not. Linux merges consecutive segments in a
+socket's receive queue, so a read that finds the first token and later data carries the later
+data's stamp: for a burst, microseconds later; for tokens paced apart and a client late by more
+than their gap, up to that lateness. Never later than a user-space stamp of the same read.
+
+The kernel's clock is converted to the monotonic one (`time.perf_counter_ns`, the clock of every
+other stamp) with the offset between the two taken at the read itself, so that a slewed or
+stepped wall clock moves no stamp by more than it moves between the segment's arrival and its
+read. `Stamp.late_ns` (the user-space stamp minus the kernel's) is the client's own lateness at
+that read, measured directly.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass
+
+# Linux's SO_TIMESTAMPNS (and SCM_TIMESTAMPNS, the same number), where the socket module lacks it
+TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
+_TIMESPEC = struct.Struct("@ll")  # struct timespec: tv_sec, tv_nsec
+# room for the one control message a read carries (0: stamps are not asked for)
+ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size) if TIMESTAMPNS is not None and hasattr(socket, "CMSG_SPACE") else 0
+
+KERNEL, USER = "kernel", "user"  # RequestRecord.first_token_stamp
+# run.json's first_token_stamps.kernel_clock: how a kernel stamp became a monotonic one
+KERNEL_CLOCK = (
+    "the kernel's receive stamp (SO_TIMESTAMPNS, CLOCK_REALTIME), moved onto time.perf_counter_ns's "
+    "monotonic clock by the offset between the two clocks taken at each read"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """When a read's bytes arrived (monotonic ns) and, for the kernel's stamp, how much later
+    the client read them (None: stamped in user space, lateness unknown)."""
+
+    t_ns: int
+    late_ns: int | None = None
+
+    @property
+    def source(self) -> str:
+        return USER if self.late_ns is None else KERNEL
+
+
+def ask_kernel(sock: socket.socket) -> bool:
+    """Ask the kernel to stamp this socket's reads; False where it will not (another OS, the
+    option refused): its reads are then stamped in user space."""
+    if TIMESTAMPNS is None or not ANCILLARY_BYTES:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+def of_read(ancdata: list[tuple[int, int, bytes]]) -> Stamp:
+    """The stamp of a read that `recvmsg` has just returned with these control messages."""
+    user = time.perf_counter_ns()
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return from_kernel(sec * 1_000_000_000 + nsec, user, time.time_ns())
+    return Stamp(user)
+
+
+def from_kernel(kernel_real_ns: int, user_ns: int, real_now_ns: int) -> Stamp:
+    """The kernel's wall-clock stamp on the monotonic clock, by the offset between the two clocks
+    taken at the read (`user_ns` and `real_now_ns` read one after the other). A stamp that would
+    come after the read (the offset's own jitter, tens of ns) is the read's."""
+    late = user_ns - (kernel_real_ns - (real_now_ns - user_ns))
+    return Stamp(user_ns - late, late) if late > 0 else Stamp(user_ns, 0)

@@ -1,0 +1,175 @@
+"""First-token times stamped by the kernel: the arrival of the bytes, not the moment a busy client
+got to them; user-space stamps where the kernel gives none, and said so."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import ssl
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.config.scenario import Timeouts
+from harness.core import aio
+from harness.wire import stamps
+from harness.wire.client import Exchange, StreamingClient
+from tests.conftest import arm_folders, kvbench, write_scenario
+from tests.servers import requests_on
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def event(obj: bytes) -> bytes:
+    payload = b"data: " + obj + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+ROLE = event(b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}')
+TOKEN = event(b'{"choices":[{"index":0,"delta":{"content":" tok"}}]}')
+DONE = event(b"[DONE]") + b"0\r\n\r\n"
+
+
+class SendOnCue:
+    """Answers one request with its head and role chunk at once, then, when `go` is set, stamps
+    `sent_ns` (the monotonic clock the client uses) and writes every token in one burst. With
+    `tls`, over TLS with that server context."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http{'s' if tls else ''}://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
+        self.answered, self.go = threading.Event(), threading.Event()
+        self.sent_ns = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        if self.tls is not None:
+            conn = self.tls.wrap_socket(conn, server_side=True)
+        with conn, contextlib.suppress(OSError):
+            for _ in requests_on(conn):
+                conn.sendall(HEAD + ROLE)
+                self.answered.set()
+                self.go.wait(30)
+                self.sent_ns = time.perf_counter_ns()
+                conn.sendall(TOKEN * 64 + DONE)
+                conn.recv(1)  # until the client closes
+
+    def close(self) -> None:
+        self.go.set()
+        self.sock.close()
+
+
+def busy_while_sent(server: SendOnCue) -> tuple[Exchange, int]:
+    """One request; once its head is in, the loop is held busy for 50 ms while the server sends
+    every token. Returns the exchange and when the loop was free again."""
+
+    async def main() -> tuple[Exchange, int]:
+        async with StreamingClient(2, Timeouts(first_token_s=30, idle_s=30, total_s=60), {}) as client:
+            task = asyncio.ensure_future(client.stream(server.url, b"{}", "r1"))
+            while not server.answered.is_set():
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.05)  # the head and role chunk read and parsed
+            server.go.set()
+            time.sleep(0.05)  # the loop is held: nothing is read while the tokens arrive
+            free = time.perf_counter_ns()
+            return await task, free
+
+    return aio.run(main())
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_busy_loop_does_not_move_the_first_token_stamp(scheme: str, tmp_path: Path) -> None:
+    """The loop is blocked while the server sends the tokens: the first token's stamp lies between
+    the server's send and the end of the block (a user-space stamp would come after it), comes from
+    the kernel, and the lateness recorded with it reaches past the block. Over TLS the same: the
+    stamp of the raw read that completed the token's record."""
+    ctx = None
+    if scheme == "https":
+        import trustme
+
+        ca = trustme.CA()
+        ca_file = tmp_path / "ca.pem"
+        ca.cert_pem.write_to_path(str(ca_file))
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ca.issue_cert("127.0.0.1").configure_cert(ctx)
+    server = SendOnCue(ctx)
+    with pytest.MonkeyPatch.context() as env:
+        if scheme == "https":
+            env.setenv("SSL_CERT_FILE", str(ca_file))
+        try:
+            ex, free = busy_while_sent(server)
+        finally:
+            server.close()
+    assert ex.ok, ex.error
+    first = ex.state.first_token_ns
+    assert first is not None and ex.first_token_late_ns is not None
+    assert ex.first_token_stamp == "kernel"
+    assert server.sent_ns <= first < free <= first + ex.first_token_late_ns
+    assert ex.first_token_shared == 63  # the burst came in the first token's read
+
+
+def test_kernel_stamps_move_onto_the_monotonic_clock_by_the_offset_at_the_read() -> None:
+    """A read's control message gives the kernel's wall-clock stamp; it becomes a monotonic one by
+    the offset taken at the read; a stamp that would fall after the read (the offset's own jitter)
+    is the read's; no control message, a user-space stamp."""
+    wall_now, mono_now = 1_700_000_000_000_000_000, 5_000_000_000
+    got = stamps.from_kernel(wall_now - 2_000_000, mono_now, wall_now)
+    assert got == stamps.Stamp(mono_now - 2_000_000, 2_000_000) and got.source == "kernel"
+    assert stamps.from_kernel(wall_now + 30, mono_now, wall_now) == stamps.Stamp(mono_now, 0)
+    assert stamps.of_read([]).source == "user" and stamps.of_read([]).late_ns is None
+    if stamps.TIMESTAMPNS is not None:
+        before = time.time_ns() - 1_000_000
+        message = (socket.SOL_SOCKET, stamps.TIMESTAMPNS, struct.pack("@ll", *divmod(before, 1_000_000_000)))
+        read = stamps.of_read([message])
+        assert read.source == "kernel" and read.late_ns is not None and read.late_ns >= 1_000_000
+        assert read.t_ns + read.late_ns <= time.perf_counter_ns()
+
+
+SCENARIO = """
+name = "stamps"
+[endpoint]
+max_tokens = 16
+transport = "{transport}"
+[metrics]
+enabled = false
+[workload]
+kind = "closed_loop"
+requests = 12
+concurrency = 4
+pool = 2
+prompt_tokens = 500
+[emulator]
+time_scale = 20.0
+"""
+
+
+@pytest.mark.parametrize("transport", ["kvbench", "aiohttp"])
+def test_each_record_says_where_its_first_token_stamp_came_from(transport: str, tmp_path: Path) -> None:
+    """kvbench's own transport: every first token stamped by the kernel, with its lateness; the
+    aiohttp escape hatch: in user space. run.json counts both sources and client_health gives the
+    lateness."""
+    sc = write_scenario(tmp_path / "s.toml", SCENARIO.format(transport=transport))
+    r = kvbench("run", str(sc), "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    (folder,) = arm_folders(tmp_path / "o", "stamps").values()
+    meta = json.loads((folder / "run.json").read_text())
+    records = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 12
+    late = meta["client_health"]["lateness"]["late_ms"]
+    if transport == "kvbench":
+        assert {r["first_token_stamp"] for r in records} == {"kernel"}
+        assert all(r["first_token_late_s"] >= 0 for r in records)
+        assert meta["first_token_stamps"]["kernel"] == 12 and meta["first_token_stamps"]["user"] == 0
+        assert 0 <= late["p50"] <= late["p99"] <= late["max"]
+    else:
+        assert {r["first_token_stamp"] for r in records} == {"user"}
+        assert not any("first_token_late_s" in r for r in records)
+        assert meta["first_token_stamps"]["kernel"] == 0 and meta["first_token_stamps"]["user"] == 12
+        assert late["p50"] is None
