@@ -175,6 +175,7 @@ LAYERS = (
     "harness.wire",
     "harness.server",
     "harness.analysis",
+    "harness.sizing",
     "harness.monitor",
     "harness.traffic",
     "harness.engines",

@@ -1,0 +1,194 @@
+"""How many prompt tokens an LRU prefix cache of every capacity would serve over a trace, in one
+pass (pure): Mattson's stack algorithm over the trace's KV block references, exactly, or from a
+spatial sample of the blocks (SHARDS) for traces too large to hold. docs/sizing.md has the design.
+
+A request touches its blocks in order, first to last, each touch a reference, and a block it
+misses is inserted (write-through). A reference's stack distance is the number of distinct blocks
+touched since the same block's previous touch (NEVER at a first touch): in an LRU cache of C
+blocks it hits exactly when its distance is below C. A server reuses a prompt's cached prefix up
+to its first missing block, so a block is served when it and every block before it in its request
+hit: its prefix distance is the running maximum of the request's distances. The tokens served at
+capacity C are those of the blocks whose prefix distance is below C, never the prompt's last token
+(the server computes at least one): the rule of `traces.reuse`, which the tests compare at every
+capacity.
+
+The distances come from a Fenwick tree over the positions of each block's last touch, O(N log N),
+in a loop numba compiles (`pip install 'kvbench[sizing]'`): in plain Python the same loop ran
+100-200x slower (docs/performance.md), beyond the issue's minute for 10^6 requests.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from harness.core.errors import InputError
+from harness.inputs.traces import TraceRequest
+
+NEVER = np.inf  # the distance of a first touch: no capacity serves it
+SAMPLE_MODULUS = 1 << 24  # SHARDS: a block is sampled when its hash modulo this is below rate x this
+
+
+@dataclass(frozen=True)
+class References:
+    """A trace's block references in touch order: the block's id, the request it belongs to, and
+    the tokens it serves when it hits (0 for a block that can only be inserted: the prompt's last
+    token's block, or one past what the prompt covers)."""
+
+    blocks: np.ndarray  # int64, the trace's block ids
+    request: np.ndarray  # int64, index of the request (in time order)
+    serves: np.ndarray  # int64, tokens
+    prompt_tokens: int  # of every request, served or not
+    requests: int
+
+
+def references(requests: Sequence[TraceRequest], block_tokens: int) -> References:
+    """The references of the requests in time order (ties: as given). A request touches its
+    first input_length // block_tokens blocks (those its prompt fills); the first
+    (input_length - 1) // block_tokens of them can be served."""
+    ordered = sorted(requests, key=lambda r: r.timestamp_s)
+    touched = [min(len(r.hash_ids), r.input_length // block_tokens) for r in ordered]
+    usable = [min(len(r.hash_ids), (r.input_length - 1) // block_tokens) for r in ordered]
+    total = sum(touched)
+    blocks = np.fromiter((h for r, n in zip(ordered, touched, strict=True) for h in r.hash_ids[:n]), np.int64, total)
+    request = np.repeat(np.arange(len(ordered), dtype=np.int64), touched)
+    position = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum([0, *touched[:-1]]), touched)
+    serves = np.where(position < np.repeat(np.asarray(usable, dtype=np.int64), touched), block_tokens, 0)
+    return References(blocks, request, serves.astype(np.int64), sum(r.input_length for r in ordered), len(ordered))
+
+
+def prefix_distances(blocks: np.ndarray, request: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+    """Every reference's prefix distance: the running maximum, within its request, of the LRU
+    stack distances (NEVER from a block's first touch on). References in touch order, each
+    request's contiguous. `weight` (per reference, the same for all of a block's): what each
+    distinct block counts for in a distance (a sampled block stands for 1/rate blocks); 1 each
+    when not given, and the distances are then exact counts."""
+    if not len(blocks):
+        return np.zeros(0, dtype=np.float64)
+    _, dense = np.unique(blocks, return_inverse=True)
+    w = np.ones(len(blocks)) if weight is None else weight.astype(np.float64)
+    return compiled_loop()(dense.astype(np.int64), int(dense.max()) + 1, request.astype(np.int64), w)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Tokens served against capacity (blocks): served(C) = sum of `tokens` over the steps whose
+    `distance` is below C. `rate` 1.0: exact; below it, a SHARDS estimate from that share of the
+    blocks."""
+
+    distances: np.ndarray  # ascending, the finite prefix distances that serve tokens (scaled)
+    tokens: np.ndarray  # cumulative tokens served up to and including each distance
+    prompt_tokens: int
+    rate: float = 1.0
+
+    def served(self, capacity_blocks: int | np.ndarray) -> Any:
+        """Tokens served at these capacities (blocks)."""
+        i = np.searchsorted(self.distances, np.asarray(capacity_blocks), side="left")
+        cum = np.r_[0, self.tokens]
+        return cum[i]
+
+    def share(self, capacity_blocks: int | np.ndarray) -> Any:
+        """The share of prompt tokens served at these capacities."""
+        return self.served(capacity_blocks) / self.prompt_tokens if self.prompt_tokens else np.nan
+
+
+def curve(refs: References, rate: float = 1.0, seed: int = 0) -> Curve:
+    """The capacity curve of a trace's references: exact (rate 1), or estimated from a sample
+    (SHARDS, stratified): blocks referenced at least 1/rate times are kept whole, the others by
+    the hash of their id at `rate`, each standing for 1/rate blocks in a distance and its tokens
+    counting 1/rate times (normalised so that the sampled light blocks' tokens add up to all the
+    light blocks' could). Keeping the heavy blocks whole is what holds the error on skewed traces:
+    a shared system prompt's block, sampled or not, would move the whole curve."""
+    if not 0 < rate <= 1:
+        raise InputError(f"sampling rate: expected a number in (0, 1], got {rate}")
+    if rate == 1:
+        pd = prefix_distances(refs.blocks, refs.request)
+        return _steps(pd, refs.serves.astype(np.float64), refs.prompt_tokens, rate)
+    _, inverse, counts = np.unique(refs.blocks, return_inverse=True, return_counts=True)
+    heavy = counts[inverse] >= 1 / rate
+    keep = heavy | sampled(refs.blocks, rate, seed)
+    weight = np.where(heavy[keep], 1.0, 1 / rate)
+    pd = prefix_distances(refs.blocks[keep], refs.request[keep], weight)
+    light_all = refs.serves[~heavy].sum()
+    light_kept = refs.serves[keep & ~heavy].sum()
+    scale = light_all / light_kept if light_kept else 0.0
+    tokens = np.where(heavy[keep], 1.0, scale) * refs.serves[keep]
+    return _steps(pd, tokens, refs.prompt_tokens, rate)
+
+
+def _steps(pd: np.ndarray, tokens: np.ndarray, prompt_tokens: int, rate: float) -> Curve:
+    """The curve of prefix distances and the tokens each reference serves."""
+    finite = np.isfinite(pd) & (tokens > 0)
+    order = np.argsort(pd[finite], kind="stable")
+    dist = np.floor(pd[finite][order]).astype(np.int64)
+    cum = np.cumsum(tokens[finite][order])
+    ends = np.r_[np.flatnonzero(dist[1:] != dist[:-1]), len(dist) - 1] if len(dist) else np.zeros(0, dtype=np.int64)
+    return Curve(dist[ends], cum[ends], prompt_tokens, rate)
+
+
+def sampled(blocks: np.ndarray, rate: float, seed: int = 0) -> np.ndarray:
+    """SHARDS' spatial sample: the references whose block's hash (splitmix64 of its id and the
+    seed) falls below `rate` of SAMPLE_MODULUS. A sampled block keeps all its references."""
+    with np.errstate(over="ignore"):
+        z = blocks.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15) * np.uint64(seed + 1)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(SAMPLE_MODULUS)) < np.uint64(int(rate * SAMPLE_MODULUS))
+
+
+@functools.cache
+def compiled_loop() -> Any:
+    """The distance loop, compiled by numba at its first use in a process (and cached on disk)."""
+    try:
+        import numba
+    except ImportError:
+        raise InputError("sizing needs numba: pip install 'kvbench[sizing]'") from None
+    return numba.njit(cache=True, nogil=True)(distance_loop)
+
+
+def distance_loop(
+    keys: np.ndarray, n_keys: int, request: np.ndarray, weight: np.ndarray
+) -> np.ndarray:  # pragma: no cover
+    """Prefix distances of `keys` (dense ids below n_keys; `request`: each reference's request;
+    `weight`: what each counts for). A Fenwick tree holds each key's weight at its last touch; the
+    distance of a touch is the weight after the key's previous one; a request's running maximum
+    starts again at its first reference. (Run compiled; bench/sizing.py runs it as Python too.)"""
+    n = len(keys)
+    tree = np.zeros(n + 1, dtype=np.float64)
+    last = np.full(n_keys, -1, dtype=np.int64)
+    out = np.empty(n, dtype=np.float64)
+    marked = 0.0
+    running = 0.0
+    for t in range(n):
+        if t == 0 or request[t] != request[t - 1]:
+            running = 0.0
+        k = keys[t]
+        p = last[k]
+        w = weight[t]
+        if p < 0:
+            running = np.inf
+        else:
+            before = 0.0  # weight at positions 0..p
+            i = p + 1
+            while i > 0:
+                before += tree[i]
+                i -= i & -i
+            running = max(running, marked - before)
+            i = p + 1
+            while i <= n:
+                tree[i] -= w
+                i += i & -i
+            marked -= w
+        out[t] = running
+        i = t + 1
+        while i <= n:
+            tree[i] += w
+            i += i & -i
+        marked += w
+        last[k] = t
+    return out
