@@ -444,18 +444,47 @@ def test_a_token_flood_past_max_tokens_fails_as_too_long(transport: str) -> None
         # a body longer than declared: a whole answer, then bytes no request asked for
         b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(b"data: x\n\ndata: [DONE]\n\n"), b"data: x\n\n")
         + b"data: [DONE]\n\nEXTRA",
+        # bodyless responses (RFC 9110: no body whatever the headers say) and a byte after them
+        b"HTTP/1.1 204 No Content\r\n\r\nX",
+        b"HTTP/1.1 304 Not Modified\r\nContent-Length: 40\r\n\r\nX",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\nX",
     ],
-    ids=["unicode-length", "unicode-status", "huge-length", "two-lengths", "length+chunked", "nul", "101", "longer"],
+    ids=[
+        *("unicode-length", "unicode-status", "huge-length", "two-lengths", "length+chunked", "nul", "101", "longer"),
+        *("204+byte", "304+byte", "empty+byte"),
+    ],
 )
 def test_broken_framing_is_a_protocol_error_never_a_success(answer: bytes) -> None:
-    """What llhttp refuses (and bytes after the declared end) fails each request as `protocol`,
-    also when the server keeps the connection open for the next one."""
+    """What llhttp refuses (and bytes after the declared end, a bodyless response's included)
+    fails each request as `protocol`, at once, also when the server keeps the connection open for
+    the next one."""
     server = FloodServer(b"", answer)
     try:
         got = stream_once(server.url, n=2)
     finally:
         server.close()
     assert [ex.error_kind for ex in got] == ["protocol", "protocol"], [ex.error for ex in got]
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        b'{"error":' + b"[" * 990 + b"]" * 990 + b"}",
+        b'{"choices":[{"index":0,"delta":{},"finish_reason":' + b"[" * 990 + b"]" * 990 + b"}]}",
+    ],
+    ids=["deep-error", "deep-finish-reason"],
+)
+def test_deeply_nested_json_from_the_server_fails_its_request_only(chunk: bytes) -> None:
+    """An error or a finish reason nested 990 deep (within orjson's own limit): reading it fails
+    that request at once (`protocol`), never the event loop, and the next request on a new
+    connection is answered as usual."""
+    server = FloodServer(b"", HEAD + ROLE + TOKEN + event(chunk) + DONE)
+    try:
+        got = stream_once(server.url, n=2)
+    finally:
+        server.close()
+    assert [ex.error_kind for ex in got] == ["protocol", "protocol"], [ex.error for ex in got]
+    assert all("RecursionError" in (ex.error or "") for ex in got)
 
 
 def test_one_flooding_connection_does_not_starve_the_others() -> None:

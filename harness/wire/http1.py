@@ -162,6 +162,9 @@ class ResponseParser:
         return data
 
     def _parse(self, data: bytes) -> None:
+        if self._parser is None:  # the message ended inside this read (a bodyless response)
+            self.extra = self.extra or bool(data)
+            return
         if self.head is None and self._head_raw is not None:
             self._head_raw.append(data)
         progress = self._progress

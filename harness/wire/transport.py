@@ -99,6 +99,10 @@ class Reader:
         except TooManyTokens as e:
             self._end(TooLong(f"too long: {e}"))
             return
+        except (ValueError, TypeError, AttributeError, AssertionError, RecursionError) as e:
+            # what a server's bytes made the parsing raise fails this request only, never the loop
+            self._end(BrokenFraming(f"protocol: the response could not be read: {type(e).__name__}: {e}"))
+            return
         if before is None and ex.state.first_token_ns is not None:
             ex.first_token_read(stamp)
         # After [DONE], the body's end is read on from the reads already in, so that the
