@@ -421,7 +421,7 @@ class ArmLifecycle:
         records = read_requests(writer.folder, itl=False)
         reads = stats.first_token_reads(records, self.t.clock.scale)
         writer.meta["first_token_stamps"] = {**{k: reads[k] for k in ("kernel", "user")}, "kernel_clock": KERNEL_CLOCK}
-        health["lateness"] = {k: reads[k] for k in ("late_ms", "shared_while_late", "shared_late_ms")}
+        health["lateness"] = {k: reads[k] for k in ("late_ms", "shared_reads")}
         health["warning"] = selfcheck.client_warning(health, reads)
         if (w := health.get("warning")) and w not in sender.warnings:
             sender.warn(w)

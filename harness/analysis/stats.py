@@ -309,19 +309,13 @@ def schedule_lag(records: Records) -> dict[str, Any]:
     return out
 
 
-# A first token read together with later token chunks while the client was later than this
-# (wall-clock ms) may carry a later token's stamp (wire/stamps.py): counted apart
-SHARED_LATE_MS = 1.0
-
-
 def first_token_reads(records: Records, time_scale: float = 1.0) -> dict[str, Any]:
     """Where the first tokens' stamps came from (kernel or user space), how late the client read
-    the kernel-stamped ones (wall-clock ms: p50, p99, max), and how many of those shared their
-    read with later token chunks while the client was more than SHARED_LATE_MS late."""
+    the kernel-stamped ones (wall-clock ms: p50, p99, max), and how many of those came in one
+    read with later data of their response (their stamp is the later data's: wire/stamps.py)."""
     firsts = [r for r in records if r.ttft_s is not None]
     kernel = [r for r in firsts if r.first_token_stamp == "kernel" and r.first_token_late_s is not None]
     late_ms = np.asarray([r.first_token_late_s for r in kernel], dtype=np.float64) * 1e3 / time_scale
-    shared = sum(1 for r, ms in zip(kernel, late_ms, strict=True) if r.first_token_shared and ms > SHARED_LATE_MS)
     return {
         "kernel": len(kernel),
         "user": len(firsts) - len(kernel),
@@ -330,8 +324,7 @@ def first_token_reads(records: Records, time_scale: float = 1.0) -> dict[str, An
             "p99": percentile(late_ms, 99),
             "max": float(late_ms.max()) if len(late_ms) else None,
         },
-        "shared_while_late": shared,
-        "shared_late_ms": SHARED_LATE_MS,
+        "shared_reads": sum(1 for r in kernel if r.first_token_shared),
     }
 
 

@@ -85,17 +85,17 @@ LATE_P99_WARN_MS = 1.0
 def client_warning(health: dict[str, Any], reads: dict[str, Any]) -> str | None:
     """What to tell the user about the client's own load. Where the kernel stamped every first
     token, its lateness is measured directly (stats.first_token_reads) and the TTFTs do not move
-    with it, save the first tokens read together with later tokens while the client was late;
+    with it, save first tokens read together with later data of a server that paces its tokens;
     where any was stamped in user space, the loop-lag and CPU heuristics still speak for those."""
     if reads["user"] or not reads["kernel"]:
         return health.get("warning")
     p99 = reads["late_ms"]["p99"]
     if p99 is None or p99 <= LATE_P99_WARN_MS:
         return None
-    shared = reads["shared_while_late"]
+    shared = reads["shared_reads"]
     what = (
-        f"; {shared} first tokens were read together with later tokens while it was over "
-        f"{reads['shared_late_ms']:g} ms late, and their TTFT may be that of a later token"
+        f"; {shared} first tokens came in one read with later data of their response: where the server "
+        "sends tokens apart rather than in one burst, their TTFT may be up to that lateness late"
         if shared
         else "; the kernel's stamps keep every TTFT right"
     )

@@ -57,15 +57,14 @@ class Exchange:
     resent: bool = False  # a second request of the same id, the first refused (workloads.base.Sender)
     token_limit: int = 1 << 20  # token chunks the response may carry (token_limit below)
     # The read that carried the first token: stamped by the kernel or in user space, how late the
-    # client read it (kernel only), and how many later token chunks came in the same read (its
-    # stamp is the newest of them: stamps.py)
+    # client read it (kernel only), and how many later events of the response came in the same
+    # read, whole or in part (its stamp is the newest data's: stamps.py)
     first_token_stamp: str = USER
     first_token_late_ns: int | None = None
     first_token_shared: int = 0
 
-    def first_token_read(self, stamp: Stamp) -> None:
-        self.first_token_stamp, self.first_token_late_ns = stamp.source, stamp.late_ns
-        self.first_token_shared = len(self.state.token_chunk_ns) - 1
+    def first_token_read(self, stamp: Stamp, later: int) -> None:
+        self.first_token_stamp, self.first_token_late_ns, self.first_token_shared = stamp.source, stamp.late_ns, later
 
     @property
     def ok(self) -> bool:

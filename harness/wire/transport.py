@@ -104,11 +104,20 @@ class Reader:
             self._end(BrokenFraming(f"protocol: the response could not be read: {type(e).__name__}: {e}"))
             return
         if before is None and ex.state.first_token_ns is not None:
-            ex.first_token_read(stamp)
+            ex.first_token_read(stamp, self._later(response))
         # After [DONE], the body's end is read on from the reads already in, so that the
         # connection can be reused; if it is not there yet, the connection is closed.
         if not self.finished.done() and response.ended() and (response.parser.done or not self.conn.held):
             self._end(None)
+
+    @staticmethod
+    def _later(response: Response) -> int:
+        """Events of the response after its first token in the read that carried it: the token
+        chunks after it, or one for a later event that is not a token or came only in part."""
+        state = response.ex.state
+        tokens = len(state.token_chunk_ns) - 1
+        ended = state.done or state.finish_reason is not None or response.parser.done
+        return tokens or int(ended or not response.decoder.between_events())
 
     def eof(self) -> None:
         """The server ended the connection (its held reads were fed first)."""
@@ -169,9 +178,7 @@ class Kvbench:
     name = "kvbench"
     stamping = SOCKET_READ
 
-    def __init__(
-        self, limit: int, connect_s: float, idle_s: float, max_line_bytes: int, send_clock: bool
-    ) -> None:
+    def __init__(self, limit: int, connect_s: float, idle_s: float, max_line_bytes: int, send_clock: bool) -> None:
         self.pool = Pool(limit, connect_s)
         self.idle_s, self.max_line_bytes = idle_s, max_line_bytes
         self.send_clock = send_clock
