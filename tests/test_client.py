@@ -487,6 +487,36 @@ def test_deeply_nested_json_from_the_server_fails_its_request_only(chunk: bytes)
     assert all("RecursionError" in (ex.error or "") for ex in got)
 
 
+@pytest.mark.parametrize("transport", ["kvbench", "aiohttp"])
+@pytest.mark.parametrize("where", ["http-body", "error-event"])
+def test_a_key_echoed_across_the_cut_of_an_error_text_leaves_nothing_of_itself(transport: str, where: str) -> None:
+    """A server echoes the API key where an error text is cut (an HTTP error's body at 1,000
+    characters, an error event's at 500 before): the key is taken out first, then the text is cut
+    (at 1,000 characters, the whole message), so none of its characters are left."""
+    key = "sk-" + "k" * 37
+    pad = "x" * (1000 - len("HTTP 401: ") - 19)  # the key starts 19 characters before the cut
+    if where == "http-body":
+        body = (pad + key).encode()
+        answer = b"HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    else:
+        pad = "x" * (500 - 19)  # where an error event's text was cut before
+        answer = HEAD + ROLE + event(b'{"error":"' + (pad + key).encode() + b'"}') + DONE
+    server = FloodServer(b"", answer)
+
+    async def go() -> Exchange:
+        timeouts = Timeouts(first_token_s=30, idle_s=30, total_s=60)
+        headers = {"Authorization": f"Bearer {key}"}
+        async with StreamingClient(1, timeouts, headers, transport=transport) as client:  # type: ignore[arg-type]
+            return await client.stream(server.url, b"{}", "r1")
+
+    try:
+        ex = aio.run(go())
+    finally:
+        server.close()
+    assert ex.error is not None and "sk-" not in ex.error and "kkk" not in ex.error, ex.error[-60:]
+    assert len(ex.error) <= 1000
+
+
 def test_one_flooding_connection_does_not_starve_the_others() -> None:
     """The backlog hands each connection one held read in turn: a connection that always has
     reads held (a flood) gives way to the others after each read."""

@@ -32,6 +32,8 @@ __all__ = ["KEPT_ALIVE", "ONE_PER_REQUEST", "Exchange", "StreamingClient", "clie
 # too long (a server flooding tokens must not take the client's memory): engines send one chunk
 # per token at most, and max_tokens bounds the tokens.
 TOKEN_SLACK = 64
+# A request's error message is cut to this many characters (after secrets are taken out of it)
+ERROR_CHARS = 1000
 
 
 @dataclass
@@ -228,8 +230,8 @@ class StreamingClient:
             ex.error_kind = "timeout"
         finally:
             ex.end_ns = time.perf_counter_ns()
-            if ex.error:
-                ex.error = self.redact(ex.error)
+            if ex.error:  # secrets out first, then the cut: a key across the cut leaves nothing behind
+                ex.error = self.redact(ex.error)[:ERROR_CHARS]
         return ex
 
 

@@ -76,7 +76,7 @@ class Aiohttp:
                 ex.http_status = resp.status
                 if resp.status != 200:
                     text = (await resp.content.read(65536)).decode("utf-8", "replace")
-                    ex.error, ex.error_kind = f"HTTP {resp.status}: {text.strip()[:1000]}", "http"
+                    ex.error, ex.error_kind = f"HTTP {resp.status}: {text.strip()}", "http"
                     return
                 await self._read(resp, ex, deadline)
         except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as e:
