@@ -30,7 +30,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -263,6 +263,8 @@ class Connection:
             except ssl.SSLError as e:
                 self._shut(e)
                 return
+            if self.tls.incoming.pending:
+                stamp = replace(stamp, held_more=True)
         if data:
             self._received(stamp, data)
         if ended:

@@ -41,10 +41,12 @@ KERNEL_CLOCK = (
 @dataclass(frozen=True, slots=True)
 class Stamp:
     """When a read's bytes arrived (monotonic ns) and, for the kernel's stamp, how much later
-    the client read them (None: stamped in user space, lateness unknown)."""
+    the client read them (None: stamped in user space, lateness unknown). `held_more`: the read
+    also brought bytes that cannot be read yet (a TLS record in part), whose arrival the stamp is."""
 
     t_ns: int
     late_ns: int | None = None
+    held_more: bool = False
 
     @property
     def source(self) -> str:

@@ -104,7 +104,7 @@ class Reader:
             self._end(BrokenFraming(f"protocol: the response could not be read: {type(e).__name__}: {e}"))
             return
         if before is None and ex.state.first_token_ns is not None:
-            ex.first_token_read(stamp, self._later(response))
+            ex.first_token_read(stamp, self._later(response) or int(stamp.held_more))
         # After [DONE], the body's end is read on from the reads already in, so that the
         # connection can be reused; if it is not there yet, the connection is closed.
         if not self.finished.done() and response.ended() and (response.parser.done or not self.conn.held):
