@@ -34,6 +34,8 @@ class Target:
             lines.append(f"Host: {host}" if origin.port == default else f"Host: {host}:{origin.port}")
         if "user-agent" not in given:
             lines.append(f"User-Agent: kvbench/{__version__}")
+        if "accept-encoding" not in given:  # a compressed stream is not decoded (response.py)
+            lines.append("Accept-Encoding: identity")
         for k, v in headers.items():
             if k.lower() in _OWN:
                 continue

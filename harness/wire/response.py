@@ -60,6 +60,11 @@ class Response:
             ex.http_status, ex.headers_ns = head.status, self.t
             if head.status != 200:
                 self.error_body = []
+            elif (coding := head.get("content-encoding")) and coding.strip().lower() != "identity":
+                raise http1.ProtocolError(
+                    f"the server compressed the stream (Content-Encoding: {coding[:40]}), though kvbench asked for "
+                    "none (Accept-Encoding: identity): kvbench does not decode compressed streams"
+                )
 
     def _body(self, data: bytes) -> None:
         """Body bytes, in order (the parser's callback)."""

@@ -452,14 +452,19 @@ class StreamState:
             self.answer_chars += len(text)
 
     def _on_usage(self, usage: dict[str, Any]) -> None:
-        # Later usage chunks (continuous usage stats) supersede earlier ones.
-        if isinstance(usage.get("prompt_tokens"), int):
+        # Later usage chunks (continuous usage stats) supersede earlier ones. A count is a whole
+        # number of at least 0 (a bool is not one): anything else is not taken.
+        if _count(usage.get("prompt_tokens")):
             self.prompt_tokens = usage["prompt_tokens"]
-        if isinstance(usage.get("completion_tokens"), int):
+        if _count(usage.get("completion_tokens")):
             self.completion_tokens = usage["completion_tokens"]
         details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        if type(details) is dict and _count(details.get("cached_tokens")):
             self.cached_tokens = details["cached_tokens"]
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
 
 
 def _utf8(data: bytes) -> bool:
