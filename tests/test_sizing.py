@@ -12,7 +12,7 @@ import pytest
 from harness.core.errors import InputError
 from harness.inputs import traces
 from harness.inputs.traces import TraceRequest
-from harness.sizing import stack, synthetic
+from harness.sizing import stack, synthetic, tiers
 
 TRACES = Path(__file__).resolve().parent.parent / "scenarios" / "traces"
 
@@ -77,3 +77,66 @@ def test_a_sampling_rate_outside_0_1_is_refused() -> None:
     for rate in (0.0, 1.5, -0.1):
         with pytest.raises(InputError, match="sampling rate"):
             stack.curve(refs, rate)
+
+
+def brute_force_tiers(
+    requests: list[TraceRequest], block_tokens: int, fleet: tiers.Fleet, layout: list[tuple[str, int]]
+) -> list[int]:
+    """Inclusive write-through LRU tiers simulated one block at a time: tokens served by each tier
+    (fastest first), then the tokens computed. Requests round-robin over the workers."""
+    from collections import OrderedDict
+
+    caches: dict[tuple[int, int], OrderedDict[int, None]] = {}
+    served = [0] * (len(layout) + 1)
+    for i, r in enumerate(sorted(requests, key=lambda r: r.timestamp_s)):
+        worker = i % fleet.workers
+        mine = [
+            caches.setdefault((k, int(fleet.group(np.array([worker]), scope)[0])), OrderedDict())
+            for k, (scope, _) in enumerate(layout)
+        ]
+        whole = [True] * len(layout)
+        usable = min(len(r.hash_ids), (r.input_length - 1) // block_tokens)
+        got = 0
+        for j, h in enumerate(r.hash_ids[: min(len(r.hash_ids), r.input_length // block_tokens)]):
+            for k, cache in enumerate(mine):
+                whole[k] = whole[k] and h in cache
+                if h in cache:
+                    cache.move_to_end(h)
+                else:
+                    cache[h] = None
+                    if len(cache) > layout[k][1]:
+                        cache.popitem(last=False)
+            if j < usable:
+                k = next((k for k, ok in enumerate(whole) if ok), len(layout))
+                if k < len(layout):
+                    served[k] += block_tokens
+                    got += block_tokens
+        served[-1] += r.input_length - got
+    return served
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        [("worker", 6), ("node", 20), ("cluster", 60)],
+        [("worker", 3), ("cluster", 25)],
+        [("node", 40), ("worker", 10)],  # a slower tier smaller than a faster one's scope
+    ],
+)
+def test_tiers_from_scoped_distances_match_a_block_by_block_simulation(layout: list[tuple[str, int]]) -> None:
+    """Four workers, two a node, round robin; per-worker, per-node and cluster tiers: the tokens
+    each tier serves, and those computed, equal a simulation of the tiers' LRUs block by block."""
+    rng = np.random.default_rng(3)
+    requests = []
+    for i in range(500):
+        doc = int(rng.integers(0, 15))
+        ids = [doc * 100 + k for k in range(int(rng.integers(1, 8)))] + [10_000 + i]
+        requests.append(TraceRequest(i + 1, float(i), len(ids) * 16 - int(rng.integers(0, 16)), 5, tuple(ids)))
+    fleet = tiers.Fleet(workers=4, workers_per_node=2)
+    refs = stack.references(requests, 16)
+    worker = tiers.round_robin(refs, fleet.workers)
+    distances = [tiers.scoped_distances(refs, fleet.group(worker, scope)) for scope, _ in layout]
+    chosen = tiers.served_by(distances, [c for _, c in layout])
+    got = tiers.tokens_by_tier(refs, chosen, len(layout))
+    assert got.tolist() == brute_force_tiers(requests, 16, fleet, layout)
+    assert got.sum() == refs.prompt_tokens

@@ -1,0 +1,69 @@
+"""Which tier serves each prompt block of a fleet, from stack distances (pure; docs/sizing.md).
+
+Each tier has a scope: one per worker, one per node (shared by its workers) or one for the cluster.
+A tier's stream is the references of the requests routed to its worker, node or cluster, in time
+order; its prefix distances are computed over that stream alone (`scoped_distances`). Tiers are
+inclusive and write-through, each its own LRU (the emulator's and Dynamo's KVBM's way): every
+block computed or loaded is written to every tier. A block is served by the fastest tier whose
+prefix distance for it is below that tier's capacity; a block no tier holds is recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.sizing.stack import References, prefix_distances
+
+SCOPES = ("worker", "node", "cluster")
+
+
+@dataclass(frozen=True)
+class Fleet:
+    workers: int
+    workers_per_node: int
+
+    def group(self, worker: np.ndarray, scope: str) -> np.ndarray:
+        """The tier instance (its index within the scope) each worker reads."""
+        if scope == "worker":
+            return worker
+        if scope == "node":
+            return worker // self.workers_per_node
+        return np.zeros_like(worker)
+
+
+def round_robin(refs: References, workers: int) -> np.ndarray:
+    """Each reference's worker: request i (in time order) goes to worker i mod workers."""
+    return refs.request % workers
+
+
+def scoped_distances(refs: References, group: np.ndarray) -> np.ndarray:
+    """Prefix distances of every reference within its group's own stream (the references of that
+    group, in time order): one pass, the groups laid one after the other and their blocks kept
+    apart, so that no distance counts another group's touches."""
+    order = np.argsort(group, kind="stable")
+    span = int(refs.blocks.max()) + 1 if len(refs.blocks) else 1
+    keys = group[order].astype(np.int64) * span + refs.blocks[order]
+    out = np.empty(len(order), dtype=np.float64)
+    # requests stay contiguous within a group (all of a request's references go to one worker)
+    out[order] = prefix_distances(keys, refs.request[order])
+    return out
+
+
+def served_by(distances: Sequence[np.ndarray], capacities: Sequence[float]) -> np.ndarray:
+    """Per reference, the index of the fastest tier that serves it (tiers fastest first, each
+    with its scoped prefix distances and its capacity in blocks), or len(tiers): recomputed."""
+    n = len(distances[0]) if distances else 0
+    out = np.full(n, len(distances), dtype=np.int64)
+    for k in range(len(distances) - 1, -1, -1):  # the fastest last: it overrides the slower
+        out[distances[k] < capacities[k]] = k
+    return out
+
+
+def tokens_by_tier(refs: References, tier: np.ndarray, tiers: int) -> np.ndarray:
+    """Prompt tokens each tier serves (the last entry: the tokens computed, the prompts' whole
+    rest included), from `served_by`'s answer."""
+    served = np.bincount(tier, weights=refs.serves, minlength=tiers + 1)[:tiers]
+    return np.r_[served, refs.prompt_tokens - served.sum()]
