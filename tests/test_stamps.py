@@ -123,11 +123,11 @@ def test_kernel_stamps_move_onto_the_monotonic_clock_by_the_offset_at_the_read()
     got = stamps.from_kernel(wall_now - 2_000_000, mono_now, wall_now)
     assert got == stamps.Stamp(mono_now - 2_000_000, 2_000_000) and got.source == "kernel"
     assert stamps.from_kernel(wall_now + 30, mono_now, wall_now) == stamps.Stamp(mono_now, 0)
-    assert stamps.of_read([]).source == "user" and stamps.of_read([]).late_ns is None
+    assert stamps.of_read([], mono_now) == stamps.Stamp(mono_now) and stamps.Stamp(mono_now).source == "user"
     if stamps.TIMESTAMPNS is not None:
         before = time.time_ns() - 1_000_000
         message = (socket.SOL_SOCKET, stamps.TIMESTAMPNS, struct.pack("@ll", *divmod(before, 1_000_000_000)))
-        read = stamps.of_read([message])
+        read = stamps.of_read([message], time.perf_counter_ns())
         assert read.source == "kernel" and read.late_ns is not None and read.late_ns >= 1_000_000
         assert read.t_ns + read.late_ns <= time.perf_counter_ns()
 

@@ -253,8 +253,9 @@ class Connection:
         except OSError as e:
             self._shut(e)
             return
-        stamp = stamps.of_read(ancdata)
-        TURNS.polled(time.perf_counter_ns())
+        now = time.perf_counter_ns()
+        stamp = stamps.of_read(ancdata, now)
+        TURNS.polled(now)
         self.last_read_ns = stamp.t_ns
         ended = not data
         if self.tls is not None:

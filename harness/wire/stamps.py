@@ -65,14 +65,14 @@ def ask_kernel(sock: socket.socket) -> bool:
     return True
 
 
-def of_read(ancdata: list[tuple[int, int, bytes]]) -> Stamp:
-    """The stamp of a read that `recvmsg` has just returned with these control messages."""
-    user = time.perf_counter_ns()
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+def of_read(ancdata: list[tuple[int, int, bytes]], user_ns: int) -> Stamp:
+    """The stamp of a read that `recvmsg` has just returned with these control messages, at
+    `user_ns` (time.perf_counter_ns, taken right after it returned)."""
+    for level, kind, data in ancdata:  # (one message at most: only the stamp is asked for)
+        if kind == TIMESTAMPNS and level == socket.SOL_SOCKET and len(data) >= _TIMESPEC.size:
             sec, nsec = _TIMESPEC.unpack_from(data)
-            return from_kernel(sec * 1_000_000_000 + nsec, user, time.time_ns())
-    return Stamp(user)
+            return from_kernel(sec * 1_000_000_000 + nsec, user_ns, time.time_ns())
+    return Stamp(user_ns)
 
 
 def from_kernel(kernel_real_ns: int, user_ns: int, real_now_ns: int) -> Stamp:
