@@ -26,7 +26,7 @@ from typing import IO, Any
 import orjson
 
 from harness import __version__
-from harness.core.errors import InputError, files_error, write_file
+from harness.core.errors import InputError, files_error, replaced, write_file
 
 SCHEMA_VERSION = 1
 
@@ -259,16 +259,14 @@ class RunWriter:
     def reorder(self) -> None:
         """The records written so far, put in start order and numbered from 1: requests.jsonl
         of a run whose workers' records came in as each ended (distributed/). Replaced at once."""
-        path, tmp = self.folder / REQUESTS, self.folder / (REQUESTS + ".tmp")
+        path = self.folder / REQUESTS
         records = sorted(read_requests(path), key=lambda r: r.start_s)
+        self._requests.close()
+        with replaced(path) as tmp, tmp.open("wb") as f:
+            f.writelines(replace(r, id=i).to_json() + b"\n" for i, r in enumerate(records, 1))
         try:
-            self._requests.close()
-            with tmp.open("wb") as f:
-                f.writelines(replace(r, id=i).to_json() + b"\n" for i, r in enumerate(records, 1))
-            os.replace(tmp, path)
             self._requests = path.open("ab")
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             raise files_error(e, str(path)) from None
 
     def finish(self, status: str, keep_open: bool = False, **extra: Any) -> None:

@@ -4,6 +4,7 @@ counted; pandas never loaded on the run path."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -94,3 +95,32 @@ def test_the_run_path_never_loads_pandas() -> None:
     code = "import sys, harness.cli, harness.runner, harness.commands.run; print('pandas' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+def test_csv_cells_a_spreadsheet_would_evaluate_are_neutralised() -> None:
+    """Text from a server (an error message) that starts like a formula gets a leading apostrophe
+    (OWASP's CSV-injection advice); numbers, negative ones included, are written as they are."""
+    frame = pd.DataFrame(
+        {"error": ['=HYPERLINK("http://x","y")', "+1", "-cmd", "@SUM(A1)", "ok", None], "ttft_s": [-1.5, 0, 1, 2, 3, 4]}
+    )
+    back = pd.read_csv(io.StringIO(to_csv(frame)), keep_default_na=False)
+    assert back["error"].tolist() == ['\'=HYPERLINK("http://x","y")', "'+1", "'-cmd", "'@SUM(A1)", "ok", ""]
+    assert back["ttft_s"].tolist() == [-1.5, 0, 1, 2, 3, 4]
+
+
+def test_an_output_never_follows_a_link_planted_where_its_temporary_file_was(tmp_path: Path) -> None:
+    """Every -o output is written to a fresh, unpredictable temporary name beside it and renamed:
+    links planted at the names used before (`<out>.tmp`) are left alone, with their targets, and
+    no temporary file stays behind."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    for fmt in ("csv", "parquet"):
+        out = tmp_path / f"requests.{fmt}"
+        (tmp_path / f"requests.{fmt}.tmp").symlink_to(victim)
+        r = cli("export", str(GOLDEN / "golden-loop"), "--format", fmt, "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        assert out.is_file() and not out.is_symlink()
+    assert victim.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["victim.txt", "requests.csv", "requests.csv.tmp", "requests.parquet", "requests.parquet.tmp"]
+    )

@@ -4,12 +4,11 @@ on standard output), for spreadsheets, notebooks and dashboards: the frames of h
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.core.errors import ExitCode, InputError, files_error, write_file
+from harness.core.errors import ExitCode, InputError, replaced, write_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,12 +48,20 @@ def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
     return ExitCode.OK
 
 
+# A text cell that starts with one of these is a formula to a spreadsheet (OWASP's CSV injection)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
 def to_csv(frame: pd.DataFrame) -> str:
-    """CSV, with list cells (a request's `itl_s`) as JSON text: one cell each."""
+    """CSV, with list cells (a request's `itl_s`) as JSON text: one cell each. A text cell that a
+    spreadsheet would take for a formula (an error text a server wrote, say) gets a leading
+    apostrophe, as OWASP advises, so that it is shown, never evaluated; numbers are left alone."""
     out = frame.copy()
     for col in out.columns:
         if out[col].map(lambda v: isinstance(v, list)).any():
             out[col] = out[col].map(json.dumps)
+        if out[col].dtype.kind not in "biufcmM":  # text (object or a string dtype), not numbers or times
+            out[col] = out[col].map(lambda v: "'" + v if isinstance(v, str) and v.startswith(FORMULA_STARTS) else v)
     return str(out.to_csv(index=False))
 
 
@@ -65,10 +72,5 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
         raise InputError(
             "--format parquet needs pyarrow: pip install 'kvbench[parquet]' (or use --format csv or jsonl)"
         ) from None
-    tmp = path.with_name(path.name + ".tmp")
-    try:
+    with replaced(path) as tmp:
         frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise files_error(e, str(path)) from None

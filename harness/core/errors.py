@@ -6,7 +6,10 @@ never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Iterator
 from enum import IntEnum
 from pathlib import Path
 
@@ -57,14 +60,39 @@ def write_file(path: Path, text: str) -> Path:
     """Write a whole output file at once: to a temporary file beside it, then renamed over it, so
     that a reader never finds it half written. A failure (full disk, size limit) is a FilesError
     naming the file, and leaves neither a partial file nor the temporary one behind."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
+    with replaced(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+    return path
+
+
+# Permissions of a file kvbench writes: what open() would give it under the process's umask
+# (read once, at import, while nothing else runs: the umask can only be read by setting it)
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+
+
+@contextlib.contextmanager
+def replaced(path: Path) -> Iterator[Path]:
+    """A fresh temporary file beside `path` (a name no one can guess, created exclusively: a link
+    planted there is never followed) to write into; renamed over `path` when the block ends, or
+    removed if it fails. An OSError is a FilesError naming `path`."""
+    try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.fchmod(fd, FILE_MODE)
+        os.close(fd)
+    except OSError as e:
+        raise files_error(e, str(path)) from None
+    tmp = Path(name)
+    try:
+        yield tmp
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise files_error(e, str(path)) from None
-    return path
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def files_error(e: OSError, what: str) -> FilesError:
