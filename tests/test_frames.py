@@ -124,3 +124,12 @@ def test_an_output_never_follows_a_link_planted_where_its_temporary_file_was(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["victim.txt", "requests.csv", "requests.csv.tmp", "requests.parquet", "requests.parquet.tmp"]
     )
+
+
+def test_a_table_with_no_rows_is_a_clear_error_not_an_empty_file(tmp_path: Path) -> None:
+    """`--table by_length` of runs that sweep no lengths (a closed loop): exit 2, saying why, and
+    no file written."""
+    out = tmp_path / "by_length.csv"
+    r = cli("export", str(GOLDEN / "golden-loop"), "--table", "by_length", "-o", str(out))
+    assert r.returncode == 2 and "by_length" in r.stderr and "sweep" in r.stderr, r.stderr
+    assert not out.exists()

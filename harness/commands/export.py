@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 FORMATS = ("csv", "parquet", "jsonl")
 TABLES = ("requests", "summary", "by_length")
+EMPTY_WHY = {"by_length": " (per prompt length: only runs of a kind that sweeps lengths, such as `sweep`, have them)"}
 
 
 def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
@@ -34,6 +35,8 @@ def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
     if warning := skipped_warning(runs.runs):
         stderr_console().print(f"[yellow]warning:[/] {escape(warning)}")
     frame = getattr(runs, table)()
+    if frame.empty:
+        raise InputError(f"--table {table}: no rows in {', '.join(map(str, results))}" + EMPTY_WHY.get(table, ""))
     if fmt == "parquet":
         assert output is not None
         write_parquet(frame, output)
