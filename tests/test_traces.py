@@ -171,6 +171,27 @@ def test_inspect_bad_input_exits_2_without_a_traceback(tmp_path: Path) -> None:
     assert r.returncode == 2 and "cannot read the trace" in r.stderr
 
 
+def test_a_deeply_nested_line_is_a_clear_error(tmp_path: Path) -> None:
+    """A trace line, or a prompts-file line, nested 100,000 deep: exit 2 naming file and line,
+    never a RecursionError traceback (trace inspect, validate of a trace scenario, run with a
+    prompts file)."""
+    deep = "[" * 100_000 + "]" * 100_000
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps(mc(0, 600, [1])) + "\n" + deep + "\n")
+    r = cli("trace", "inspect", str(trace))
+    assert r.returncode == 2 and f"{trace}:2: not JSON: nested too deeply" in r.stderr.replace("\n", ""), r.stderr
+    assert "Traceback" not in r.stderr
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(deep + "\n")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        f'schema_version = 1\nname = "deep"\n[prompts]\nsource = "file"\npath = "{prompts}"\n'
+        '[workload]\nkind = "closed_loop"\nrequests = 1\nconcurrency = 1\npool = 1\nprompt_tokens = 1\n'
+    )
+    r = kvbench("run", str(scenario), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "nested too deeply" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_possible_reuse_in_the_servers_blocks_bounds_what_it_can_serve() -> None:
     """Counted over the prompts as built (a shared 20-token head, then 64-token trace blocks, a
     partial last block the start of its id's text) in 16-token server blocks: a request shares

@@ -338,6 +338,8 @@ def load_file(path: str, builder: PromptBuilder) -> list[Prompt]:
             obj = json.loads(line)
         except ValueError as e:
             raise InputError(f"{path}:{n}: not JSON: {e}") from None
+        except RecursionError:
+            raise InputError(f"{path}:{n}: not JSON: nested too deeply") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
             raise InputError(f'{path}:{n}: expected an object with a string "prompt"')
         pid = str(obj.get("id", f"line{n}"))

@@ -167,8 +167,9 @@ def read(
                         f"{where}: input_length: {req.input_length:,} + output_length {req.output_length:,} "
                         f"exceeds the model's context ({max_model_len:,} tokens{context_from})"
                     )
-            except ValueError as e:  # json's errors are ValueErrors too
-                text = str(e) if str(e).startswith(where) else f"{where}: not JSON: {e}"
+            except (ValueError, RecursionError) as e:  # json's errors are ValueErrors too
+                what = "nested too deeply" if isinstance(e, RecursionError) else e
+                text = str(e) if str(e).startswith(where) else f"{where}: not JSON: {what}"
                 if not skip_bad:
                     raise InputError(text) from None
                 skipped.append(text)
