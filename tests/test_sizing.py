@@ -5,6 +5,7 @@ exact ones."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from harness.core.errors import InputError
 from harness.inputs import traces
 from harness.inputs.traces import TraceRequest
-from harness.sizing import stack, synthetic, tiers
+from harness.sizing import simulate, stack, synthetic, tiers
 
 TRACES = Path(__file__).resolve().parent.parent / "scenarios" / "traces"
 
@@ -140,3 +141,68 @@ def test_tiers_from_scoped_distances_match_a_block_by_block_simulation(layout: l
     got = tiers.tokens_by_tier(refs, chosen, len(layout))
     assert got.tolist() == brute_force_tiers(requests, 16, fleet, layout)
     assert got.sum() == refs.prompt_tokens
+
+
+def one_tier_requests(arrivals: list[float], workers: list[int], loaded: list[int], prompt: int = 1000) -> Any:
+    n = len(arrivals)
+    return simulate.Requests(
+        arrival_s=np.asarray(arrivals),
+        worker=np.asarray(workers),
+        prompt_tokens=np.full(n, prompt),
+        output_tokens=np.full(n, 10),
+        tier_tokens=np.asarray(loaded).reshape(n, 1),
+        instance=np.zeros((n, 1), dtype=np.int64),
+    )
+
+
+COST = simulate.Cost(prefill_a=1e-4, prefill_b=1e-8, decode_s=0.01)
+
+
+def test_a_lone_request_takes_its_prefill_and_its_decode() -> None:
+    """Nothing cached, nothing waiting: TTFT is the prefill a*n + b*n^2, e2e adds the decode."""
+    got = simulate.simulate(one_tier_requests([0.0, 100.0], [0, 0], [0, 0]), [simulate.Tier(0.0, 1.0)], 1.0, COST)
+    assert got.ttft_s.tolist() == pytest.approx([0.1 + 0.01] * 2)
+    assert got.e2e_s.tolist() == pytest.approx([0.11 + 0.1] * 2)
+    assert got.load_s.tolist() == [0.0, 0.0]
+
+
+def test_a_worker_serves_one_request_at_a_time_in_arrival_order() -> None:
+    """Three requests at once on one worker, a fourth on another: each waits for those before it
+    on its worker, the other worker's is not held up."""
+    reqs = one_tier_requests([0.0, 0.0, 0.0, 0.0], [0, 0, 0, 1], [0, 0, 0, 0])
+    got = simulate.simulate(reqs, [simulate.Tier(0.0, 1.0)], 1.0, COST)
+    assert got.ttft_s.tolist() == pytest.approx([0.11, 0.22, 0.33, 0.11])
+    assert got.start_s.tolist() == pytest.approx([0.0, 0.11, 0.22, 0.0])
+
+
+def test_a_shared_tier_divides_its_bandwidth_among_the_loads_it_serves() -> None:
+    """Processor sharing, worked by hand: bandwidth 1,000 bytes/s, latency 0.5 s. A load of 2,000
+    bytes from t = 0.5 runs alone until a load of 500 bytes joins at 1.5 (1,000 bytes done); both
+    then get 500 bytes/s: the second ends at 2.5, the first has 500 left and ends alone at 3.0."""
+    reqs = one_tier_requests([0.0, 1.0], [0, 1], [2000, 500], prompt=4000)
+    got = simulate.simulate(reqs, [simulate.Tier(0.5, 1000.0)], 1.0, COST)
+    assert got.load_s.tolist() == pytest.approx([3.0, 1.5])
+    cached = [COST.prefill_s(4000, 2000), COST.prefill_s(4000, 500)]
+    assert got.ttft_s.tolist() == pytest.approx([3.0 + cached[0], 1.5 + cached[1]])
+    loads = got.loads[0]
+    assert sorted(loads[:, 2].tolist()) == pytest.approx([2.5, 3.0]) and loads[:, 3].sum() == 2500
+    per_second = got.read_bandwidth(0, 0.5)
+    assert per_second.sum() * 0.5 == pytest.approx(2500)  # every byte counted once
+    assert per_second.max() == pytest.approx(1000.0)  # never more than the tier gives
+
+
+def test_separate_instances_do_not_share_bandwidth_and_a_free_tier_costs_nothing() -> None:
+    """Two per-worker instances each serve one load at full bandwidth; a tier without a bandwidth
+    (a GPU's own memory) loads at once; a request reads its tiers fastest first."""
+    reqs = simulate.Requests(
+        arrival_s=np.zeros(2),
+        worker=np.asarray([0, 1]),
+        prompt_tokens=np.full(2, 3000),
+        output_tokens=np.zeros(2, dtype=np.int64),
+        tier_tokens=np.asarray([[500, 1000], [500, 1000]]),
+        instance=np.asarray([[0, 0], [1, 1]]),
+    )
+    tiers_ = [simulate.Tier(0.0, None), simulate.Tier(0.25, 1000.0)]
+    got = simulate.simulate(reqs, tiers_, 1.0, COST)
+    assert got.load_s.tolist() == pytest.approx([1.25, 1.25])
+    assert got.ttft_s.tolist() == pytest.approx([1.25 + COST.prefill_s(3000, 1500)] * 2)
