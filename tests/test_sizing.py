@@ -60,6 +60,7 @@ def test_a_cycle_of_documents_hits_from_twice_their_count_on() -> None:
     assert curve.share(2 * k) == pytest.approx((n - k) * 16 / (n * 32))
 
 
+@pytest.mark.slow
 def test_sampled_curves_stay_near_the_exact_one_on_a_million_requests() -> None:
     """SHARDS at 1 % (the blocks referenced 100 times or more kept whole), 10^6 requests over
     10,000 shared documents of Zipf popularity (exponent 0.8), at 300 capacities from one block to
