@@ -67,7 +67,7 @@ def write_file(path: Path, text: str) -> Path:
 
 # Permissions of a file kvbench writes: what open() would give it under the process's umask
 # (read once, at import, while nothing else runs: the umask can only be read by setting it)
-_UMASK = os.umask(0o022)
+_UMASK = os.umask(0)
 os.umask(_UMASK)
 FILE_MODE = 0o666 & ~_UMASK
 
