@@ -547,6 +547,48 @@ def test_a_count_of_the_wrong_type_is_not_taken() -> None:
     assert (state.prompt_tokens, state.completion_tokens, state.cached_tokens) == (None, None, None)
 
 
+class ClosesReusedServer(ThreadedServer):
+    """Answers a connection's first request; a later request on the same connection it reads,
+    then closes the connection 10 ms later without answering (a half-close racing keep-alive)."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        super().__init__()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            for n, _ in enumerate(requests_on(conn)):
+                self.received += 1
+                if n:
+                    time.sleep(0.01)
+                    return
+                conn.sendall(HEAD + ROLE + TOKEN + DONE)
+
+
+def test_a_server_that_closes_a_reused_connection_unanswered_gets_one_per_request() -> None:
+    """The first request that a server leaves unanswered on a reused connection fails, as sent
+    (never resent); the pool then opens a connection per request, and every later one is answered,
+    where before every second request failed the same way."""
+    server = ClosesReusedServer()
+
+    async def go() -> tuple[list[Exchange], dict[str, str]]:
+        timeouts = Timeouts(first_token_s=30, idle_s=30, total_s=60)
+        async with StreamingClient(1, timeouts, {}) as client:
+            out = []
+            for i in range(12):
+                out.append(await client.stream(server.url, b"{}", f"r{i}"))
+                await asyncio.sleep(0.06)  # past the probation: the connection is reused
+            return out, client.health()
+
+    try:
+        got, health = aio.run(go())
+    finally:
+        server.close()
+    failed = [i for i, ex in enumerate(got) if not ex.ok]
+    assert failed == [1] and got[1].error_kind == "connect", [ex.error for ex in got]
+    assert server.received == 12 and health["connections"] == "one per request"
+
+
 def test_one_flooding_connection_does_not_starve_the_others() -> None:
     """The backlog hands each connection one held read in turn: a connection that always has
     reads held (a flood) gives way to the others after each read."""

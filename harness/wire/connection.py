@@ -16,7 +16,8 @@ closes idle ones before the servers kvbench meets would (KEEPALIVE_S), and learn
 server keeps connections alive at all: until a connection has stayed open CLOSE_AFTER_RESPONSE_S
 after a response, no request is written on a used connection (`Habit`). A server that closes each
 connection after its response (the pinned llama.cpp does, without `Connection: close`) is thus
-found before any request races its close, and gets a connection per request from then on. No
+found before any request races its close, and gets a connection per request from then on, as
+does one that closes a kept-alive connection, unanswered, after a request was written on it. No
 request is ever sent twice: a used connection the server has closed is dropped before anything
 is written on it (`closed_by_peer`), and a request written is the server's, whatever happens next.
 """

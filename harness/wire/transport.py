@@ -20,6 +20,7 @@ from harness.wire.connection import (
     Connection,
     CutShort,
     Disconnected,
+    Habit,
     IdleTimeout,
     Origin,
     Pool,
@@ -214,6 +215,10 @@ class Kvbench:
             conn.write(data)
             reader.start()
             await reader.finished
+            if isinstance(reader.failure, Disconnected) and ex.reused:
+                # the server closed a kept-alive connection after a request went out on it, with no
+                # answer: from now on one connection per request, as for a server that closes each
+                self.pool.habit.state = Habit.CLOSES
             if reader.failure is not None:
                 raise reader.failure
             reusable = response.reusable()
