@@ -44,7 +44,7 @@ class SendOnCue:
         self.tls = tls
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http{'s' if tls else ''}://127.0.0.1:{self.sock.getsockname()[1]}/v1/chat/completions"
-        self.answered, self.go = threading.Event(), threading.Event()
+        self.answered, self.go, self.sent = threading.Event(), threading.Event(), threading.Event()
         self.sent_ns = 0
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -59,6 +59,7 @@ class SendOnCue:
                 self.go.wait(30)
                 self.sent_ns = time.perf_counter_ns()
                 conn.sendall(TOKEN * 64 + DONE)
+                self.sent.set()
                 conn.recv(1)  # until the client closes
 
     def close(self) -> None:
@@ -67,8 +68,8 @@ class SendOnCue:
 
 
 def busy_while_sent(server: SendOnCue) -> tuple[Exchange, int]:
-    """One request; once its head is in, the loop is held busy for 50 ms while the server sends
-    every token. Returns the exchange and when the loop was free again."""
+    """One request; once its head is in, the loop is held until the server has sent every token,
+    and 50 ms more. Returns the exchange and when the loop was free again."""
 
     async def main() -> tuple[Exchange, int]:
         async with StreamingClient(2, Timeouts(first_token_s=30, idle_s=30, total_s=60), {}) as client:
@@ -77,7 +78,8 @@ def busy_while_sent(server: SendOnCue) -> tuple[Exchange, int]:
                 await asyncio.sleep(0.001)
             await asyncio.sleep(0.05)  # the head and role chunk read and parsed
             server.go.set()
-            time.sleep(0.05)  # the loop is held: nothing is read while the tokens arrive
+            assert server.sent.wait(30)  # the loop is held: nothing is read while the tokens arrive
+            time.sleep(0.05)
             free = time.perf_counter_ns()
             return await task, free
 
