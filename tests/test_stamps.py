@@ -117,19 +117,28 @@ def test_a_busy_loop_does_not_move_the_first_token_stamp(scheme: str, tmp_path: 
     assert ex.first_token_shared == 63  # the burst came in the first token's read
 
 
-def test_kernel_stamps_move_onto_the_monotonic_clock_by_the_offset_at_the_read() -> None:
+def test_kernel_stamps_move_onto_the_monotonic_clock_by_the_clocks_offset() -> None:
     """A read's control message gives the kernel's wall-clock stamp; it becomes a monotonic one by
-    the offset taken at the read; a stamp that would fall after the read (the offset's own jitter)
-    is the read's; no control message, a user-space stamp."""
+    the clocks' offset; a stamp that would fall after the read (the offset's own uncertainty) is
+    the read's; no control message, a user-space stamp. The offset is measured when first asked
+    for, and again only once it is REFRESH_NS old."""
     wall_now, mono_now = 1_700_000_000_000_000_000, 5_000_000_000
-    got = stamps.from_kernel(wall_now - 2_000_000, mono_now, wall_now)
+    offset = wall_now - mono_now
+    got = stamps.from_kernel(wall_now - 2_000_000, mono_now, offset)
     assert got == stamps.Stamp(mono_now - 2_000_000, 2_000_000) and got.source == "kernel"
-    assert stamps.from_kernel(wall_now + 30, mono_now, wall_now) == stamps.Stamp(mono_now, 0)
-    assert stamps.of_read([], mono_now) == stamps.Stamp(mono_now) and stamps.Stamp(mono_now).source == "user"
+    assert stamps.from_kernel(wall_now + 30, mono_now, offset) == stamps.Stamp(mono_now, 0)
+    clocks = stamps.WallToMonotonic()
+    assert stamps.of_read([], mono_now, clocks) == stamps.Stamp(mono_now) and stamps.Stamp(mono_now).source == "user"
+    now = time.perf_counter_ns()
+    first = clocks.at(now)
+    assert clocks.taken_ns >= now and abs(first - (time.time_ns() - time.perf_counter_ns())) < 1_000_000
+    clocks.offset_ns = 12345  # not measured again until REFRESH_NS after it was taken
+    assert clocks.at(clocks.taken_ns + stamps.REFRESH_NS - 1) == 12345
+    assert clocks.at(clocks.taken_ns + stamps.REFRESH_NS) != 12345
     if stamps.TIMESTAMPNS is not None:
         before = time.time_ns() - 1_000_000
         message = (socket.SOL_SOCKET, stamps.TIMESTAMPNS, struct.pack("@ll", *divmod(before, 1_000_000_000)))
-        read = stamps.of_read([message], time.perf_counter_ns())
+        read = stamps.of_read([message], time.perf_counter_ns(), stamps.WallToMonotonic())
         assert read.source == "kernel" and read.late_ns is not None and read.late_ns >= 1_000_000
         assert read.t_ns + read.late_ns <= time.perf_counter_ns()
 

@@ -255,7 +255,7 @@ class Connection:
             self._shut(e)
             return
         now = time.perf_counter_ns()
-        stamp = stamps.of_read(ancdata, now)
+        stamp = stamps.of_read(ancdata, now, self.pool.clocks)
         TURNS.polled(now)
         self.last_read_ns = stamp.t_ns
         ended = not data
@@ -419,6 +419,7 @@ class Pool:
         self.limit, self.connect_s = limit, connect_s
         self.loop = asyncio.get_running_loop()
         self.backlog = Backlog(self.loop)
+        self.clocks = stamps.WallToMonotonic()  # the kernel's stamps onto the monotonic clock
         self.habit = Habit()
         self.idle: dict[Origin, list[Connection]] = {}
         self.probation: set[Connection] = set()  # used, not yet proven to stay open (Habit.UNKNOWN)

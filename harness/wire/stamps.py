@@ -10,10 +10,13 @@ data's stamp: for a burst, microseconds later; for tokens paced apart and a clie
 than their gap, up to that lateness. Never later than a user-space stamp of the same read.
 
 The kernel's clock is converted to the monotonic one (`time.perf_counter_ns`, the clock of every
-other stamp) with the offset between the two taken at the read itself, so that a slewed or
-stepped wall clock moves no stamp by more than it moves between the segment's arrival and its
-read. `Stamp.late_ns` (the user-space stamp minus the kernel's) is the client's own lateness at
-that read, measured directly.
+other stamp) by the offset between the two (`WallToMonotonic`). Linux slews both alike (NTP's
+frequency corrections apply to CLOCK_MONOTONIC too): they differ only by the wall clock's steps.
+So the offset is measured as the narrowest of a few paired readings (monotonic, wall, monotonic)
+and renewed every REFRESH_NS, not taken at each read: a single pair read at a busy moment can be
+split by a preemption, and the offset then moves a stamp by as much (29 us once, found by a test
+on a loaded host). `Stamp.late_ns` (the user-space stamp minus the kernel's) is the client's own
+lateness at that read, measured directly.
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ KERNEL, USER = "kernel", "user"  # RequestRecord.first_token_stamp
 # run.json's first_token_stamps.kernel_clock: how a kernel stamp became a monotonic one
 KERNEL_CLOCK = (
     "the kernel's receive stamp (SO_TIMESTAMPNS, CLOCK_REALTIME), moved onto time.perf_counter_ns's "
-    "monotonic clock by the offset between the two clocks taken at each read"
+    "monotonic clock by the offset between the two clocks: the narrowest of three paired readings, "
+    "renewed every second (the two differ only by steps of the wall clock)"
 )
+REFRESH_NS = 1_000_000_000  # the offset between the clocks is measured again after this long
+PAIRS = 3  # paired readings per measurement: the narrowest bracket is kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,19 +71,43 @@ def ask_kernel(sock: socket.socket) -> bool:
     return True
 
 
-def of_read(ancdata: list[tuple[int, int, bytes]], user_ns: int) -> Stamp:
+class WallToMonotonic:
+    """The wall clock's offset from the monotonic one (wall - monotonic, ns), measured when first
+    asked for and again once it is REFRESH_NS old. One per connection pool."""
+
+    __slots__ = ("offset_ns", "taken_ns")
+
+    def __init__(self) -> None:
+        self.offset_ns, self.taken_ns = 0, -REFRESH_NS
+
+    def at(self, mono_ns: int) -> int:
+        if mono_ns - self.taken_ns >= REFRESH_NS:
+            self.measure()
+        return self.offset_ns
+
+    def measure(self) -> None:
+        narrowest, offset, after = -1, 0, 0
+        for _ in range(PAIRS):
+            before = time.perf_counter_ns()
+            wall = time.time_ns()
+            after = time.perf_counter_ns()
+            if narrowest < 0 or after - before < narrowest:
+                narrowest, offset = after - before, wall - (before + after) // 2
+        self.offset_ns, self.taken_ns = offset, after
+
+
+def of_read(ancdata: list[tuple[int, int, bytes]], user_ns: int, clocks: WallToMonotonic) -> Stamp:
     """The stamp of a read that `recvmsg` has just returned with these control messages, at
     `user_ns` (time.perf_counter_ns, taken right after it returned)."""
     for level, kind, data in ancdata:  # (one message at most: only the stamp is asked for)
         if kind == TIMESTAMPNS and level == socket.SOL_SOCKET and len(data) >= _TIMESPEC.size:
             sec, nsec = _TIMESPEC.unpack_from(data)
-            return from_kernel(sec * 1_000_000_000 + nsec, user_ns, time.time_ns())
+            return from_kernel(sec * 1_000_000_000 + nsec, user_ns, clocks.at(user_ns))
     return Stamp(user_ns)
 
 
-def from_kernel(kernel_real_ns: int, user_ns: int, real_now_ns: int) -> Stamp:
-    """The kernel's wall-clock stamp on the monotonic clock, by the offset between the two clocks
-    taken at the read (`user_ns` and `real_now_ns` read one after the other). A stamp that would
-    come after the read (the offset's own jitter, tens of ns) is the read's."""
-    late = user_ns - (kernel_real_ns - (real_now_ns - user_ns))
+def from_kernel(kernel_real_ns: int, user_ns: int, offset_ns: int) -> Stamp:
+    """The kernel's wall-clock stamp on the monotonic clock (wall - `offset_ns`). A stamp that
+    would come after the read (the offset's own uncertainty, tens of ns) is the read's."""
+    late = user_ns - (kernel_real_ns - offset_ns)
     return Stamp(user_ns - late, late) if late > 0 else Stamp(user_ns, 0)
