@@ -207,3 +207,17 @@ def test_separate_instances_do_not_share_bandwidth_and_a_free_tier_costs_nothing
     got = simulate.simulate(reqs, tiers_, 1.0, COST)
     assert got.load_s.tolist() == pytest.approx([1.25, 1.25])
     assert got.ttft_s.tolist() == pytest.approx([1.25 + COST.prefill_s(3000, 1500)] * 2)
+
+
+def test_scoped_distances_do_not_depend_on_how_large_the_block_ids_are() -> None:
+    """Block ids that are 63-bit hashes give the distances small ids give (no key overflows)."""
+    requests = [TraceRequest(i + 1, float(i), 48, 1, (i % 5, 100 + i % 7, 1000 + i)) for i in range(60)]
+    huge = [
+        TraceRequest(r.line, r.timestamp_s, r.input_length, 1, tuple((1 << 63) - 1 - h for h in r.hash_ids))
+        for r in requests
+    ]
+    got = []
+    for reqs in (requests, huge):
+        refs = stack.references(reqs, 16)
+        got.append(tiers.scoped_distances(refs, tiers.round_robin(refs, 3)))
+    assert np.array_equal(got[0], got[1])

@@ -44,8 +44,9 @@ def scoped_distances(refs: References, group: np.ndarray) -> np.ndarray:
     group, in time order): one pass, the groups laid one after the other and their blocks kept
     apart, so that no distance counts another group's touches."""
     order = np.argsort(group, kind="stable")
-    span = int(refs.blocks.max()) + 1 if len(refs.blocks) else 1
-    keys = group[order].astype(np.int64) * span + refs.blocks[order]
+    _, dense = np.unique(refs.blocks, return_inverse=True)  # (a trace's ids may be 63-bit hashes)
+    span = int(dense.max()) + 1 if len(dense) else 1
+    keys = group[order].astype(np.int64) * span + dense[order]
     out = np.empty(len(order), dtype=np.float64)
     # requests stay contiguous within a group (all of a request's references go to one worker)
     out[order] = prefix_distances(keys, refs.request[order])
