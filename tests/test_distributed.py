@@ -4,21 +4,25 @@ a worker's batch sizes, the clock offset, what crosses from a worker to the coor
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import json
 import os
 import re
 import subprocess
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.core.clock import Offset
+from harness.core.clock import ModelClock, Offset
 from harness.distributed import raypool
+from harness.distributed.coordinator import Pool
 from harness.distributed.dispatch import (
     CLOSED_BATCH,
     CLOSED_BATCH_S,
@@ -30,8 +34,11 @@ from harness.distributed.dispatch import (
     tagged,
     untagged,
 )
+from harness.distributed.messages import Ask, Ended, Go, Lost, ReadyAt, Records, Shipment, Stop, Up, Want
 from harness.distributed.raypool import RAY_BATCH_S, RayWorker, ration
-from harness.results import RequestRecord
+from harness.inputs.prompts import Prompt
+from harness.results import RequestRecord, RunWriter
+from harness.workloads.base import Plan, Sender
 from tests.conftest import ROOT, cli, kvbench, write_scenario
 from tests.test_workers import LOOP
 
@@ -40,10 +47,8 @@ from tests.test_workers import LOOP
 @given(
     st.lists(
         st.one_of(
-            st.lists(st.integers(1, 40), max_size=6).map(
-                lambda ls: ("records", b"".join(b"r" * n + b"\n" for n in ls))
-            ),
-            st.just(("end", {})),
+            st.lists(st.integers(1, 40), max_size=6).map(lambda ls: Records(b"".join(b"r" * n + b"\n" for n in ls))),
+            st.just(Ended({}, [], None, False)),
         ),
         min_size=1,
         max_size=8,
@@ -59,12 +64,16 @@ def test_a_ray_worker_ships_its_records_in_answers_under_the_inline_limit(items:
         answers.append(ration(held, limit))
         assert answers[-1]
     got = [i for a in answers for i in a]
-    assert b"".join(i[1] for i in got if i[0] == "records") == b"".join(i[1] for i in items if i[0] == "records")
-    assert [i[0] for i in got if i[0] != "records"] == [i[0] for i in items if i[0] != "records"]
+    assert _lines(got) == _lines(items)
+    assert [i for i in got if not isinstance(i, Records)] == [i for i in items if not isinstance(i, Records)]
     for a in answers:
-        lines = b"".join(i[1] for i in a if i[0] == "records")
+        lines = _lines(a)
         assert lines == b"" or lines.endswith(b"\n")
         assert len(lines) <= limit or lines.count(b"\n") == 1
+
+
+def _lines(events: Any) -> bytes:
+    return b"".join(e.lines for e in events if isinstance(e, Records))
 
 
 def test_a_workers_actor_vouches_for_its_process_only_while_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,16 +82,16 @@ def test_a_workers_actor_vouches_for_its_process_only_while_it_starts(monkeypatc
     or gone, silence (the coordinator's rule for it decides)."""
     monkeypatch.setattr(raypool, "batch_threads", lambda: None)  # this process is not an actor's
     actor = RayWorker()
-    assert actor.shipped() == []  # no process yet
+    assert actor.shipped(0) == Shipment(0, [])  # no process yet
     actor.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        assert actor.shipped() == [("records", b"")]
+        assert actor.shipped(0) == Shipment(0, [Records()])
         actor.up = True
-        assert actor.shipped() == []
+        assert actor.shipped(0) == Shipment(0, [])
         actor.up = False
         actor.proc.kill()
         actor.proc.wait(timeout=60)
-        assert actor.shipped() == []
+        assert actor.shipped(0) == Shipment(0, [])
     finally:
         actor.proc.kill()
         actor.proc.wait(timeout=60)
@@ -157,12 +166,12 @@ def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None
 
 def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
     async def closed_loop() -> None:
-        told: list[dict[str, int]] = []
+        told: list[Want | ReadyAt] = []
         now = [0]  # the pace's clock, ns: the test says how long things took, not the machine
-        order = FedOrder(told.append, [], "closed_loop", 4, 0, clock=lambda: now[0])
+        order = FedOrder(told.append, 3, [], "closed_loop", 4, 0, clock=lambda: now[0])
         first = asyncio.ensure_future(anext(order))
         await asyncio.sleep(0)
-        assert told.pop() == {"want": CLOSED_BATCH * 4}  # nothing known of its pace yet
+        assert told.pop() == Want(3, CLOSED_BATCH * 4, 1)  # nothing known of its pace yet
         order.arrive([(i, 0) for i in range(32)])
         assert await first == (0, 0)
         for _ in range(14):
@@ -170,7 +179,7 @@ def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
         assert not told  # more than half the batch is left: not yet
         now[0] = 1_000
         await anext(order)
-        assert told.pop() == {"want": MAX_BATCH}  # 16 handed out in 1 us: as many as it may
+        assert told.pop() == Want(3, MAX_BATCH, 2)  # 16 handed out in 1 us: as many as it may
         for _ in range(8):
             await anext(order)
         at = order.asked_ns or 0
@@ -179,17 +188,17 @@ def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
         assert order.wanted(at + 10**9) == CLOSED_BATCH * 4
         assert order.wanted(at + 10**6) == round(8_000 * CLOSED_BATCH_S)
         # a launcher whose asks cost more asks for larger batches (Ray's: raypool.RAY_BATCH_S)
-        ray = FedOrder(told.append, [], "closed_loop", 4, 0, RAY_BATCH_S)
+        ray = FedOrder(told.append, 3, [], "closed_loop", 4, 0, RAY_BATCH_S)
         ray.asked_ns, ray.handed = at, 2  # 2,000 per second
         assert ray.wanted(at + 10**6) == round(2_000 * RAY_BATCH_S) > round(2_000 * CLOSED_BATCH_S)
         # a session is long and stays where it goes; an open loop's window is the Dispatch's
-        assert FedOrder(told.append, [], "sessions", 4, 0).wanted(at + 10**6) == 1
-        assert FedOrder(told.append, [0.0], "open_loop", 4, 0).wanted(at + 10**6) == MAX_BATCH
+        assert FedOrder(told.append, 3, [], "sessions", 4, 0).wanted(at + 10**6) == 1
+        assert FedOrder(told.append, 3, [0.0], "open_loop", 4, 0).wanted(at + 10**6) == MAX_BATCH
         # an open loop's start line: on the coordinator's clock in what it tells, on its own here
-        timed = FedOrder(told.append, [0.0], "open_loop", 4, 1_000)
+        timed = FedOrder(told.append, 3, [0.0], "open_loop", 4, 1_000)
         line = asyncio.ensure_future(timed.measured_start(5_000))
         await asyncio.sleep(0)
-        assert told.pop() == {"ready_at": 4_000}
+        assert told.pop() == ReadyAt(3, 4_000)
         timed.start_at(9_000)
         assert await line == 10_000
 
@@ -273,3 +282,261 @@ def test_nothing_but_the_ray_module_imports_ray() -> None:
     for path in (ROOT / "harness").rglob("*.py"):
         if path.name != "raypool.py":
             assert not re.search(r"^\s*(import ray\b|from ray\b)", path.read_text(), re.M), path
+
+
+def test_an_ask_made_again_gets_the_same_items_not_new_ones() -> None:
+    """A take whose answer was lost on the way (a transient Ray error) is asked again with the
+    same number: it gets what it got, and nothing is handed out twice or skipped."""
+    d = Dispatch([(i, 0) for i in range(30)], [], {0: 1, 1: 1})
+    first = d.take(0, 4, seq=1)
+    assert d.take(0, 4, seq=1) == first  # the same ask again
+    other = d.take(1, 4, seq=1)  # numbers are per worker
+    second = d.take(0, 4, seq=2)
+    assert set(first).isdisjoint(second) and set(first + second).isdisjoint(other)
+    assert d.taken(0) == first + second  # counted once
+
+
+def test_a_shipment_is_sent_again_until_it_is_acknowledged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fetch whose reply was lost (made again with the same acknowledgement) gets the same
+    shipment; acknowledged, the next; nothing is lost and nothing comes twice."""
+    monkeypatch.setattr(raypool, "batch_threads", lambda: None)  # this process is not an actor's
+    actor = RayWorker()
+    actor.out.put(Records(b"a\n"))
+    one = actor.shipped(0)
+    assert one.events == [Records(b"a\n")] and one.seq == 1
+    actor.out.put(Records(b"b\n"))
+    assert actor.shipped(0) == one  # the reply was lost: again, not b
+    two = actor.shipped(one.seq)
+    assert two.events == [Records(b"b\n")] and two.seq == 2
+    actor.out.put(Ended({}, [], None, False))
+    assert actor.shipped(two.seq).events == [Ended({}, [], None, False)]
+
+
+def test_only_transient_ray_errors_are_retried_and_only_within_the_bound() -> None:
+    unavailable = ray_exceptions().ActorUnavailableError("connection reset", None)
+    died = ray_exceptions().ActorDiedError()
+    now = [0.0]  # the test says how long passed, not the machine
+    retry = raypool.Retry(5.0, clock=lambda: now[0])
+    waits = [retry.after(unavailable) for _ in range(8)]
+    assert waits[:3] == [raypool.RETRY_S, 2 * raypool.RETRY_S, 4 * raypool.RETRY_S]
+    assert max(w or 0 for w in waits) == raypool.RETRY_MAX_S  # doubling, up to a second
+    now[0] = 5.5  # past the bound since the first failure: the peer is gone
+    assert retry.after(unavailable) is None
+    assert raypool.Retry(5.0).after(died) is None  # a death is never retried
+    assert raypool.Retry(5.0).after(ValueError("a bug")) is None
+
+    calls: list[int] = []
+
+    async def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise unavailable
+        return "answered"
+
+    assert asyncio.run(raypool.retried(flaky, 60.0)) == "answered" and len(calls) == 3
+
+
+def ray_exceptions() -> Any:
+    return pytest.importorskip("ray.exceptions")
+
+
+def _record(i: int, ok: bool = True) -> RequestRecord:
+    return RequestRecord(
+        id=i,
+        arm="a",
+        phase="run",
+        prompt_id=f"p{i}",
+        target_tokens=None,
+        prompt_tokens=10,
+        cached_tokens=0,
+        completion_tokens=1,
+        start_s=0.0,
+        ttft_s=0.001,
+        first_byte_s=0.001,
+        first_content_s=0.001,
+        headers_s=0.001,
+        e2e_s=0.002,
+        itl_s=[],
+        ok=ok,
+        error=None,
+        error_kind=None,
+        http_status=200,
+        retried=False,
+        process=0,
+        schedule_index=i,
+    )
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+        self.lost: list[RequestRecord] = []
+        self.meta: dict[str, Any] = {}
+
+    def add_lines(self, lines: list[bytes]) -> None:
+        self.lines += lines
+
+    def add(self, r: RequestRecord) -> None:
+        self.lost.append(r)
+
+    def reorder(self) -> None:
+        pass
+
+
+class _Pool(Pool):
+    """The coordinator's state machine with workers the test plays itself."""
+
+    noun = one = engine = "fake"
+
+    def __init__(self, n: int, total: int) -> None:
+        plan = Plan(
+            total,
+            tuple(Prompt(f"p{i}", "", "x", None, None) for i in range(total)),
+            tuple((i, i) for i in range(total)),
+        )
+        spec = SimpleNamespace(connections=n, clock=ModelClock(), arm=SimpleNamespace(name="a"))
+        progress = SimpleNamespace(start=lambda *_: None, advance=lambda *_: None)
+        self.warned: list[str] = []
+        sender = SimpleNamespace(
+            spec=spec,
+            progress=progress,
+            warnings=self.warned,
+            warn=self.warned.append,
+            stop=asyncio.Event(),
+            aborted=None,
+            seq=0,
+        )
+        self.out = _Sink()
+        super().__init__(cast(Sender, sender), "closed_loop", plan, cast(RunWriter, self.out), list(range(n)), 3600.0)
+        self.table = Dispatch(list(plan.schedule), [], dict.fromkeys(range(n), 1))
+        self.stopped: set[int] = set()
+
+    def send_clock(self, k: int) -> bool:
+        return False
+
+    async def start(self) -> None:
+        for k in self.shares:
+            self.events.put_nowait((k, Up()))
+
+    async def tell(self, k: int, said: Go | Stop) -> None:
+        if isinstance(said, Stop):
+            self.stopped.add(k)
+
+    async def dispatch(self, ask: Ask) -> Any:
+        return await self.table.answer(ask)
+
+    def kill(self, k: int) -> None:
+        pass
+
+    def where(self, k: int) -> dict[str, Any]:
+        return {"hostname": "here"}
+
+    async def describe(self) -> dict[str, Any]:
+        return {}
+
+
+HEALTH = {
+    "loop_lag_ms": {"p50": None, "p99": None, "max": None, "samples": 0},
+    "cpu_share_of_one_core": {"mean": None, "max": None},
+    "warning": None,
+}
+STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["take", "again", "answer", "lose", "quit", "stop"]), st.integers(0, 2), st.integers(1, 6)
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(STEPS, st.integers(0, 30))
+def test_records_lost_and_unsent_always_add_up_to_the_schedule(steps: list[tuple[str, int, int]], total: int) -> None:
+    """Random interleavings of takes (some asked twice), answers, losses, a worker that quits
+    before its share ran out (its Dispatch unreachable) and a stop, on the coordinator's real
+    state machine: every arm ends with records + lost + unsent = scheduled, each request once;
+    unsent only when the run stopped; a worker that quit is a loss, never a silent gap."""
+
+    async def play() -> None:
+        pool = _Pool(3, total)
+        await pool.ready()
+        arm = asyncio.ensure_future(pool.run(ModelClock()))
+        held: dict[int, list[tuple[int, int]]] = {k: [] for k in range(3)}
+        seq = dict.fromkeys(range(3), 0)
+        gone: set[int] = set()
+
+        async def settle() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+        async def take(k: int, n: int, again: bool) -> None:
+            seq[k] += 1
+            got = (await pool.table.answer(Want(k, n, seq[k]))).items
+            if again:  # that answer was lost on the way: asked again, the same comes
+                assert (await pool.table.answer(Want(k, n, seq[k]))).items == got
+            held[k] += got
+
+        async def answer(k: int) -> None:
+            i, _ = held[k].pop(0)
+            pool.events.put_nowait((k, Records(tagged(_record(i)))))
+
+        for what, k, n in steps:
+            if k in gone or pool.stopping:
+                continue
+            if what in ("take", "again") and not pool.sender.stop.is_set():
+                await take(k, n, what == "again")
+            elif what == "answer" and held[k]:
+                await answer(k)
+            elif what == "lose":
+                pool.events.put_nowait((k, Lost("killed")))
+                gone.add(k)
+            elif what == "quit":
+                pool.events.put_nowait((k, Ended(HEALTH, [], None, True)))
+                gone.add(k)
+            elif what == "stop":
+                pool.sender.stop.set()
+            await settle()
+        for k in sorted(set(range(3)) - gone):  # the rest: to the end of the schedule, or stopped
+            while not pool.sender.stop.is_set() and k not in pool.stopped:
+                await take(k, 4, False)
+                if not held[k]:
+                    break
+                while held[k]:
+                    await answer(k)
+            pool.events.put_nowait((k, Ended(HEALTH, [], None, pool.sender.stop.is_set() or k in pool.stopped)))
+        await arm
+
+        count = pool.out.meta["distributed"]["accounting"]
+        recorded = [json.loads(line)["schedule_index"] for line in pool.out.lines]
+        lost = [r.schedule_index for r in pool.out.lost]
+        stopped = pool.sender.stop.is_set()
+        assert count["balanced"] and count["scheduled"] == total
+        assert count["recorded"] == len(recorded) and count["lost"] == len(lost)
+        assert len(set(recorded + lost)) == len(recorded) + len(lost)  # each once
+        assert count["unsent"] == (total - len(recorded) - len(lost) if stopped else 0)
+        if not stopped:
+            assert sorted(recorded + lost) == list(range(total))
+
+    asyncio.run(play())
+
+
+def test_the_distribution_layer_speaks_only_typed_messages() -> None:
+    """What crosses between a worker, its launcher, the coordinator and the Dispatch is one of
+    messages.py's types: no dict or tuple literal with a string in it goes into a call that
+    carries a message (put, send, tell, hear, a Ray call), anywhere but messages.py. (Each side's
+    one handler matches on those types: coordinator.Pool._handle, WorkerSide.hear, Dispatch.answer.)"""
+    carriers = {"put", "put_nowait", "send", "_send", "tell", "hear", "remote", "answer", "dispatch"}
+
+    def untyped(node: ast.expr) -> bool:
+        parts = node.keys if isinstance(node, ast.Dict) else node.elts if isinstance(node, ast.Tuple) else []
+        return any(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in parts)
+
+    found = []
+    for path in sorted((ROOT / "harness" / "distributed").glob("*.py")):
+        if path.name == "messages.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+                if name in carriers and any(untyped(a) for a in node.args):
+                    found.append(f"{path.name}:{node.lineno}")
+    assert not found

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from harness.config.scenario import DistributedCfg
 from harness.emulator.serve import EmbeddedEmulator
 from harness.results import read_requests, read_run
 from tests.conftest import (
@@ -475,3 +476,122 @@ def test_more_workers_than_the_cluster_has_cpus_is_refused(tmp_path: Path, clust
     sc = write_scenario(tmp_path / "m.toml", loop("rl", 12, 10.0))
     r = kvbench("run", str(sc), "--ray", cluster, "--workers", str(NODES + 1), "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and f"has {NODES} CPU(s)" in r.stderr, r.stderr
+
+
+def _listening(pid: int) -> set[str]:
+    """The TCP addresses (ip:port) process `pid` listens on."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[3] for line in out.splitlines() if f"pid={pid}," in line}
+
+
+def _reset(client: int, server: int) -> int:
+    """A TCP reset (`ss -K`) of every connection process `client` holds to an address process
+    `server` listens on, as a flaky network or a restarted proxy gives: how many."""
+    served = {a.rsplit(":", 1)[1] for a in _listening(server)}
+    out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True, check=True).stdout
+    n = 0
+    for line in out.splitlines():
+        _, _, local, peer, *rest = line.split()
+        if f"pid={client}," not in " ".join(rest) or peer.rsplit(":", 1)[1] not in served:
+            continue
+        (lip, lport), (pip, pport) = local.rsplit(":", 1), peer.rsplit(":", 1)
+        args = ["src", lip, "sport", "=", f":{lport}", "dst", pip, "dport", "=", f":{pport}"]
+        n += subprocess.run(["ss", "-K", *args], capture_output=True, check=False).returncode == 0
+    return n
+
+
+def _dispatch_pids() -> list[int]:
+    """The processes of Ray's Dispatch actors (Ray titles an actor's process `ray::CLASS`): the
+    run's, and any an earlier test's run left ending, which no worker of this run talks to."""
+    return processes_with(b"ray::Dispatch")
+
+
+def _all_answered_once(folder: Path, served: int, requests: int) -> None:
+    """Nothing lost, nothing twice: every scheduled request recorded once and answered, as many
+    as the server answered, and the arm's count balanced with no fault."""
+    meta = _run_json(folder)
+    assert meta["status"] == "completed" and not meta["distributed"]["faults"], meta["distributed"]["faults"]
+    assert meta["distributed"]["accounting"] == {
+        "scheduled": requests,
+        "recorded": requests,
+        "lost": 0,
+        "unsent": 0,
+        "balanced": True,
+    }
+    recs = read_requests(folder)
+    assert len({(x.schedule_index, x.session, x.turn) for x in recs}) == len(recs) == requests == served
+    assert all(x.ok for x in recs)
+
+
+# Single-turn sessions: a session is the unit a worker asks the Dispatch for (batch_limit 1), so
+# its actor's asks are as many as its requests, and resets find them in flight.
+ASKING = """
+name = "{name}"
+[workload]
+kind = "sessions"
+users = {requests}
+turns = 1
+think_s = 0
+message_tokens = 40
+answer_tokens = 4
+max_active = 6
+[[arms]]
+name = "cached"
+"""
+
+
+@pytest.mark.parametrize("between", ["coordinator", "dispatch"])
+def test_connection_resets_are_retried_and_lose_nothing(tmp_path: Path, cluster: str, between: str) -> None:
+    """Ray connections reset again and again while calls are in flight (`ss -K`): between the
+    coordinator and each worker's actor (its fetches of records, which are nearly always in
+    flight: one reset used to declare a healthy worker lost), or between each worker's actor and
+    the Dispatch (its asks for requests: one reset used to end a worker quietly, its requests
+    never sent nor counted, exit 0). Each failed call is made again; nothing is lost or recorded
+    twice, no worker is declared lost, and the run completes."""
+    name, requests = f"rr{between[0]}", 300
+    body = loop(name, requests, 1.0) if between == "coordinator" else ASKING.format(name=name, requests=requests)
+    sc = write_scenario(tmp_path / f"{name}.toml", body)
+    out = tmp_path / "out"
+    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+        args = ["run", str(sc), "--ray", cluster, "--endpoint", emu.base_url, "--out", str(out)]
+        proc = _popen(args + (["--arm", "reuse"] if between == "coordinator" else []))
+        _wait(lambda: result_lines(out) >= 6 and {0, 1, 2} <= _reported(out), proc)
+        actors = [ray.get(_worker(k, proc).info.remote())["pid"] for k in range(NODES)]
+        if between == "coordinator":
+            pairs = [(proc.pid, a) for a in actors]
+        else:
+            pairs = [(a, d) for a in actors for d in _dispatch_pids()]
+        resets = 0
+        while proc.poll() is None:  # to its end
+            resets += sum(_reset(client, server) for client, server in pairs)
+            time.sleep(0.02)
+        _, err = proc.communicate(timeout=240)
+        served = answered(emu.base_url)
+    assert resets > 0  # connections were cut
+    assert proc.returncode == 0, err
+    (folder,) = (out / name).iterdir()
+    _all_answered_once(folder, served, requests)
+
+
+def test_a_paused_coordinator_blames_no_ray_worker(tmp_path: Path, cluster: str) -> None:
+    """kvbench stopped (SIGSTOP) for longer than the silence after which a worker is lost, then
+    continued: its pause is nobody's silence. The workers' records held in their actors
+    meanwhile are fetched, none is declared lost, and the run completes."""
+    sc = write_scenario(tmp_path / "rp.toml", loop("rp", 300, 1.0))
+    out = tmp_path / "out"
+    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+        proc = _popen(
+            ["run", str(sc), "--arm", "reuse", "--ray", cluster, "--endpoint", emu.base_url, "--out", str(out)]
+        )
+        _wait(lambda: result_lines(out) >= 6 and {0, 1, 2} <= _reported(out), proc)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            assert result_lines(out) < 300  # paused mid-arm
+            time.sleep(DistributedCfg.lost_after_s + 3)  # the pause to survive, not a timing
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        _, err = proc.communicate(timeout=240)
+        served = answered(emu.base_url)
+    assert proc.returncode == 0, err
+    (folder,) = (out / "rp").iterdir()
+    _all_answered_once(folder, served, 300)

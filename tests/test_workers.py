@@ -183,3 +183,34 @@ def test_records_larger_than_a_pipe_buffer_reach_the_coordinator(tmp_path: Path)
     assert sorted(x.schedule_index for x in recs) == [0, 1] and all(x.ok for x in recs)
     assert all(len(x.itl_s) == 59999 for x in recs)
     assert all(len(x.to_json()) > 212_992 for x in recs)
+
+
+@pytest.mark.slow
+def test_a_paused_coordinator_blames_no_worker(tmp_path: Path) -> None:
+    """kvbench stopped (SIGSTOP) for longer than the silence after which a worker is lost, then
+    continued (a VM pause, swap, a laptop lid): its own pause is nobody's silence. No worker is
+    declared lost, every request is recorded once and answered, and the run completes."""
+    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+        proc, out = _sending(tmp_path, 150, emu)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            assert result_lines(out) < 150  # paused mid-arm
+            time.sleep(DistributedCfg.lost_after_s + 3)  # the pause to survive, not a timing
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        _, err = proc.communicate(timeout=300)
+        served = answered(emu.base_url)
+    assert proc.returncode == 0, err
+    (folder,) = (out / "w").iterdir()
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "completed" and not meta["distributed"]["faults"], err
+    assert meta["distributed"]["accounting"] == {
+        "scheduled": 150,
+        "recorded": 150,
+        "lost": 0,
+        "unsent": 0,
+        "balanced": True,
+    }
+    recs = read_requests(folder)
+    assert sorted(x.schedule_index for x in recs) == list(range(150)) and all(x.ok for x in recs)
+    assert len(recs) == served

@@ -3,17 +3,23 @@
 
 Every worker takes its requests from the arm's Dispatch (dispatch.py) in batches and ships its
 finished records back as they end (worker.py). The coordinator hears from each worker as events
-(`up`, `records`, `end`, `failed`, or `lost` from the launcher), one at a time from one queue: the
-records go into the arm's one requests.jsonl at once, and what it tracks (progress, which schedule
-items and session turns are recorded) follows. It starts the arm's clock for all (`go`) and stops
-them all (`stop`) the moment the run is told to stop. A worker that says nothing for
-`lost_after_s` (not even a heartbeat, worker.HEARTBEAT_S) is declared lost and stopped; a lost
-worker's requests that it took and did not report are recorded as failed (`error_kind = "lost"`),
-and the others go on with the rest of the schedule. run.json's `distributed` names the workers and
-what happened to them.
+(messages.py: `Up`, `Records`, `Ended`, `Failed`, or `Lost` from the launcher), one at a time from
+one queue: the records go into the arm's one requests.jsonl at once, and what it tracks (progress,
+the ledger of schedule items and session turns) follows. It starts the arm's clock for all (`Go`)
+and stops them all (`Stop`) the moment the run is told to stop.
+
+A worker is lost when its launcher says so, when it fails, when it ends before its share ran out
+though the run was not stopping (its Dispatch answered no more: a worker never goes quiet by
+itself), or when it says nothing for `lost_after_s` (not even a heartbeat, worker.HEARTBEAT_S):
+silence judged after reading what has already come, and not counting the coordinator's own stalls
+(a paused process, a VM pause) against the workers. A lost worker's requests that it took and did
+not report are recorded as failed (`error_kind = "lost"`), and the others go on with the rest of
+the schedule. Every arm ends by the ledger's rule (ledger.py): records + lost + unsent = scheduled,
+or the arm fails saying by how much it is off. run.json's `distributed` names the workers, what
+happened to them, and the count.
 
 A launcher only places and supervises (`Pool`'s abstract methods): it starts the workers, carries
-what the coordinator says to one (`tell`), kills one, calls the Dispatch, and says where each runs.
+what the coordinator says to one (`tell`), kills one, asks the Dispatch, and says where each runs.
 """
 
 from __future__ import annotations
@@ -22,29 +28,21 @@ import asyncio
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from harness.config import kinds
 from harness.core import aio
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError
 from harness.distributed.dispatch import CLOSED_BATCH_S, untagged
-from harness.distributed.worker import FLUSH_S, HEARTBEAT_S, ID_STRIDE, Share, combine_health, deal
+from harness.distributed.ledger import Ledger
+from harness.distributed.messages import Ask, Ended, Event, Failed, Go, Gone, Lost, Records, Share, Stop, TakenBy, Up
+from harness.distributed.worker import FLUSH_S, HEARTBEAT_S, ID_STRIDE, combine_health, deal
 from harness.results import RequestRecord, RunWriter
 from harness.workloads.base import Plan, Sender
 
 # After the grace period of a stop (aio.GRACE_S), how long the coordinator still waits for the
 # workers' last records before it records what they hold as lost (s).
 END_WAIT_S = 5.0
-
-
-@dataclass
-class Taken:
-    """What the coordinator has recorded of an arm's requests (workloads/kind.py `untaken`)."""
-
-    indexes: set[int] = field(default_factory=set)  # schedule indexes
-    turns: dict[int, int] = field(default_factory=dict)  # session -> turns recorded
 
 
 class Pool(ABC):
@@ -70,18 +68,29 @@ class Pool(ABC):
         dealt = deal(spec.connections, len(workers))
         self.shares = {
             k: Share(
-                k, spec, kind, {}, plan, dealt[pos], sum(dealt[:pos]), self.send_clock(k), self.flush_s, self.batch_s
+                k,
+                spec,
+                kind,
+                {},
+                plan,
+                dealt[pos],
+                sum(dealt[:pos]),
+                self.send_clock(k),
+                self.flush_s,
+                self.batch_s,
+                lost_after_s,
             )
             for pos, k in enumerate(workers)
         }
         self.times = [spec.clock.wall_s(t) for t in plan.times]
-        self.events: asyncio.Queue[tuple[int, tuple[Any, ...]]] = asyncio.Queue()
+        self.events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.heard: dict[int, float] = {}  # worker -> when it was last heard from (monotonic s)
+        self.looked = time.monotonic()  # when the silence rule last looked
         self.running: set[int] = set()  # started, neither ended nor lost
         self.up: set[int] = set()  # said they can send
         self.healths: dict[int, dict[str, Any]] = {}
         self.lost: dict[int, str] = {}  # worker -> why it is gone
-        self.seen = Taken()
+        self.ledger = Ledger(kind, plan)
         self.faults: list[dict[str, Any]] = []
         self.started = self.stopping = False
 
@@ -96,12 +105,12 @@ class Pool(ABC):
         """Start every worker of self.shares; each puts its events on self.events."""
 
     @abstractmethod
-    async def tell(self, k: int, said: dict[str, Any]) -> None:
-        """Carry `go` or `stop` to worker k (no error if it is gone)."""
+    async def tell(self, k: int, said: Go | Stop) -> None:
+        """Carry `said` to worker k (no error if it is gone)."""
 
     @abstractmethod
-    async def dispatch(self, method: str, *args: Any) -> Any:
-        """A call on the arm's Dispatch (None if it is gone: the run then ends)."""
+    async def dispatch(self, ask: Ask) -> Any:
+        """The arm's Dispatch's answer to `ask` (None if it is gone: the run then ends)."""
 
     @abstractmethod
     def kill(self, k: int) -> None:
@@ -124,6 +133,7 @@ class Pool(ABC):
         self.running, self.up = set(self.shares), set()
         await self.start()
         self.heard = dict.fromkeys(self.shares, time.monotonic())  # silence counts once started
+        self.looked = time.monotonic()
         while self.running - self.up and not self.sender.stop.is_set():
             await self._next_event(until_stop=True)
             self._watch()
@@ -134,8 +144,7 @@ class Pool(ABC):
         sender = self.sender
         sender.progress.start(f"{sender.spec.arm.name} ({len(self.shares)} {self.noun})", self.plan.total)
         self.started = True
-        for k in sorted(self.running):
-            await self.tell(k, {"go": clock.t0_ns})
+        await asyncio.gather(*(self.tell(k, Go(clock.t0_ns)) for k in sorted(self.running)))
         try:
             while self.running:
                 if sender.stop.is_set() and not self.stopping:
@@ -149,7 +158,8 @@ class Pool(ABC):
         return {**out, "engine": self.engine}
 
     async def _next_event(self, until_stop: bool) -> None:
-        """Handle the next event, if one comes within a heartbeat (or before a stop)."""
+        """Handle the next event, if one comes within a heartbeat (or before a stop), and every
+        other already come."""
         get = asyncio.ensure_future(self.events.get())
         waits: set[asyncio.Future[Any]] = {get}
         if until_stop:
@@ -161,21 +171,22 @@ class Pool(ABC):
                 w.cancel()
         if get.done() and not get.cancelled():
             await self._handle(*get.result())
+        while not self.events.empty():
+            await self._handle(*self.events.get_nowait())
 
-    async def _handle(self, k: int, event: tuple[Any, ...]) -> None:
+    async def _handle(self, k: int, event: Event) -> None:
         if k not in self.running:  # a lost worker's last words: not counted
             return
         self.heard[k] = time.monotonic()
-        what = event[0]
-        if what == "records":
-            self._record(event[1])
-        elif what == "end":
-            self._ended(k, event[1])
-            await self.dispatch("gone", k)
-        elif what in ("failed", "lost"):
-            await self._lose(k, event[1])
-        elif what == "up":
-            self.up.add(k)
+        match event:
+            case Records(lines):
+                self._record(lines)
+            case Ended():
+                await self._ended(k, event)
+            case Failed(why) | Lost(why):
+                await self._lose(k, why)
+            case Up():
+                self.up.add(k)
 
     def _record(self, data: bytes) -> None:
         if not data:
@@ -184,20 +195,22 @@ class Pool(ABC):
         self.sink.add_lines([line for line, *_ in got])
         for _, ok, ttft, index, session in got:
             self.sender.progress.advance(ok, ttft)
-            if session is not None:
-                self.seen.turns[session] = self.seen.turns.get(session, 0) + 1
-            elif index is not None:
-                self.seen.indexes.add(index)
+            self.ledger.record(index, session)
 
-    def _ended(self, k: int, end: dict[str, Any]) -> None:
-        self.running.discard(k)
-        self.healths[k] = {**end["client_health"], "worker": k, **self.where(k)}
-        for w in end["warnings"]:
+    async def _ended(self, k: int, end: Ended) -> None:
+        self.healths[k] = {**end.client_health, "worker": k, **self.where(k)}
+        for w in end.warnings:
             if w not in self.sender.warnings:
                 self.sender.warn(w)
-        if end["aborted"] and not self.sender.aborted:
-            self.sender.aborted = end["aborted"]
+        if end.aborted and not self.sender.aborted:
+            self.sender.aborted = end.aborted
             self.sender.stop.set()
+        if end.interrupted and not self.sender.stop.is_set():
+            # it stopped short though nobody told it to: what it took and did not send is lost
+            await self._lose(k, "it stopped before its share of the schedule ran out (its Dispatch stopped answering)")
+            return
+        self.running.discard(k)
+        await self.dispatch(Gone(k))
 
     def starting(self, k: int) -> bool:
         """Worker k's launcher vouches for it while it starts (its process lives and has not said
@@ -206,32 +219,36 @@ class Pool(ABC):
 
     def _watch(self) -> None:
         """Workers silent for lost_after_s are lost (found here, handled as their event); of those
-        not yet up, only one whose launcher no longer vouches for it."""
+        not yet up, only one whose launcher no longer vouches for it. The coordinator looks at
+        least once a heartbeat: a longer gap is its own stall (a paused process, swap, a VM
+        pause), during which it heard nobody, and does not count as the workers' silence."""
         now = time.monotonic()
+        if (stall := now - self.looked - HEARTBEAT_S) > 0:
+            for k in self.heard:
+                self.heard[k] += stall
+        self.looked = now
         for k in sorted(self.running):
             if k not in self.up and self.starting(k):
                 self.heard[k] = now
             if now - self.heard[k] > self.lost_after_s:
                 self.kill(k)
                 self.heard[k] = now  # one event, not one per look
-                self.events.put_nowait(
-                    (k, ("lost", f"it sent neither records nor a heartbeat for {self.lost_after_s:g} s"))
-                )
+                silent = Lost(f"it sent neither records nor a heartbeat for {self.lost_after_s:g} s")
+                self.events.put_nowait((k, silent))
 
     async def _stop_all(self) -> None:
         self.stopping = True
-        for k in sorted(self.running):
-            await self.tell(k, {"stop": 1})
+        await asyncio.gather(*(self.tell(k, Stop()) for k in sorted(self.running)))
 
     async def _lose(self, k: int, reason: str) -> None:
         """Worker k is gone: what it took and did not report is recorded as failed."""
         self.running.discard(k)
         self.lost[k] = reason
         self.kill(k)
-        await self.dispatch("gone", k)
-        taken = await self.dispatch("taken", k) or []
+        await self.dispatch(Gone(k))
+        taken = await self.dispatch(TakenBy(k)) or []
         at_s = self.sender.spec.clock.since_start(time.perf_counter_ns()) if self.started else 0.0
-        lost = [r for r in (self._lost_record(k, i, p, at_s, reason) for i, p in taken) if r is not None]
+        lost = [self._lost_record(k, i, p, extra, at_s, reason) for i, p, extra in self.ledger.lose(taken)]
         for r in lost:
             self.sink.add(r)
             self.sender.progress.advance(False, None)
@@ -246,14 +263,10 @@ class Pool(ABC):
             self.sender.aborted = "every worker was lost"
             self.sender.stop.set()
 
-    def _lost_record(self, k: int, i: int, p: int, at_s: float, reason: str) -> RequestRecord | None:
-        """The failed record of what worker k took as schedule item (i, p) and did not report:
-        a request, or a session's next turn."""
+    def _lost_record(self, k: int, i: int, p: int, extra: dict[str, Any], at_s: float, reason: str) -> RequestRecord:
+        """The failed record of a request worker k took as schedule item i (prompt p) and did not
+        report: a request, or a session's turn (`extra`: its record fields)."""
         plan, spec = self.plan, self.sender.spec
-        untaken = kinds.get(self.kind).untaken(plan, i, p, self.seen)
-        if untaken is None:
-            return None
-        p, extra = untaken
         prompt = plan.prompts[p]
         self.sender.seq += 1
         return RequestRecord(
@@ -294,5 +307,9 @@ class Pool(ABC):
             await self._handle(*self.events.get_nowait())
         for k in sorted(self.running):  # did not stop in time: what it holds is lost with it
             await self._lose(k, f"it did not stop within {aio.GRACE_S + END_WAIT_S:g} s")
+        count = self.ledger.close(stopped=self.stopping or self.sender.stop.is_set())
+        if (problem := count.problem()) is not None:
+            self.sender.warn(f"the arm's count does not add up: {problem}")
+            self.sender.aborted = self.sender.aborted or f"the arm's count does not add up: {problem}"
         self.sink.reorder()
-        self.sink.meta["distributed"] = {**await self.describe(), "faults": self.faults}
+        self.sink.meta["distributed"] = {**await self.describe(), "faults": self.faults, "accounting": count.meta()}

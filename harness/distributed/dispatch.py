@@ -15,6 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from harness.config import kinds
+from harness.distributed.messages import (
+    Ask,
+    Gone,
+    Item,
+    Items,
+    ReadyAt,
+    Reset,
+    StartAt,
+    TakenBy,
+    Want,
+)
 from harness.results import RequestRecord
 from harness.workloads.base import Schedule
 
@@ -38,8 +49,6 @@ OPEN_WINDOW_S = 0.2
 # for every worker to hear of it before its first send is due.
 START_MARGIN_NS = 50_000_000
 
-Item = tuple[int, int]  # (schedule index, prompt index)
-
 
 class Dispatch:
     """The schedule, shared by the workers of one arm (one call at a time: the coordinator's own
@@ -55,6 +64,21 @@ class Dispatch:
         self.line = _Line()
         self.reset(order, times_wall_s, workers)
 
+    async def answer(self, ask: Ask) -> Items | StartAt | list[Item] | None:
+        """Every ask, of a worker or of the coordinator (messages.py), answered."""
+        match ask:
+            case Want(worker, n, seq):
+                return Items(self.take(worker, n, seq))
+            case ReadyAt(worker, ns):
+                return StartAt(await self.start_line(worker, ns))
+            case TakenBy(worker):
+                return self.taken(worker)
+            case Gone(worker):
+                self.gone(worker)
+            case Reset(order, times, weights):
+                self.reset(order, times, weights)
+        return None
+
     def reset(self, order: list[Item], times_wall_s: list[float], workers: dict[int, int]) -> None:
         """A new arm's schedule, and its workers with their connections (a Ray actor serves
         every arm of the run)."""
@@ -63,6 +87,7 @@ class Dispatch:
         self.order, self.times, self.weights = order, times_wall_s, workers
         self.next = 0
         self.given: dict[int, list[Item]] = {k: [] for k in workers}
+        self.last: dict[int, tuple[int, list[Item]]] = {}  # worker -> its last ask's number, and what it got
         self.ready: dict[int, int] = {}  # worker -> when it was ready (coordinator ns)
         self.gone_workers: set[int] = set()
         self.own: dict[int, deque[Item]] = {k: deque() for k in workers}
@@ -70,12 +95,15 @@ class Dispatch:
             for k, items in in_turn(order, workers).items():
                 self.own[k].extend(items)
 
-    def take(self, worker: int, n: int) -> list[Item]:
+    def take(self, worker: int, n: int, seq: int | None = None) -> list[Item]:
         """Up to n of this worker's next requests: of a closed loop, fewer as the schedule runs out
         if other workers are still there (guided self-scheduling); of an open loop, its own due
-        within OPEN_WINDOW_S of the first. None to a worker declared gone."""
+        within OPEN_WINDOW_S of the first. None to a worker declared gone. The ask numbered `seq`
+        asked again (its answer lost on the way) gets what it got then."""
         if worker in self.gone_workers or worker not in self.given:
             return []
+        if seq is not None and (prior := self.last.get(worker)) is not None and prior[0] == seq:
+            return prior[1]
         if self.times:
             own, times = self.own[worker], self.times
             got: list[Item] = []
@@ -90,6 +118,8 @@ class Dispatch:
             got = self.order[self.next : self.next + n]
             self.next += len(got)
         self.given[worker] += got
+        if seq is not None:
+            self.last[worker] = (seq, got)
         return got
 
     def taken(self, worker: int) -> list[Item]:
@@ -158,7 +188,8 @@ class FedOrder(Schedule):
 
     def __init__(
         self,
-        tell: Callable[[dict[str, int]], None],
+        tell: Callable[[Want | ReadyAt], None],
+        worker: int,
         times_wall_s: list[float],
         kind: str,
         connections: int,
@@ -167,7 +198,9 @@ class FedOrder(Schedule):
         clock: Callable[[], int] = time.perf_counter_ns,  # the pace's clock (a test's own)
     ) -> None:
         super().__init__(())
-        self.tell, self.times, self.connections, self.clock = tell, times_wall_s, connections, clock
+        self.tell, self.worker, self.times, self.connections = tell, worker, times_wall_s, connections
+        self.clock = clock
+        self.seq = 0  # its asks' numbers
         self.batch_s = batch_s
         self.limit = kinds.get(kind).batch_limit
         self.offset_ns = offset_ns
@@ -215,7 +248,8 @@ class FedOrder(Schedule):
         if not self.asked:
             self.asked = True
             now = self.clock()
-            self.tell({"want": self.wanted(now)})
+            self.seq += 1
+            self.tell(Want(self.worker, self.wanted(now), self.seq))
             self.asked_ns, self.handed = now, 0
 
     def wanted(self, now_ns: int) -> int:
@@ -233,7 +267,7 @@ class FedOrder(Schedule):
         return max(least, min(MAX_BATCH, math.ceil(pace * self.batch_s)))
 
     async def measured_start(self, ready_ns: int) -> int:
-        self.tell({"ready_at": ready_ns - self.offset_ns})
+        self.tell(ReadyAt(self.worker, ready_ns - self.offset_ns))
         return await self.line
 
 

@@ -13,12 +13,13 @@ import platform
 import threading
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from harness.core import aio
 from harness.distributed.coordinator import Pool
 from harness.distributed.dispatch import Dispatch
-from harness.distributed.worker import hear_pipe, process_main
+from harness.distributed.messages import Ask, Go, Items, Lost, ReadyAt, StartAt, Stop, Told, Want
+from harness.distributed.worker import Outgoing, hear_pipe, process_main
 from harness.results import RunWriter
 from harness.workloads.base import Plan, Sender
 
@@ -51,48 +52,42 @@ class LocalPool(Pool):
             proc.start()
             theirs.close()
             self.procs[k], self.conns[k] = proc, mine
-            mine.send((replace(share, headers=headers), 0))  # one clock: no offset
+            mine.send(replace(share, headers=headers))  # one clock: no offset
             hearing = threading.Thread(
-                target=hear_pipe, args=(mine, functools.partial(self._heard, loop, k)), daemon=True
+                target=hear_pipe, args=(mine, functools.partial(self._heard, loop, k), None), daemon=True
             )
             hearing.start()
 
-    def _heard(self, loop: asyncio.AbstractEventLoop, k: int, said: Any) -> None:
-        """From worker k's pipe (its reader thread): to the loop."""
+    def _heard(self, loop: asyncio.AbstractEventLoop, k: int, said: Outgoing | None) -> None:
+        """From worker k's pipe (its reader thread; None once the pipe ended): to the loop."""
         with contextlib.suppress(RuntimeError):  # the loop is closed: the run is over
             loop.call_soon_threadsafe(self._said, k, said)
 
-    def _said(self, k: int, said: Any) -> None:
-        if isinstance(said, dict):  # {"stop": 1}: its pipe ended
-            proc = self.procs[k]
-            proc.join(timeout=0.5)  # it is ending: its exit code
-            self.events.put_nowait((k, ("lost", f"its process ended without a word (exit code {proc.exitcode})")))
-        elif said[0] == "tell":
-            self._answer(k, said[1])
-        else:
-            self.events.put_nowait((k, said))
+    def _said(self, k: int, said: Outgoing | None) -> None:
+        match said:
+            case None:
+                proc = self.procs[k]
+                proc.join(timeout=0.5)  # it is ending: its exit code
+                self.events.put_nowait((k, Lost(f"its process ended without a word (exit code {proc.exitcode})")))
+            case Want() | ReadyAt():  # answered when the Dispatch has (a start line waits for the others)
+                task = asyncio.ensure_future(self._answer(k, said))
+                self.answering.add(task)
+                task.add_done_callback(self.answering.discard)
+            case _:
+                self.events.put_nowait((k, said))
 
-    def _answer(self, k: int, ask: dict[str, int]) -> None:
-        if "want" in ask:
-            self._send(k, {"items": self.table.take(k, ask["want"])})
-        elif "ready_at" in ask:
-            task = asyncio.ensure_future(self._start_line(k, ask["ready_at"]))
-            self.answering.add(task)
-            task.add_done_callback(self.answering.discard)
+    async def _answer(self, k: int, ask: Want | ReadyAt) -> None:
+        self._send(k, cast(Items | StartAt, await self.table.answer(ask)))
 
-    async def _start_line(self, k: int, ready_ns: int) -> None:
-        self._send(k, {"start": await self.table.start_line(k, ready_ns)})
-
-    def _send(self, k: int, said: dict[str, Any]) -> None:
+    def _send(self, k: int, said: Told) -> None:
         with contextlib.suppress(OSError, ValueError):  # it is gone: its end is seen by the reader
             self.conns[k].send(said)
 
-    async def tell(self, k: int, said: dict[str, Any]) -> None:
+    async def tell(self, k: int, said: Go | Stop) -> None:
         self._send(k, said)
 
-    async def dispatch(self, method: str, *args: Any) -> Any:
-        got = getattr(self.table, method)(*args)
-        return await got if asyncio.iscoroutine(got) else got
+    async def dispatch(self, ask: Ask) -> Any:
+        return await self.table.answer(ask)
 
     def starting(self, k: int) -> bool:
         return (proc := self.procs.get(k)) is not None and proc.is_alive()

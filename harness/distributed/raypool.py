@@ -10,6 +10,17 @@ with one call after another (`RayWorker.shipped`, answered as soon as there is s
 the start and the stop are calls on the worker (`tell`); it says when an actor or its node dies
 (a call raises).
 
+What a failed call means (every Ray call kvbench makes goes through `retried` or `retried_sync`):
+- transient, Ray's `ActorUnavailableError` (a connection reset while the call was in flight, its
+  reply lost): the call is made again, RETRY_S apart and doubling to RETRY_MAX_S, for as long as
+  the liveness bound (`[distributed] lost_after_s`) since its first failure. Every call so retried
+  is idempotent: a take is numbered (messages.Want: asked again, it gets the same items), a fetch
+  acknowledges the last `Shipment` (what was not acknowledged is sent again, so a lost reply loses
+  no record), an arm's `run` asked again for the same arm starts nothing new, `Go`, `Stop`, the
+  clock's `now` and the Dispatch's other asks change nothing when repeated;
+- anything else (`ActorDiedError`, a node gone), or transient errors past the bound: the peer is
+  gone. A worker's is lost (its requests counted `lost`); the Dispatch's ends the run.
+
 What kvbench does: each worker's actor starts a worker process exactly like a `--workers` one
 (worker.process_main) and relays its pipe; the coordinator measures each worker's
 monotonic clock against its own before and after each arm (round trips, clock.Offset), and the
@@ -25,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -46,7 +58,24 @@ from harness.core.clock import CLOCK_WARN_NS, Offset
 from harness.core.errors import EndpointError, InputError
 from harness.distributed.coordinator import Pool
 from harness.distributed.dispatch import Dispatch
-from harness.distributed.worker import HEARTBEAT_S, Outbox, Share
+from harness.distributed.messages import (
+    LAST_WORDS,
+    Ask,
+    Event,
+    Failed,
+    Go,
+    Lost,
+    ReadyAt,
+    Records,
+    Reset,
+    Share,
+    Shipment,
+    Stop,
+    Told,
+    Up,
+    Want,
+)
+from harness.distributed.worker import HEARTBEAT_S, Outbox, Outgoing
 from harness.results import RunWriter, versions
 from harness.workloads.base import Plan, Sender
 
@@ -91,6 +120,10 @@ RAY_BATCH_S = 1.0
 # host as the coordinator beside it does.
 NICE_ENV = {"RAY_worker_niceness": "0"}
 WORKER_ENV = {**NICE_ENV, "RAY_max_direct_call_object_size": str(INLINE_BYTES)}
+# A call that failed transiently is made again this long after (s), the wait doubling up to
+# RETRY_MAX_S, until the liveness bound has passed since its first failure.
+RETRY_S = 0.05
+RETRY_MAX_S = 1.0
 
 
 def require() -> None:
@@ -114,10 +147,14 @@ class RayWorker:
 
     def __init__(self) -> None:
         batch_threads()
-        self.out: Outbox[tuple[Any, ...]] = Outbox()
-        self.held: deque[tuple[Any, ...]] = deque()  # taken from `out`, not yet fetched
+        self.out: Outbox[Event] = Outbox()
+        self.held: deque[Event] = deque()  # taken from `out`, not yet fetched
+        self.sent: Shipment | None = None  # fetched, not yet acknowledged
+        self.seq = 0  # the last shipment's number
+        self.fetching = threading.Lock()  # one fetch at a time: a retry may overlap the call it retries
         self.conn: Connection | None = None
         self.proc: subprocess.Popen[bytes] | None = None  # the arm's worker process
+        self.arm: tuple[str, int] | None = None  # which arm it sends (the run's arm name, the worker)
         self.up = False  # it said it can send
         self.sending = threading.Lock()  # the pipe down: the relay's answers, and `tell`
 
@@ -137,8 +174,12 @@ class RayWorker:
     def now(self) -> int:
         return time.perf_counter_ns()
 
-    def run(self, share: Share, headers: dict[str, str], offset_ns: int, dispatch: Any) -> int:
-        """Start the arm's worker process (its pid); what it ships comes from `shipped`."""
+    def run(self, share: Share, dispatch: Any) -> int:
+        """Start the arm's worker process (its pid); what it ships comes from `shipped`. Asked
+        again for the arm it already sends (a reply lost), it starts nothing new."""
+        arm = (f"{share.spec.run_id}/{share.spec.arm.name}", share.index)
+        if self.arm == arm and self.proc is not None:
+            return self.proc.pid
         mine, theirs = multiprocessing.Pipe(duplex=True)
         proc = subprocess.Popen(
             [sys.executable, "-c", WORKER_ENTRY, str(theirs.fileno())],
@@ -147,74 +188,135 @@ class RayWorker:
             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))},  # as this process has it
         )
         theirs.close()
-        self.out, self.conn, self.proc, self.up = Outbox(), mine, proc, False
-        self.held.clear()
+        with self.fetching:
+            self.out, self.conn, self.proc, self.up, self.arm = Outbox(), mine, proc, False, arm
+            self.held.clear()
+            self.sent, self.seq = None, 0
         # the headers (an API key) through Ray's RPC and the pipe, never argv or disk
-        self._send((replace(share, headers=headers), offset_ns))
-        relay = threading.Thread(target=self._relay, args=(mine, proc, dispatch, share.index, self.out), daemon=True)
+        self._send(share)
+        relay = threading.Thread(
+            target=self._relay, args=(mine, proc, dispatch, share.lost_after_s, self.out), daemon=True
+        )
         relay.start()
         return proc.pid
 
-    def _relay(self, conn: Connection, proc: subprocess.Popen[bytes], dispatch: Any, k: int, out: Outbox[Any]) -> None:
+    def _relay(
+        self, conn: Connection, proc: subprocess.Popen[bytes], dispatch: Any, bound_s: float, out: Outbox[Event]
+    ) -> None:
         try:
             while True:
-                said = conn.recv()
-                if said[0] == "tell":
-                    self._ask(dispatch, k, said[1])
+                said: Outgoing = conn.recv()
+                if isinstance(said, Want | ReadyAt):
+                    threading.Thread(target=self._ask, args=(dispatch, said, bound_s), daemon=True).start()
                     continue
-                self.up = self.up or said[0] == "up"
+                self.up = self.up or isinstance(said, Up)
                 out.put(said)
-                if said[0] in ("end", "failed"):
+                if isinstance(said, LAST_WORDS):
                     break
         except (EOFError, OSError):
-            out.put(("failed", f"its worker process ended without a word (exit code {proc.wait()})"))
+            out.put(Failed(f"its worker process ended without a word (exit code {proc.wait()})"))
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(aio.GRACE_S)
 
-    def _ask(self, dispatch: Any, k: int, ask: dict[str, int]) -> None:
-        """A worker's ask of the Dispatch; its answer goes down the pipe when it comes (an open
-        loop's start line comes once every worker is ready: the relay goes on meanwhile). If the
-        Dispatch is gone (with the coordinator's node), the worker is told to stop."""
-        if "want" in ask:
-            ref, key = dispatch.take.remote(k, ask["want"]), "items"
-        else:
-            ref, key = dispatch.start_line.remote(k, ask["ready_at"]), "start"
+    def _ask(self, dispatch: Any, ask: Want | ReadyAt, bound_s: float) -> None:
+        """A worker's ask of the Dispatch, in a thread of its own; its answer goes down the pipe
+        when it comes (an open loop's start line comes once every worker is ready: the relay goes
+        on meanwhile). If the Dispatch is gone (with the coordinator's node), the worker is told to
+        stop: it ends `interrupted` though the run is not stopping, which the coordinator, if it
+        is still there, counts as this worker's loss."""
+        import ray
 
-        def answer(done: Any) -> None:
-            try:
-                self._send({key: done.result()})
-            except Exception:  # ray.exceptions.RayError: nobody is left to take its records
-                self._send({"stop": 1})
+        try:
+            self._send(retried_sync(lambda: ray.get(dispatch.answer.remote(ask)), bound_s))
+        except ray.exceptions.RayError:
+            self._send(Stop())
 
-        ref.future().add_done_callback(answer)
-
-    def _send(self, said: Any) -> None:
+    def _send(self, said: Told | Share) -> None:
         with self.sending, contextlib.suppress(OSError, ValueError):  # it is gone: the relay says so
             if self.conn is not None:
                 self.conn.send(said)
 
-    def shipped(self) -> list[tuple[Any, ...]]:
-        """What the worker shipped since the last call (worker.Outbox's items), once there is
-        something: at least a heartbeat every worker.HEARTBEAT_S while it runs; nothing after
-        twice that (the coordinator's rule for silence decides). At most about SHIP_BYTES of
-        records per answer: the rest waits for the next call, which comes at once."""
-        if not self.held:
-            try:
-                self.held.append(self.out.get(timeout=2 * HEARTBEAT_S))
-            except queue.Empty:
-                # while its process starts (slowly on a busy host) this actor vouches for it
-                return [("records", b"")] if self.starting() else []
-        while not self.out.empty():
-            self.held.append(self.out.get_nowait())
-        return ration(self.held, SHIP_BYTES)
+    def shipped(self, ack: int) -> Shipment:
+        """What the worker shipped since the shipment numbered `ack` (the last one the coordinator
+        received; worker.Outbox's events), once there is something: at least a heartbeat every
+        worker.HEARTBEAT_S while it runs; nothing after twice that (the coordinator's rule for
+        silence decides). At most about SHIP_BYTES of records per shipment: the rest waits for the
+        next call, which comes at once. A shipment not acknowledged (its reply lost, the call made
+        again) is sent again."""
+        with self.fetching:
+            if self.sent is not None:
+                if self.sent.seq != ack:
+                    return self.sent
+                self.sent = None
+            if not self.held:
+                try:
+                    self.held.append(self.out.get(timeout=2 * HEARTBEAT_S))
+                except queue.Empty:
+                    # while its process starts (slowly on a busy host) this actor vouches for it
+                    return Shipment(ack, [Records()] if self.starting() else [])
+            while not self.out.empty():
+                self.held.append(self.out.get_nowait())
+            self.seq += 1
+            self.sent = Shipment(self.seq, ration(self.held, SHIP_BYTES))
+            return self.sent
 
     def starting(self) -> bool:
         """The arm's worker process lives and has not said it is up."""
         return self.proc is not None and not self.up and self.proc.poll() is None
 
-    def tell(self, said: dict[str, Any]) -> None:
-        """The coordinator's `go` or `stop`, down the pipe."""
+    def tell(self, said: Go | Stop) -> None:
+        """The coordinator's `Go` or `Stop`, down the pipe."""
         self._send(said)
+
+
+def transient(e: BaseException) -> bool:
+    """Whether a Ray call's error may pass if the call is made again (the module's docstring)."""
+    import ray
+
+    return isinstance(e, ray.exceptions.ActorUnavailableError)
+
+
+class Retry:
+    """When a failed Ray call is made again (the module's docstring): after a transient error,
+    until `bound_s` has passed since the first."""
+
+    def __init__(self, bound_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.bound_s, self.clock, self.wait = bound_s, clock, RETRY_S
+        self.first: float | None = None
+
+    def after(self, e: BaseException) -> float | None:
+        """How long to wait before the next try after `e`; None: do not try again."""
+        now = self.clock()
+        if self.first is None:
+            self.first = now
+        if not transient(e) or now - self.first > self.bound_s:
+            return None
+        wait, self.wait = self.wait, min(2 * self.wait, RETRY_MAX_S)
+        return wait
+
+
+async def retried(call: Callable[[], Any], bound_s: float) -> Any:
+    """`call()`'s result (a Ray ObjectRef, awaited), made again as `Retry` says."""
+    retry = Retry(bound_s)
+    while True:
+        try:
+            return await call()
+        except Exception as e:
+            if (wait := retry.after(e)) is None:
+                raise
+        await asyncio.sleep(wait)
+
+
+def retried_sync(call: Callable[[], Any], bound_s: float) -> Any:
+    """`retried` in a thread: `call()` blocks for the result."""
+    retry = Retry(bound_s)
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            if (wait := retry.after(e)) is None:
+                raise
+        time.sleep(wait)
 
 
 def batch_threads() -> None:
@@ -233,28 +335,27 @@ def batch_threads() -> None:
                 os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
 
 
-def ration(held: deque[tuple[Any, ...]], limit: int) -> list[tuple[Any, ...]]:
-    """The first of `held`'s items whose records come to at most `limit` bytes, taken off it; a
+def ration(held: deque[Event], limit: int) -> list[Event]:
+    """The first of `held`'s events whose records come to at most `limit` bytes, taken off it; a
     batch of records larger than that is cut after a whole line (a single line larger than
     `limit` goes alone). Never nothing, when something is held."""
-    got: list[tuple[Any, ...]] = []
+    got: list[Event] = []
     size = 0
     while held:
         item = held[0]
-        n = len(item[1]) if item[0] == "records" else 0
+        n = len(item.lines) if isinstance(item, Records) else 0
         if size + n <= limit:
             got.append(held.popleft())
             size += n
             continue
-        cut = item[1].rfind(b"\n", 0, limit - size) + 1
+        lines = cast(Records, item).lines
+        cut = lines.rfind(b"\n", 0, limit - size) + 1
+        if not cut and not got:  # its first line is larger than the limit: it goes alone
+            cut = lines.find(b"\n") + 1 or n
         if cut:
-            got.append(("records", item[1][:cut]))
-            held[0] = ("records", item[1][cut:])
-        elif not got:  # its first line is larger than the limit
-            cut = item[1].find(b"\n") + 1 or n
-            got.append(("records", item[1][:cut]))
+            got.append(Records(lines[:cut]))
             if cut < n:
-                held[0] = ("records", item[1][cut:])
+                held[0] = Records(lines[cut:])
             else:
                 held.popleft()
         break
@@ -443,33 +544,41 @@ class RayPool(Pool):
 
     async def start(self) -> None:
         weights = {k: share.connections for k, share in self.shares.items()}
-        await self.dispatch("reset", list(self.plan.schedule), self.times, weights)
+        await self.dispatch(Reset(list(self.plan.schedule), self.times, weights))
         headers = dict(self.sender.client.headers)
         for k, m in self.members.items():
             try:
-                self.offsets[k] = await _offset(m.actor)
+                self.offsets[k] = await _offset(m.actor, self.lost_after_s)
             except self.ray.exceptions.RayError as e:
-                self.events.put_nowait((k, ("lost", _first_line(e))))
+                self.events.put_nowait((k, Lost(_first_line(e))))
                 continue
             self.launching.add(k)
             self.readers[k] = asyncio.ensure_future(self._read(k, headers))
 
     async def _read(self, k: int, headers: dict[str, str]) -> None:
         """Worker k's arm started, then what it ships as events, its end or its loss last."""
-        actor = self.members[k].actor
+        actor, bound = self.members[k].actor, self.lost_after_s
+        run = functools.partial(
+            actor.run.remote,
+            replace(self.shares[k], headers=headers, offset_ns=self.offsets[k].offset_ns),
+            self.cluster.dispatch,
+        )
         try:
             try:
-                await actor.run.remote(self.shares[k], headers, self.offsets[k].offset_ns, self.cluster.dispatch)
+                await retried(run, bound)
             finally:
                 self.launching.discard(k)
-            self.events.put_nowait((k, ("records", b"")))  # its process started: alive
+            self.events.put_nowait((k, Records()))  # its process started: alive
+            ack = 0
             while True:
-                for said in await actor.shipped.remote():
+                got: Shipment = await retried(functools.partial(actor.shipped.remote, ack), bound)
+                for said in got.events:
                     self.events.put_nowait((k, said))
-                    if said[0] in ("end", "failed"):
+                    if isinstance(said, LAST_WORDS):
                         return
+                ack = got.seq
         except self.ray.exceptions.RayError as e:
-            self.events.put_nowait((k, ("lost", _first_line(e))))
+            self.events.put_nowait((k, Lost(_first_line(e))))
 
     def starting(self, k: int) -> bool:
         """Ray has not yet answered the call that starts worker k's process (slow on a busy host:
@@ -477,15 +586,15 @@ class RayPool(Pool):
         process starts (RayWorker.shipped)."""
         return k in self.launching
 
-    async def tell(self, k: int, said: dict[str, Any]) -> None:
+    async def tell(self, k: int, said: Go | Stop) -> None:
         with contextlib.suppress(self.ray.exceptions.RayError):  # gone: its stream says so
-            self.members[k].actor.tell.remote(said)
+            await retried(functools.partial(self.members[k].actor.tell.remote, said), self.lost_after_s)
 
-    async def dispatch(self, method: str, *args: Any) -> Any:
-        """A call on the Dispatch; if it is gone (with the coordinator's node, or the head node
+    async def dispatch(self, ask: Ask) -> Any:
+        """The Dispatch's answer; if it is gone (with the coordinator's node, or the head node
         through ray://), the run cannot go on: it ends, and what came is kept."""
         try:
-            return await getattr(self.cluster.dispatch, method).remote(*args)
+            return await retried(functools.partial(self.cluster.dispatch.answer.remote, ask), self.lost_after_s)
         except self.ray.exceptions.RayError as e:
             if not self.sender.aborted:
                 self.sender.aborted = f"the Dispatch actor beside the coordinator was lost ({_first_line(e)})"
@@ -517,7 +626,7 @@ class RayPool(Pool):
             if k not in self.lost and k in self.offsets:
                 with contextlib.suppress(self.ray.exceptions.RayError, TimeoutError):
                     async with asyncio.timeout(self.lost_after_s):
-                        end = await _offset(m.actor)
+                        end = await _offset(m.actor, self.lost_after_s)
                     row["clock_end"] = end.meta()
                     row["drift_ns"] = end.offset_ns - self.offsets[k].offset_ns
             row["lost"] = self.lost.get(k)
@@ -551,11 +660,11 @@ def _first_line(e: BaseException) -> str:
     return next((line for line in lines if not line.startswith("ray::")), type(e).__name__)[:500]
 
 
-async def _offset(actor: Any) -> Offset:
+async def _offset(actor: Any, bound_s: float) -> Offset:
     trips = []
     for _ in range(CLOCK_TRIPS):
         sent = time.perf_counter_ns()
-        there = await actor.now.remote()
+        there = await retried(actor.now.remote, bound_s)
         trips.append((sent, there, time.perf_counter_ns()))
     return Offset.estimate(trips)
 

@@ -14,19 +14,35 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
 from harness.config import kinds
 from harness.core import aio
 from harness.distributed.dispatch import FedOrder, tagged
+from harness.distributed.messages import (
+    LAST_WORDS,
+    Ended,
+    Event,
+    Failed,
+    Go,
+    Items,
+    ReadyAt,
+    Records,
+    Share,
+    StartAt,
+    Stop,
+    Told,
+    Up,
+    Want,
+)
 from harness.inputs.prompts import PromptBuilder
 from harness.monitor.progress import RunProgress
 from harness.monitor.selfcheck import LoopMonitor
 from harness.results import RequestRecord
 from harness.wire.client import KEPT_ALIVE, ONE_PER_REQUEST, client_for
-from harness.workloads.base import ArmSpec, Plan, Schedule, Sender
+from harness.workloads.base import Schedule, Sender
 
 # The ids a worker gives its requests start at index x ID_STRIDE, unique until the coordinator
 # renumbers them in start order.
@@ -38,61 +54,49 @@ FLUSH_S = 0.1
 # A worker with nothing to send says it is alive this often (s): an empty batch of records.
 HEARTBEAT_S = 1.0
 
-# What a worker hands its shipping thread: ("up",) once it can send; ("tell", message) for the
-# Dispatch (--workers: the coordinator answers for it); ("records", lines) of tagged records, empty
-# as a heartbeat; last ("end", what it saw) or ("failed", why).
+# What a worker hands its shipping thread (messages.py): `Up` once it can send; its asks of the
+# Dispatch (`Want`, `ReadyAt`: its launcher carries them there); `Records`, empty as a heartbeat;
+# last `Ended` or `Failed`.
+Outgoing = Event | Want | ReadyAt
 Outbox = queue.SimpleQueue
 
 
-@dataclass(frozen=True)
-class Share:
-    """What one worker sends of an arm."""
-
-    index: int
-    spec: ArmSpec
-    kind: str
-    headers: dict[str, str]  # may hold the API key: travels through a pipe or Ray's RPC, never argv or disk
-    plan: Plan
-    connections: int
-    first_connection: int
-    send_clock: bool  # tell the embedded emulator when requests left: only on the emulator's own host
-    flush_s: float  # how often it ships its finished records (its launcher's Pool.flush_s)
-    batch_s: float  # a closed loop's batch of the schedule: what it sends in this long (its launcher's Pool.batch_s)
-
-
 class WorkerSide:
-    """One worker's share of an arm, in its client's event loop. What the coordinator says comes
-    to `hear` (from another thread: `hear_threadsafe`): a batch of the schedule (`items`), the
-    arm's start (`go`, coordinator ns), an open loop's start line (`start`), `stop`. What it tells
-    the Dispatch goes to `tell`; everything else into `out` for the launcher to ship."""
+    """One worker's share of an arm, in its client's event loop. What is said to it comes to `hear`
+    (from another thread: `hear_threadsafe`): a batch of the schedule (`Items`), the arm's start
+    (`Go`, coordinator ns), an open loop's start line (`StartAt`), `Stop`. Everything it says,
+    its asks of the Dispatch included, goes into `out` for its launcher to carry."""
 
-    def __init__(self, share: Share, offset_ns: int, out: Outbox[tuple[Any, ...]], tell: Callable[[Any], None]) -> None:
-        self.share, self.offset_ns, self.out = share, offset_ns, out
+    def __init__(self, share: Share, out: Outbox[Outgoing]) -> None:
+        self.share, self.offset_ns, self.out = share, share.offset_ns, out
         self.loop = asyncio.get_running_loop()
         self.stop = asyncio.Event()
         self.go_at: asyncio.Future[int] = self.loop.create_future()
         times = [share.spec.clock.wall_s(t) for t in share.plan.times]
-        self.order = FedOrder(tell, times, share.kind, share.connections, offset_ns, share.batch_s)
+        self.order = FedOrder(
+            out.put, share.index, times, share.kind, share.connections, share.offset_ns, share.batch_s
+        )
         self.pending: list[bytes] = []
         self.shipped_ns = time.perf_counter_ns()
 
-    def hear(self, said: dict[str, Any]) -> None:
-        if "items" in said:
-            self.order.arrive([(i, p) for i, p in said["items"]])
-        elif "go" in said:
-            _resolve(self.go_at, said["go"] + self.offset_ns)
-        elif "start" in said:
-            self.order.start_at(said["start"])
-        elif "stop" in said:
-            self.stop.set()
-            _resolve(self.go_at, time.perf_counter_ns())
-            self.order.arrive([])  # nothing more comes
+    def hear(self, said: Told) -> None:
+        match said:
+            case Items(items):
+                self.order.arrive([(i, p) for i, p in items])
+            case Go(t0_ns):
+                _resolve(self.go_at, t0_ns + self.offset_ns)
+            case StartAt(ns):
+                self.order.start_at(ns)
+            case Stop():
+                self.stop.set()
+                _resolve(self.go_at, time.perf_counter_ns())
+                self.order.arrive([])  # nothing more comes
 
-    def hear_threadsafe(self, said: dict[str, Any]) -> None:
+    def hear_threadsafe(self, said: Told) -> None:
         if not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.hear, said)
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> Ended:
         """The share, sent: what send_share saw. Its records go out every flush_s as they end."""
         flusher = asyncio.ensure_future(self._flush_every())
         try:
@@ -103,7 +107,7 @@ class WorkerSide:
         return end
 
     async def _go(self) -> int:
-        self.out.put(("up",))
+        self.out.put(Up())
         return await self.go_at
 
     def _keep(self, r: RequestRecord) -> None:
@@ -117,7 +121,7 @@ class WorkerSide:
     def _flush(self, heartbeat: bool) -> None:
         now = time.perf_counter_ns()
         if self.pending or (heartbeat and now - self.shipped_ns >= HEARTBEAT_S * 1e9):
-            self.out.put(("records", b"".join(self.pending)))
+            self.out.put(Records(b"".join(self.pending)))
             self.pending.clear()
             self.shipped_ns = now
 
@@ -128,13 +132,13 @@ def _resolve(fut: asyncio.Future[int], value: int) -> None:
 
 
 async def serve(side: WorkerSide) -> None:
-    """A worker's arm from start to end, its last word in its outbox ("end" or "failed")."""
+    """A worker's arm from start to end, its last word in its outbox (`Ended` or `Failed`)."""
     try:
         end = await side.run()
     except Exception as e:  # told, not raised: the coordinator records it as the worker's loss
-        side.out.put(("failed", f"{type(e).__name__}: {e}"))
+        side.out.put(Failed(f"{type(e).__name__}: {e}"))
     else:
-        side.out.put(("end", end))
+        side.out.put(end)
 
 
 def process_main(conn: Connection | int) -> None:
@@ -152,41 +156,44 @@ def process_main(conn: Connection | int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        share, offset_ns = conn.recv()
+        share: Share = conn.recv()
     except EOFError:  # whoever started it is gone
         return
-    out: Outbox[tuple[Any, ...]] = Outbox()
+    out: Outbox[Outgoing] = Outbox()
     shipping = threading.Thread(target=_ship, args=(out, conn), name="kvbench-ship", daemon=True)
     shipping.start()
-    aio.run(_serve(share, offset_ns, conn, out))
+    aio.run(_serve(share, conn, out))
     shipping.join()
 
 
-async def _serve(share: Share, offset_ns: int, conn: Connection, out: Outbox[tuple[Any, ...]]) -> None:
-    side = WorkerSide(share, offset_ns, out, lambda ask: out.put(("tell", ask)))
+async def _serve(share: Share, conn: Connection, out: Outbox[Outgoing]) -> None:
+    side = WorkerSide(share, out)
     # read by a thread of its own, as the shipping thread writes: the pipe stays blocking (an
     # event loop's reader would make it non-blocking, and a large message then fails half sent)
-    threading.Thread(target=hear_pipe, args=(conn, side.hear_threadsafe), name="kvbench-hear", daemon=True).start()
+    hearing = threading.Thread(
+        target=hear_pipe, args=(conn, side.hear_threadsafe, Stop()), name="kvbench-hear", daemon=True
+    )
+    hearing.start()
     await serve(side)
 
 
-def hear_pipe(conn: Connection, hear: Callable[[Any], None]) -> None:
-    """Every message on `conn`, to `hear`, then {"stop": 1} once the other end is gone."""
+def hear_pipe(conn: Connection, hear: Callable[[Any], None], gone: Any) -> None:
+    """Every message on `conn`, to `hear`, then `gone` once the other end is gone."""
     with contextlib.suppress(EOFError, OSError):
         while True:
             hear(conn.recv())
     with contextlib.suppress(RuntimeError):  # the loop is closed: it ended meanwhile
-        hear({"stop": 1})
+        hear(gone)
 
 
-def _ship(out: Outbox[tuple[Any, ...]], conn: Connection) -> None:
+def _ship(out: Outbox[Outgoing], conn: Connection) -> None:
     while True:
         said = out.get()
         try:
             conn.send(said)
         except (OSError, ValueError):  # the coordinator is gone
             return
-        if said[0] in ("end", "failed"):
+        if isinstance(said, LAST_WORDS):
             return
 
 
@@ -196,7 +203,7 @@ async def send_share(
     stop: asyncio.Event,
     subscribers: list[Callable[[RequestRecord], None]],
     go: Callable[[], Awaitable[int]],
-) -> dict[str, Any]:
+) -> Ended:
     """One worker's share of an arm, sent on its own client: `take` gives it the schedule's
     requests, `subscribers` get its records, and `go` (once the client is ready) waits for the
     start and returns the arm clock's start on this host's monotonic clock. Returns what the
@@ -225,12 +232,7 @@ async def send_share(
         await aio.until_done_or_stopped(drive, stop)
         health = monitor.stop()
     health.update(client.health())
-    return {
-        "client_health": health,
-        "warnings": sender.warnings,
-        "aborted": sender.aborted,
-        "interrupted": stop.is_set(),
-    }
+    return Ended(health, sender.warnings, sender.aborted, stop.is_set())
 
 
 async def _no_count(_text: str) -> int:

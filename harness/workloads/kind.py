@@ -122,10 +122,10 @@ class WorkloadKind(ABC, Generic[C]):
 
     # -- sharing the schedule among processes -----------------------------------------------
 
-    def untaken(self, plan: Plan, index: int, prompt: int, seen: Taken) -> tuple[int, dict[str, Any]] | None:
+    def untaken(self, plan: Plan, index: int, prompt: int, seen: Taken) -> list[tuple[int, dict[str, Any]]]:
         """Of schedule item (index, prompt) a lost worker took: the prompt index and record fields
-        of what it did not report (None: it reported all of it)."""
-        return None if index in seen.indexes else (prompt, {"schedule_index": index})
+        of each request of it that it did not report (none: it reported all of it)."""
+        return [] if index in seen.indexes else [(prompt, {"schedule_index": index})]
 
     # -- figures ---------------------------------------------------------------------------
 

@@ -88,12 +88,10 @@ class Sessions(ReusesAcrossRequests[SessionsConfig]):
     ) -> None:
         await drive(self.cfg(sender.spec.scenario), sender, plan, take, connections)
 
-    def untaken(self, plan: Plan, index: int, prompt: int, seen: Taken) -> tuple[int, dict[str, Any]] | None:
-        """The session's next turn, if it has one left."""
-        done = seen.turns.get(index, 0)
-        if done >= len(plan.sessions[index].prompts):
-            return None
-        return plan.sessions[index].prompts[done], {"session": index, "turn": done + 1}
+    def untaken(self, plan: Plan, index: int, prompt: int, seen: Taken) -> list[tuple[int, dict[str, Any]]]:
+        """The session's turns not reported: the one in flight, and those it would have sent after."""
+        prompts = plan.sessions[index].prompts
+        return [(prompts[t], {"session": index, "turn": t + 1}) for t in range(seen.turns.get(index, 0), len(prompts))]
 
 
 KIND = Sessions()
