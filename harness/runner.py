@@ -146,8 +146,9 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
         session = await open_session(t, client)
         if (d := t.distributed) is not None:
             console.print(f"Joining the Ray cluster at {d.address} ...", markup=False)
-            stack.enter_context(raypool.joined(d.address))
-            _on_sigint(state, console)  # again: ray.init put its own SIGTERM handler in place of it
+            if not await stack.enter_async_context(raypool.joined(d.address, state.stop)):
+                console.print("Interrupted while joining the Ray cluster: nothing was sent.")
+                return ExitCode.INTERRUPTED, []
             say = functools.partial(console.print, markup=False)
             state.cluster = await raypool.start(d.address, d.workers, t.base_url, d.lost_after_s, state.stop, say)
             if state.cluster is None:

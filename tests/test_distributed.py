@@ -7,10 +7,12 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
+import time
 from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,7 +36,7 @@ from harness.distributed.dispatch import (
     tagged,
     untagged,
 )
-from harness.distributed.messages import Ask, Ended, Go, Lost, ReadyAt, Records, Shipment, Stop, Up, Want
+from harness.distributed.messages import Alive, Ask, Ended, Go, Lost, ReadyAt, Records, Share, Shipment, Stop, Up, Want
 from harness.distributed.raypool import RAY_BATCH_S, RayWorker, ration
 from harness.inputs.prompts import Prompt
 from harness.results import RequestRecord, RunWriter
@@ -82,16 +84,16 @@ def test_a_workers_actor_vouches_for_its_process_only_while_it_starts(monkeypatc
     or gone, silence (the coordinator's rule for it decides)."""
     monkeypatch.setattr(raypool, "batch_threads", lambda: None)  # this process is not an actor's
     actor = RayWorker()
-    assert actor.shipped(0) == Shipment(0, [])  # no process yet
+    assert actor.shipped(0, 0) == Shipment(0, [])  # no process yet
     actor.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        assert actor.shipped(0) == Shipment(0, [Records()])
+        assert actor.shipped(0, 0) == Shipment(0, [Records()])
         actor.up = True
-        assert actor.shipped(0) == Shipment(0, [])
+        assert actor.shipped(0, 0) == Shipment(0, [])
         actor.up = False
         actor.proc.kill()
         actor.proc.wait(timeout=60)
-        assert actor.shipped(0) == Shipment(0, [])
+        assert actor.shipped(0, 0) == Shipment(0, [])
     finally:
         actor.proc.kill()
         actor.proc.wait(timeout=60)
@@ -302,14 +304,14 @@ def test_a_shipment_is_sent_again_until_it_is_acknowledged(monkeypatch: pytest.M
     monkeypatch.setattr(raypool, "batch_threads", lambda: None)  # this process is not an actor's
     actor = RayWorker()
     actor.out.put(Records(b"a\n"))
-    one = actor.shipped(0)
+    one = actor.shipped(0, 0)
     assert one.events == [Records(b"a\n")] and one.seq == 1
     actor.out.put(Records(b"b\n"))
-    assert actor.shipped(0) == one  # the reply was lost: again, not b
-    two = actor.shipped(one.seq)
+    assert actor.shipped(0, 0) == one  # the reply was lost: again, not b
+    two = actor.shipped(one.seq, 0)
     assert two.events == [Records(b"b\n")] and two.seq == 2
     actor.out.put(Ended({}, [], None, False))
-    assert actor.shipped(two.seq).events == [Ended({}, [], None, False)]
+    assert actor.shipped(two.seq, 0).events == [Ended({}, [], None, False)]
 
 
 def test_only_transient_ray_errors_are_retried_and_only_within_the_bound() -> None:
@@ -428,6 +430,9 @@ class _Pool(Pool):
     def kill(self, k: int) -> None:
         pass
 
+    def vouch(self) -> None:
+        pass
+
     def where(self, k: int) -> dict[str, Any]:
         return {"hostname": "here"}
 
@@ -540,3 +545,39 @@ def test_the_distribution_layer_speaks_only_typed_messages() -> None:
                 if name in carriers and any(untyped(a) for a in node.args):
                     found.append(f"{path.name}:{node.lineno}")
     assert not found
+
+
+def test_a_worker_that_hears_nothing_from_the_coordinator_sends_nothing_new() -> None:
+    """The dead-man's switch: past its bound without a word from the coordinator (dead, cut off,
+    paused), a worker hands out no more requests, whatever it holds; the next word lets it go on."""
+
+    async def hold() -> None:
+        now = [0]
+        order = FedOrder(lambda _: None, 0, [], "closed_loop", 1, 0, clock=lambda: now[0], quiet_ns=100)
+        order.arrive([(0, 0), (1, 1), (2, 2)])
+        assert await anext(order) == (0, 0)
+        now[0] = 150  # silence past the bound
+        nxt = asyncio.ensure_future(anext(order))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not nxt.done()  # held, though it has requests
+        order.hear()  # Alive
+        assert await nxt == (1, 1)
+
+    asyncio.run(hold())
+
+
+def test_a_fetch_older_than_the_bound_does_not_wake_a_lost_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fetch is the coordinator's word, relayed to the worker process as Alive; one that waited
+    in a frozen node's actor past the liveness bound (its worker declared lost meanwhile) is not."""
+    monkeypatch.setattr(raypool, "batch_threads", lambda: None)  # this process is not an actor's
+    actor = RayWorker()
+    mine, theirs = multiprocessing.Pipe()
+    actor.conn = mine
+    actor.share = cast(Share, SimpleNamespace(offset_ns=0, lost_after_s=5.0))
+    actor.out.put(Records(b"a\n"))
+    actor.shipped(0, time.perf_counter_ns())
+    assert theirs.poll() and theirs.recv() == Alive()
+    actor.out.put(Records(b"b\n"))
+    actor.shipped(1, time.perf_counter_ns() - 6 * 10**9)  # made 6 s ago
+    assert not theirs.poll()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.config.scenario import DistributedCfg
-from harness.distributed.worker import deal
+from harness.distributed.worker import HEARTBEAT_S, deal
 from harness.emulator.serve import EmbeddedEmulator
 from harness.results import read_requests
 from tests.conftest import (
@@ -195,7 +195,12 @@ def test_a_paused_coordinator_blames_no_worker(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGSTOP)
         try:
             assert result_lines(out) < 150  # paused mid-arm
-            time.sleep(DistributedCfg.lost_after_s + 3)  # the pause to survive, not a timing
+            # past the liveness bound and a heartbeat without a word from the coordinator, the
+            # workers send nothing new (the dead-man's switch): the server's count stands still
+            time.sleep(DistributedCfg.lost_after_s + HEARTBEAT_S + 1)  # the pause, not a timing
+            held = answered(emu.base_url)
+            time.sleep(2)
+            assert answered(emu.base_url) == held
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         _, err = proc.communicate(timeout=300)

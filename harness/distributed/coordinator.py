@@ -85,7 +85,7 @@ class Pool(ABC):
         self.times = [spec.clock.wall_s(t) for t in plan.times]
         self.events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.heard: dict[int, float] = {}  # worker -> when it was last heard from (monotonic s)
-        self.looked = time.monotonic()  # when the silence rule last looked
+        self.looked = self.vouched = time.monotonic()  # when the silence rule last looked; when Alive last went out
         self.running: set[int] = set()  # started, neither ended nor lost
         self.up: set[int] = set()  # said they can send
         self.healths: dict[int, dict[str, Any]] = {}
@@ -111,6 +111,11 @@ class Pool(ABC):
     @abstractmethod
     async def dispatch(self, ask: Ask) -> Any:
         """The arm's Dispatch's answer to `ask` (None if it is gone: the run then ends)."""
+
+    @abstractmethod
+    def vouch(self) -> None:
+        """Tell each running worker the coordinator is there (messages.Alive), at least once a
+        heartbeat (nothing, for a launcher whose own traffic carries it)."""
 
     @abstractmethod
     def kill(self, k: int) -> None:
@@ -227,6 +232,9 @@ class Pool(ABC):
             for k in self.heard:
                 self.heard[k] += stall
         self.looked = now
+        if now - self.vouched >= HEARTBEAT_S / 2:
+            self.vouched = now
+            self.vouch()
         for k in sorted(self.running):
             if k not in self.up and self.starting(k):
                 self.heard[k] = now

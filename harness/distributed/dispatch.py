@@ -196,6 +196,7 @@ class FedOrder(Schedule):
         offset_ns: int,
         batch_s: float = CLOSED_BATCH_S,  # a closed loop's batch: what it sends in this long
         clock: Callable[[], int] = time.perf_counter_ns,  # the pace's clock (a test's own)
+        quiet_ns: int | None = None,  # hold after this long without a word from the coordinator
     ) -> None:
         super().__init__(())
         self.tell, self.worker, self.times, self.connections = tell, worker, times_wall_s, connections
@@ -211,6 +212,14 @@ class FedOrder(Schedule):
         self.low = 0
         self.asked_ns: int | None = None  # when the last batch was asked for, and how many were handed out since
         self.handed = 0
+        self.quiet_ns, self.heard_ns = quiet_ns, clock()
+        self.word = asyncio.Event()
+
+    def hear(self) -> None:
+        """A word from the coordinator itself (`Alive`, `Go`, `Stop`; the Dispatch, an actor of
+        its own under Ray, may outlive it)."""
+        self.heard_ns = self.clock()
+        self.word.set()
 
     def arrive(self, got: list[Item]) -> None:
         self.asked, self.done = False, not got
@@ -224,6 +233,11 @@ class FedOrder(Schedule):
             self.line.set_result(ns + self.offset_ns)
 
     async def __anext__(self) -> Item:
+        while self.quiet_ns is not None and self.clock() - self.heard_ns > self.quiet_ns:
+            # no word from the coordinator for the liveness bound: it may be dead, cut off or
+            # paused; nothing new is sent until it speaks again
+            self.word.clear()
+            await self.word.wait()
         while not self.buf:
             if self.done:
                 raise StopAsyncIteration

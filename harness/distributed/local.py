@@ -18,7 +18,7 @@ from typing import Any, cast
 from harness.core import aio
 from harness.distributed.coordinator import Pool
 from harness.distributed.dispatch import Dispatch
-from harness.distributed.messages import Ask, Go, Items, Lost, ReadyAt, StartAt, Stop, Told, Want
+from harness.distributed.messages import Alive, Ask, Go, Items, Lost, ReadyAt, StartAt, Stop, Told, Want
 from harness.distributed.worker import Outgoing, hear_pipe, process_main
 from harness.results import RunWriter
 from harness.workloads.base import Plan, Sender
@@ -85,6 +85,10 @@ class LocalPool(Pool):
 
     async def tell(self, k: int, said: Go | Stop) -> None:
         self._send(k, said)
+
+    def vouch(self) -> None:
+        for k in self.running:
+            self._send(k, Alive())
 
     async def dispatch(self, ask: Ask) -> Any:
         return await self.table.answer(ask)

@@ -9,7 +9,8 @@ Which way each goes:
 - worker -> coordinator (its launcher carries them): `Up`, `Records`, then `Ended` or `Failed`;
   a launcher adds `Lost` for a worker it saw die.
 - worker -> Dispatch (asks, answered to the worker): `Want` -> `Items`, `ReadyAt` -> `StartAt`.
-- coordinator -> worker: `Go`, `Stop`.
+- coordinator -> worker: `Go`, `Stop`, and `Alive` at least once a heartbeat (carried by its
+  launcher: over the pipe, or relayed by a Ray worker's actor at each fetch).
 - coordinator -> Dispatch: `Reset`, `Gone`, `TakenBy` (answered with the items).
 - a Ray worker's actor -> coordinator: `Shipment`, the worker's events fetched by a call that
   acknowledges the last one (raypool.py: what is not acknowledged is sent again).
@@ -161,7 +162,15 @@ class Stop:
     """Finish what is in flight, send nothing new."""
 
 
-Told = Items | StartAt | Go | Stop
+@dataclass(frozen=True)
+class Alive:
+    """The coordinator is there. A worker that hears nothing from it (this, or any other word)
+    for its liveness bound sends nothing new until it does: a dead, unreachable or paused
+    coordinator leaves no load running, and a worker declared lost (never told again) never
+    sends again."""
+
+
+Told = Items | StartAt | Go | Stop | Alive
 
 # -- a Ray worker's actor and the coordinator ------------------------------------------------------
 

@@ -43,23 +43,26 @@ import os
 import platform
 import queue
 import re
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from harness.core import aio
 from harness.core.clock import CLOCK_WARN_NS, Offset
-from harness.core.errors import EndpointError, InputError
+from harness.core.errors import EndpointError, ExitCode, InputError
 from harness.distributed.coordinator import Pool
 from harness.distributed.dispatch import Dispatch
 from harness.distributed.messages import (
     LAST_WORDS,
+    Alive,
     Ask,
     Event,
     Failed,
@@ -120,6 +123,10 @@ RAY_BATCH_S = 1.0
 # host as the coordinator beside it does.
 NICE_ENV = {"RAY_worker_niceness": "0"}
 WORKER_ENV = {**NICE_ENV, "RAY_max_direct_call_object_size": str(INLINE_BYTES)}
+# How long the address --ray names has to accept a connection (s), and then to let kvbench join
+# (ray.init) as a driver (s): Ray itself retries for minutes against a dead GCS.
+JOIN_CHECK_S = 5.0
+JOIN_TIMEOUT_S = 60.0
 # A call that failed transiently is made again this long after (s), the wait doubling up to
 # RETRY_MAX_S, until the liveness bound has passed since its first failure.
 RETRY_S = 0.05
@@ -155,6 +162,7 @@ class RayWorker:
         self.conn: Connection | None = None
         self.proc: subprocess.Popen[bytes] | None = None  # the arm's worker process
         self.arm: tuple[str, int] | None = None  # which arm it sends (the run's arm name, the worker)
+        self.share: Share | None = None
         self.up = False  # it said it can send
         self.sending = threading.Lock()  # the pipe down: the relay's answers, and `tell`
 
@@ -189,7 +197,7 @@ class RayWorker:
         )
         theirs.close()
         with self.fetching:
-            self.out, self.conn, self.proc, self.up, self.arm = Outbox(), mine, proc, False, arm
+            self.out, self.conn, self.proc, self.up, self.arm, self.share = Outbox(), mine, proc, False, arm, share
             self.held.clear()
             self.sent, self.seq = None, 0
         # the headers (an API key) through Ray's RPC and the pipe, never argv or disk
@@ -236,13 +244,21 @@ class RayWorker:
             if self.conn is not None:
                 self.conn.send(said)
 
-    def shipped(self, ack: int) -> Shipment:
+    def shipped(self, ack: int, sent_ns: int) -> Shipment:
         """What the worker shipped since the shipment numbered `ack` (the last one the coordinator
         received; worker.Outbox's events), once there is something: at least a heartbeat every
         worker.HEARTBEAT_S while it runs; nothing after twice that (the coordinator's rule for
         silence decides). At most about SHIP_BYTES of records per shipment: the rest waits for the
         next call, which comes at once. A shipment not acknowledged (its reply lost, the call made
-        again) is sent again."""
+        again) is sent again.
+
+        The call is the coordinator's word: its worker process is told `Alive`, unless the call
+        was made (`sent_ns`, coordinator ns) longer ago than the liveness bound, as one queued
+        in a frozen node's actor is once thawed: its worker, declared lost meanwhile, stays
+        quiet."""
+        share = self.share
+        if share is not None and time.perf_counter_ns() - (sent_ns + share.offset_ns) < share.lost_after_s * 1e9:
+            self._send(Alive())
         with self.fetching:
             if self.sent is not None:
                 if self.sent.seq != ack:
@@ -388,12 +404,53 @@ class Cluster:
         return [m for m in self.members if m.lost is None]
 
 
-@contextlib.contextmanager
-def joined(address: str) -> Iterator[None]:
+@contextlib.asynccontextmanager
+async def joined(address: str, stop: asyncio.Event) -> AsyncIterator[bool]:
     """This process joined to the Ray cluster at `address` ("auto": the one this host belongs
-    to). ray.init puts a SIGTERM handler of its own in place: the caller's goes back after it."""
+    to, or RAY_ADDRESS's); False if `stop` was set first (nothing joined). An address nothing
+    answers at is said within JOIN_CHECK_S; ray.init runs in a thread of its own, so that the
+    run's signal handling stays in force while it connects (Ray retries for minutes against a
+    dead GCS), and a cluster that has not let it join within JOIN_TIMEOUT_S is said so.
+    Leaving, a signal ends the process at once (exit 130): Ray's teardown can take seconds, and
+    every record is already on disk."""
     import ray
 
+    await asyncio.to_thread(_reachable, address)
+    loop = asyncio.get_running_loop()
+    init: asyncio.Future[BaseException | None] = loop.create_future()
+    joining = threading.Thread(target=_init, args=(address, loop, init), name="kvbench-ray-join", daemon=True)
+    joining.start()
+    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([init, stopped], timeout=JOIN_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not init.done():
+        if stop.is_set():
+            yield False  # the join thread is left behind: it ends with the process
+            return
+        raise EndpointError(
+            f"--ray {address}: the Ray cluster there did not let kvbench join within {JOIN_TIMEOUT_S:g} s"
+        )
+    if (e := init.result()) is not None:
+        raise EndpointError(
+            f"--ray {address}: could not join a Ray cluster there ({_first_line(e)}); start one with "
+            "`ray start --head` (and `ray start --address HEAD:6379` on each client host), or give its address"
+        )
+    try:
+        yield True
+    finally:
+        with _signals_end_at_once():
+            ray.shutdown()
+
+
+def _init(address: str, loop: asyncio.AbstractEventLoop, done: asyncio.Future[BaseException | None]) -> None:
+    """ray.init (in the join thread); its error, or None, to `done`."""
+    import ray
+
+    quiet = logging.getLogger("ray")  # Ray's documented logger: its warning that no SIGTERM handler
+    level = quiet.level  # was set outside the main thread is kvbench's intent, not news
+    quiet.setLevel(logging.ERROR)
     try:
         ray.init(
             address=address,
@@ -402,15 +459,58 @@ def joined(address: str) -> Iterator[None]:
             logging_level=logging.WARNING,
             configure_logging=False,
         )
-    except (ConnectionError, RuntimeError, ValueError) as e:
+        got: BaseException | None = None
+    except Exception as e:  # told, not raised: the run says it
+        got = e
+    finally:
+        quiet.setLevel(level)
+    with contextlib.suppress(RuntimeError):  # the loop is closed: the run ended meanwhile
+        loop.call_soon_threadsafe(_settle, done, got)
+
+
+def _settle(done: asyncio.Future[BaseException | None], value: BaseException | None) -> None:
+    if not done.done():
+        done.set_result(value)
+
+
+def _reachable(address: str) -> None:
+    """EndpointError if nothing accepts a connection at `address`'s host and port within
+    JOIN_CHECK_S (Ray itself would retry for minutes); "auto" without RAY_ADDRESS is Ray's to
+    find, and says at once when there is nothing."""
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS", "auto")
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if address == "auto" or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=JOIN_CHECK_S).close()
+    except OSError as e:
         raise EndpointError(
-            f"--ray {address}: could not join a Ray cluster there ({_first_line(e)}); start one with "
+            f"--ray {address}: nothing answers there ({e.strerror or type(e).__name__}); start a cluster with "
             "`ray start --head` (and `ray start --address HEAD:6379` on each client host), or give its address"
         ) from None
+
+
+@contextlib.contextmanager
+def _signals_end_at_once() -> Iterator[None]:
+    """SIGINT and SIGTERM end the process at once with exit 130 while this lasts (Ray's teardown,
+    which a second Ctrl-C used to break with a traceback)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in before:
+        signal.signal(sig, _exit_interrupted)
     try:
         yield
     finally:
-        ray.shutdown()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _exit_interrupted(_sig: int, _frame: object) -> None:
+    os._exit(ExitCode.INTERRUPTED)
 
 
 async def start(
@@ -571,7 +671,8 @@ class RayPool(Pool):
             self.events.put_nowait((k, Records()))  # its process started: alive
             ack = 0
             while True:
-                got: Shipment = await retried(functools.partial(actor.shipped.remote, ack), bound)
+                fetch = functools.partial(actor.shipped.remote, ack, time.perf_counter_ns())
+                got: Shipment = await retried(fetch, bound)
                 for said in got.events:
                     self.events.put_nowait((k, said))
                     if isinstance(said, LAST_WORDS):
@@ -585,6 +686,10 @@ class RayPool(Pool):
         its actor's share of a core); once it has, the actor vouches with heartbeats while the
         process starts (RayWorker.shipped)."""
         return k in self.launching
+
+    def vouch(self) -> None:
+        """Nothing to do: each fetch of a worker's records is the coordinator's word, which its
+        actor relays (RayWorker.shipped)."""
 
     async def tell(self, k: int, said: Go | Stop) -> None:
         with contextlib.suppress(self.ray.exceptions.RayError):  # gone: its stream says so

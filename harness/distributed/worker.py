@@ -23,6 +23,7 @@ from harness.core import aio
 from harness.distributed.dispatch import FedOrder, tagged
 from harness.distributed.messages import (
     LAST_WORDS,
+    Alive,
     Ended,
     Event,
     Failed,
@@ -73,13 +74,23 @@ class WorkerSide:
         self.stop = asyncio.Event()
         self.go_at: asyncio.Future[int] = self.loop.create_future()
         times = [share.spec.clock.wall_s(t) for t in share.plan.times]
+        quiet_ns = round((share.lost_after_s + HEARTBEAT_S) * 1e9)  # Alive comes at least every heartbeat
         self.order = FedOrder(
-            out.put, share.index, times, share.kind, share.connections, share.offset_ns, share.batch_s
+            out.put,
+            share.index,
+            times,
+            share.kind,
+            share.connections,
+            share.offset_ns,
+            share.batch_s,
+            quiet_ns=quiet_ns,
         )
         self.pending: list[bytes] = []
         self.shipped_ns = time.perf_counter_ns()
 
     def hear(self, said: Told) -> None:
+        if isinstance(said, Alive | Go | Stop):  # the coordinator's own word
+            self.order.hear()
         match said:
             case Items(items):
                 self.order.arrive([(i, p) for i, p in items])
