@@ -303,6 +303,19 @@ def trace_inspect(
 
 @app.command()
 @_handled
+def size(
+    file: Annotated[Path, typer.Argument(help="Sizing file (SIZING.toml; docs/sizing.md).", show_default=False)],
+    out: Annotated[Path, typer.Option(help="Where the result folder goes.")] = Path("results"),
+) -> int:
+    """Size a fleet's KV tiers from a request trace, in simulation: the share of prompt tokens
+    each tier serves, the read bandwidth each must sustain, TTFT and the SLO."""
+    from harness.commands import size as command
+
+    return command.main(file, out, stderr_console())
+
+
+@app.command()
+@_handled
 def validate(
     scenarios: Annotated[list[Path], typer.Argument(help="Scenario files to check.", show_default=False)],
 ) -> int:

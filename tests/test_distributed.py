@@ -36,7 +36,7 @@ from harness.distributed.dispatch import (
     tagged,
     untagged,
 )
-from harness.distributed.messages import Alive, Ask, Ended, Go, Lost, ReadyAt, Records, Share, Shipment, Stop, Up, Want
+from harness.distributed.messages import Alive, Ask, Ended, Go, Lost, ReadyAt, Records, Shipment, Stop, Up, Want
 from harness.distributed.raypool import RAY_BATCH_S, RayWorker, ration
 from harness.inputs.prompts import Prompt
 from harness.results import RequestRecord, RunWriter
@@ -574,7 +574,7 @@ def test_a_fetch_older_than_the_bound_does_not_wake_a_lost_worker(monkeypatch: p
     actor = RayWorker()
     mine, theirs = multiprocessing.Pipe()
     actor.conn = mine
-    actor.share = cast(Share, SimpleNamespace(offset_ns=0, lost_after_s=5.0))
+    actor.bound = (0, 5.0)  # the worker's clock offset, the liveness bound
     actor.out.put(Records(b"a\n"))
     actor.shipped(0, time.perf_counter_ns())
     assert theirs.poll() and theirs.recv() == Alive()

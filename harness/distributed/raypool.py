@@ -10,7 +10,7 @@ with one call after another (`RayWorker.shipped`, answered as soon as there is s
 the start and the stop are calls on the worker (`tell`); it says when an actor or its node dies
 (a call raises).
 
-What a failed call means (every Ray call kvbench makes goes through `retried` or `retried_sync`):
+What a failed call means (every Ray call kvbench makes goes through `Retry`):
 - transient, Ray's `ActorUnavailableError` (a connection reset while the call was in flight, its
   reply lost): the call is made again, RETRY_S apart and doubling to RETRY_MAX_S, for as long as
   the liveness bound (`[distributed] lost_after_s`) since its first failure. Every call so retried
@@ -162,7 +162,10 @@ class RayWorker:
         self.conn: Connection | None = None
         self.proc: subprocess.Popen[bytes] | None = None  # the arm's worker process
         self.arm: tuple[str, int] | None = None  # which arm it sends (the run's arm name, the worker)
-        self.share: Share | None = None
+        # the arm's worker's clock offset and liveness bound (shipped: whether a fetch is fresh);
+        # not its Share, whose plan kept alive cost the actor's garbage collector 2 points of a
+        # core (bench/ray_scaling.py pairs: 5.3 % against 3.3 %)
+        self.bound: tuple[int, float] | None = None
         self.up = False  # it said it can send
         self.sending = threading.Lock()  # the pipe down: the relay's answers, and `tell`
 
@@ -197,7 +200,8 @@ class RayWorker:
         )
         theirs.close()
         with self.fetching:
-            self.out, self.conn, self.proc, self.up, self.arm, self.share = Outbox(), mine, proc, False, arm, share
+            self.out, self.conn, self.proc, self.up, self.arm = Outbox(), mine, proc, False, arm
+            self.bound = (share.offset_ns, share.lost_after_s)
             self.held.clear()
             self.sent, self.seq = None, 0
         # the headers (an API key) through Ray's RPC and the pipe, never argv or disk
@@ -215,7 +219,7 @@ class RayWorker:
             while True:
                 said: Outgoing = conn.recv()
                 if isinstance(said, Want | ReadyAt):
-                    threading.Thread(target=self._ask, args=(dispatch, said, bound_s), daemon=True).start()
+                    self._ask(dispatch, said, Retry(bound_s))
                     continue
                 self.up = self.up or isinstance(said, Up)
                 out.put(said)
@@ -226,18 +230,24 @@ class RayWorker:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(aio.GRACE_S)
 
-    def _ask(self, dispatch: Any, ask: Want | ReadyAt, bound_s: float) -> None:
-        """A worker's ask of the Dispatch, in a thread of its own; its answer goes down the pipe
-        when it comes (an open loop's start line comes once every worker is ready: the relay goes
-        on meanwhile). If the Dispatch is gone (with the coordinator's node), the worker is told to
-        stop: it ends `interrupted` though the run is not stopping, which the coordinator, if it
-        is still there, counts as this worker's loss."""
-        import ray
+    def _ask(self, dispatch: Any, ask: Want | ReadyAt, retry: Retry) -> None:
+        """A worker's ask of the Dispatch; its answer goes down the pipe when it comes (an open
+        loop's start line comes once every worker is ready: the relay goes on meanwhile), the
+        ask made again after a transient error as `retry` says. If the Dispatch is gone (with the
+        coordinator's node), the worker is told to stop: it ends `interrupted` though the run is
+        not stopping, which the coordinator, if it is still there, counts as this worker's loss.
+        """
 
-        try:
-            self._send(retried_sync(lambda: ray.get(dispatch.answer.remote(ask)), bound_s))
-        except ray.exceptions.RayError:
-            self._send(Stop())
+        def answer(done: Any) -> None:
+            try:
+                self._send(done.result())
+            except Exception as e:  # ray.exceptions.RayError
+                if (wait := retry.after(e)) is None:
+                    self._send(Stop())
+                else:
+                    threading.Timer(wait, self._ask, args=(dispatch, ask, retry)).start()
+
+        dispatch.answer.remote(ask).future().add_done_callback(answer)
 
     def _send(self, said: Told | Share) -> None:
         with self.sending, contextlib.suppress(OSError, ValueError):  # it is gone: the relay says so
@@ -256,8 +266,7 @@ class RayWorker:
         was made (`sent_ns`, coordinator ns) longer ago than the liveness bound, as one queued
         in a frozen node's actor is once thawed: its worker, declared lost meanwhile, stays
         quiet."""
-        share = self.share
-        if share is not None and time.perf_counter_ns() - (sent_ns + share.offset_ns) < share.lost_after_s * 1e9:
+        if self.bound is not None and time.perf_counter_ns() - (sent_ns + self.bound[0]) < self.bound[1] * 1e9:
             self._send(Alive())
         with self.fetching:
             if self.sent is not None:
@@ -321,18 +330,6 @@ async def retried(call: Callable[[], Any], bound_s: float) -> Any:
             if (wait := retry.after(e)) is None:
                 raise
         await asyncio.sleep(wait)
-
-
-def retried_sync(call: Callable[[], Any], bound_s: float) -> Any:
-    """`retried` in a thread: `call()` blocks for the result."""
-    retry = Retry(bound_s)
-    while True:
-        try:
-            return call()
-        except Exception as e:
-            if (wait := retry.after(e)) is None:
-                raise
-        time.sleep(wait)
 
 
 def batch_threads() -> None:

@@ -1,0 +1,191 @@
+"""`kvbench size`'s file, SIZING.toml (docs/sizing.md has every key): read strictly, as scenarios
+are (config/tables.py: file, key, what was expected, did-you-mean), into frozen dataclasses.
+Pure apart from reading the file; what the engine's profile gives is the command's to resolve
+(an emulator profile's cost model and KV bytes per token).
+
+    schema_version = 1
+    name = "fleet-64"
+    [workload]
+    trace = "traces/mooncake.jsonl"   # Mooncake or Qwen-Bailian JSONL, relative to this file
+    rate_scale = 4.0                  # arrivals this many times faster than the trace's
+    [model]
+    kv_bytes_per_token = 73728       # default: the engine profile's
+    [cluster]
+    workers = 64
+    workers_per_node = 8
+    [engine]
+    profile = "redbooks-g4"          # or prefill_a, prefill_b, decode_s_per_token
+    [[tiers]]
+    name = "G1"
+    scope = "worker"
+    capacity = "16GiB"
+    [[tiers]]
+    name = "G4"
+    scope = "cluster"
+    capacity = "100TB"
+    read_bandwidth = "50GB/s"
+    latency_s = 0.001
+    [slo]
+    ttft_s = 2.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.config.tables import Table, read_toml, size
+from harness.core.errors import InputError
+from harness.sizing.tiers import SCOPES
+
+SCHEMA_VERSION = 1
+TIER_NAMES = ("G1", "G2", "G3", "G4")  # the field's names, fastest first
+ROUTINGS = ("round_robin",)
+FORMATS = ("auto", "mooncake", "bailian")
+# How finely each tier's read bandwidth is sampled over time for its p99 and max (s of the
+# simulated clock).
+BANDWIDTH_BIN_S = 1.0
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    trace: Path
+    format: str
+    block_tokens: int | None  # default: the format's (512 Mooncake, 16 Bailian)
+    rate_scale: float
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    name: str
+    scope: str
+    capacity_bytes: int
+    read_bandwidth: float | None  # bytes/s of each instance; None: free (a GPU's own memory)
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The engine's timing: an emulator profile's (`profile`), or the three numbers given."""
+
+    profile: str | None
+    prefill_a: float | None
+    prefill_b: float | None
+    decode_s_per_token: float | None
+
+
+@dataclass(frozen=True)
+class SizingSpec:
+    file: Path
+    name: str
+    workload: WorkloadSpec
+    kv_bytes_per_token: int | None  # default: the engine profile's
+    workers: int
+    workers_per_node: int
+    routing: str
+    engine: EngineSpec
+    tiers: tuple[TierSpec, ...]
+    slo_ttft_s: float | None
+    bandwidth_bin_s: float
+
+
+def read(path: Path) -> SizingSpec:
+    """SIZING.toml, or an InputError naming the file and key."""
+    data = read_toml(path, "the sizing file")
+    top = Table(str(path), "", data)
+    version = top.integer("schema_version", required=True, what=f"the schema version ({SCHEMA_VERSION})")
+    if version != SCHEMA_VERSION:
+        top.fail("schema_version", f"expected {SCHEMA_VERSION}", version)
+    name = top.text("name", required=True)
+    if not name.strip() or "/" in name or name.startswith("."):
+        top.fail("name", "expected a name for the result folder (no '/', not starting with '.')", name)
+    workload = _workload(top.sub("workload"), path)
+    model = top.sub("model")
+    kv = model.integer("kv_bytes_per_token", None, minimum=1, what="an integer number of bytes")
+    model.done()
+    cluster = top.sub("cluster")
+    workers = cluster.integer("workers", required=True, minimum=1, what="an integer number of workers (GPUs)")
+    per_node = cluster.integer("workers_per_node", 1, minimum=1, what="an integer number of workers")
+    if workers % per_node:
+        cluster.fail("workers_per_node", f"expected a divisor of workers ({workers})", per_node)
+    routing = cluster.text("routing", ROUTINGS[0], ROUTINGS)
+    cluster.done()
+    engine = _engine(top.sub("engine"))
+    tiers = _tiers(top, path)
+    slo = top.sub("slo")
+    ttft = slo.number("ttft_s", 0.0, positive=True) if slo.has("ttft_s") else None
+    slo.done()
+    bin_s = top.number("bandwidth_bin_s", BANDWIDTH_BIN_S, positive=True)
+    top.done()
+    return SizingSpec(path, name, workload, kv, workers, per_node, routing, engine, tiers, ttft, bin_s)
+
+
+def _workload(t: Table, path: Path) -> WorkloadSpec:
+    trace = t.text("trace", required=True)
+    fmt = t.text("format", "auto", FORMATS)
+    block = t.integer("block_tokens", None, minimum=1, what="an integer number of tokens")
+    scale = t.number("rate_scale", 1.0, positive=True)
+    t.done()
+    return WorkloadSpec((path.parent / trace) if not Path(trace).is_absolute() else Path(trace), fmt, block, scale)
+
+
+def _engine(t: Table) -> EngineSpec:
+    profile = t.text("profile")
+    numbers = {k: t.number(k, 0.0, minimum=0.0) if t.has(k) else None for k in ("prefill_a", "prefill_b")}
+    decode = t.number("decode_s_per_token", 0.0, minimum=0.0) if t.has("decode_s_per_token") else None
+    given = [k for k, v in (*numbers.items(), ("decode_s_per_token", decode)) if v is not None]
+    if profile is None and len(given) < 3:
+        missing = [k for k in ("prefill_a", "prefill_b", "decode_s_per_token") if k not in given]
+        raise InputError(
+            f"{t.file}: {t.key(missing[0])}: missing; expected the engine's cost (s per token) or "
+            f'{t.key("profile")} (an emulator profile, e.g. "redbooks-g4")'
+        )
+    t.done()
+    return EngineSpec(profile, numbers["prefill_a"], numbers["prefill_b"], decode)
+
+
+def _tiers(top: Table, path: Path) -> tuple[TierSpec, ...]:
+    raw = top.get("tiers")
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        top.fail("tiers", "expected an array of tables ([[tiers]])", raw)
+    out: list[TierSpec] = []
+    for k, item in enumerate(raw):
+        t = Table(str(path), f"tiers[{k}]", item)
+        name = t.text("name", required=True, choices=TIER_NAMES)
+        scope = t.text("scope", required=True, choices=SCOPES)
+        capacity = _capacity(t)
+        bandwidth = _bandwidth(t)
+        latency = t.number("latency_s", 0.0, minimum=0.0)
+        t.done()
+        if out and TIER_NAMES.index(name) <= TIER_NAMES.index(out[-1].name):
+            t.fail("name", f"expected a tier slower than {out[-1].name} (tiers go fastest first, each once)", name)
+        out.append(TierSpec(name, scope, capacity, bandwidth, latency))
+    return tuple(out)
+
+
+def _capacity(t: Table) -> int:
+    if not t.has("capacity"):
+        t.required("capacity", 'a size such as "80GB" or a number of bytes')
+    return size(t, "capacity", 0)
+
+
+def _bandwidth(t: Table) -> float | None:
+    v: Any = t.get("read_bandwidth")
+    if v is None or v == "free":
+        return None
+    if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+        return float(v)
+    from harness.core.units import parse_bandwidth
+
+    try:
+        if not isinstance(v, str):
+            raise ValueError("")
+        bps = parse_bandwidth(v)
+    except ValueError:
+        t.fail("read_bandwidth", 'expected a bandwidth such as "50GB/s", bytes/s, or "free"', v)
+    if bps <= 0:
+        t.fail("read_bandwidth", "expected a bandwidth > 0", v)
+    return bps

@@ -1,0 +1,177 @@
+"""A fleet sized from a trace (pure; docs/sizing.md): the trace's requests routed to workers,
+each prompt block served by the fastest tier that holds it (tiers.py, from stack distances), the
+requests replayed in virtual time through those tiers (simulate.py), and the figures a storage
+architect asks for: the share of prompt tokens each tier serves, the read bandwidth each tier must
+sustain (mean, p99 and max over time), TTFT against recomputing every prompt, the share of
+requests within the TTFT SLO, the prefill GPU-seconds saved, and each tier's capacity curve (the
+share served at fractions and multiples of its capacity, the others unchanged), with the capacity
+past which doubling adds less than a point.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from harness.inputs.traces import TraceRequest
+from harness.sizing.simulate import Cost, Requests, Result, Tier, simulate
+from harness.sizing.stack import References, references
+from harness.sizing.tiers import Fleet, round_robin, scoped_distances, served_by
+
+# A tier's capacity curve: its share served at these multiples of its configured capacity.
+CURVE_MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 8.0, 16.0)
+# Past the knee, doubling a tier's capacity adds less than this share of prompt tokens.
+KNEE_GAIN = 0.01
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What sizing needs of a trace, requests in arrival order."""
+
+    refs: References
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+
+def from_trace(requests: Sequence[TraceRequest], block_tokens: int, rate_scale: float) -> Workload:
+    """The trace's requests (arrivals from its first, `rate_scale` times faster)."""
+    ordered = sorted(requests, key=lambda r: r.timestamp_s)  # as stack.references orders them
+    t0 = ordered[0].timestamp_s if ordered else 0.0
+    return Workload(
+        references(ordered, block_tokens),
+        np.array([(r.timestamp_s - t0) / rate_scale for r in ordered], dtype=np.float64),
+        np.array([r.input_length for r in ordered], dtype=np.int64),
+        np.array([r.output_length for r in ordered], dtype=np.int64),
+    )
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    """A tier as sizing sees it: its name, scope, capacity in blocks and timing."""
+
+    name: str
+    scope: str
+    capacity_blocks: int
+    timing: Tier
+
+
+@dataclass(frozen=True)
+class Plan:
+    fleet: Fleet
+    tiers: tuple[TierPlan, ...]
+    kv_bytes_per_token: float
+    cost: Cost
+    slo_ttft_s: float | None
+    bandwidth_bin_s: float
+
+
+def size(w: Workload, plan: Plan) -> dict[str, Any]:
+    """Every figure of the fleet (sizing.json's `figures`)."""
+    refs = w.refs
+    worker = round_robin(refs, plan.fleet.workers)  # per reference
+    request_worker = np.arange(refs.requests, dtype=np.int64) % plan.fleet.workers
+    groups = [plan.fleet.group(worker, t.scope) for t in plan.tiers]
+    distances = [scoped_distances(refs, g) for g in groups]
+    capacities = [t.capacity_blocks for t in plan.tiers]
+    tier = served_by(distances, capacities)
+    n_tiers = len(plan.tiers)
+    tier_tokens = np.zeros((refs.requests, n_tiers), dtype=np.int64)
+    hit = tier < n_tiers
+    np.add.at(tier_tokens, (refs.request[hit], tier[hit]), refs.serves[hit])
+    instance = np.stack([plan.fleet.group(request_worker, t.scope) for t in plan.tiers], axis=1).reshape(
+        refs.requests, n_tiers
+    )
+    reqs = Requests(w.arrival_s, request_worker, w.prompt_tokens, w.output_tokens, tier_tokens, instance)
+    cached = simulate(reqs, [t.timing for t in plan.tiers], plan.kv_bytes_per_token, plan.cost)
+    none = Requests(
+        w.arrival_s,
+        request_worker,
+        w.prompt_tokens,
+        w.output_tokens,
+        np.zeros((refs.requests, 0), dtype=np.int64),
+        np.zeros((refs.requests, 0), dtype=np.int64),
+    )
+    recompute = simulate(none, [], plan.kv_bytes_per_token, plan.cost)
+    total = int(w.prompt_tokens.sum())
+    served = tier_tokens.sum(axis=0)
+    return {
+        "requests": int(refs.requests),
+        "prompt_tokens": total,
+        "span_s": float(w.arrival_s[-1] - w.arrival_s[0]) if refs.requests else 0.0,
+        "tiers": [
+            {
+                "name": t.name,
+                "scope": t.scope,
+                "instances": int(instance[:, k].max()) + 1 if refs.requests else 0,
+                "capacity_blocks": t.capacity_blocks,
+                "served_tokens": int(served[k]),
+                "share": float(served[k] / total) if total else 0.0,
+                "read_bytes_per_s": _bandwidth(cached, k, plan.bandwidth_bin_s),
+                "curve": _curve(refs, distances, capacities, k),
+            }
+            for k, t in enumerate(plan.tiers)
+        ],
+        "computed_tokens": int(total - served.sum()),
+        "ttft_s": _quantiles(cached.ttft_s),
+        "recompute_ttft_s": _quantiles(recompute.ttft_s),
+        "e2e_s": _quantiles(cached.e2e_s),
+        "queue_s": _quantiles(cached.start_s - w.arrival_s),
+        "prefill_gpu_s": float(cached.prefill_s.sum()),
+        "recompute_prefill_gpu_s": float(recompute.prefill_s.sum()),
+        "slo": _slo(cached, recompute, plan.slo_ttft_s),
+    }
+
+
+def _quantiles(x: np.ndarray) -> dict[str, float | None]:
+    if not len(x):
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    p50, p90, p99 = np.percentile(x, [50, 90, 99])
+    return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(x.max())}
+
+
+def _bandwidth(result: Result, k: int, bin_s: float) -> dict[str, float | None]:
+    """Tier k's read bandwidth (all its instances, bytes/s): the mean over the time it was read
+    at all (first load to last byte), and the p99 and max of its bins."""
+    loads = result.loads[k]
+    if not len(loads):
+        return {"mean": 0.0, "p99": 0.0, "max": 0.0}
+    start, end, total = float(loads[:, 1].min()), float(loads[:, 2].max()), float(loads[:, 3].sum())
+    bins = result.read_bandwidth(k, bin_s)[int(start // bin_s) :]
+    return {
+        "mean": total / (end - start) if end > start else None,  # a free tier's loads are instants
+        "p99": float(np.percentile(bins, 99)) if len(bins) else 0.0,
+        "max": float(bins.max()) if len(bins) else 0.0,
+    }
+
+
+def _curve(refs: References, distances: list[np.ndarray], capacities: list[int], k: int) -> dict[str, Any]:
+    """The share of prompt tokens the whole hierarchy serves with tier k at each of
+    CURVE_MULTIPLES of its capacity (the other tiers unchanged), and the knee: the smallest of
+    those capacities past which doubling adds less than KNEE_GAIN."""
+    points = []
+    for m in CURVE_MULTIPLES:
+        caps = list(capacities)
+        caps[k] = int(capacities[k] * m)
+        tier = served_by(distances, caps)
+        share = float(refs.serves[tier < len(caps)].sum() / refs.prompt_tokens) if refs.prompt_tokens else 0.0
+        points.append({"multiple": m, "capacity_blocks": caps[k], "share": share})
+    knee = next(
+        (a["capacity_blocks"] for a, b in itertools.pairwise(points) if b["share"] - a["share"] < KNEE_GAIN),
+        None,
+    )
+    return {"points": points, "knee_blocks": knee}
+
+
+def _slo(cached: Result, recompute: Result, ttft_s: float | None) -> dict[str, Any] | None:
+    if ttft_s is None:
+        return None
+    return {
+        "ttft_s": ttft_s,
+        "within": float(np.mean(cached.ttft_s <= ttft_s)) if len(cached.ttft_s) else None,
+        "within_recompute": float(np.mean(recompute.ttft_s <= ttft_s)) if len(recompute.ttft_s) else None,
+    }

@@ -1,0 +1,137 @@
+"""`kvbench size SIZING.toml`: the file read strictly, a hand-worked fleet through the whole
+command, and the shipped example's figures adding up (the engines it wires: test_sizing.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, kvbench
+
+pytest.importorskip("numba")  # the sizing extra
+
+KV = 1000  # bytes per token: the tests' own model
+TWO_SAME = "\n".join(
+    json.dumps({"timestamp": t, "input_length": 64, "output_length": 2, "hash_ids": [1, 2, 3, 4]})
+    for t in (0, 10_000)  # ms: the second request 10 s after the first, the same 4-block prompt
+)
+
+
+def sizing_file(tmp_path: Path, tiers: str, extra: str = "", trace: str = TWO_SAME) -> Path:
+    (tmp_path / "t.jsonl").write_text(trace + "\n")
+    f = tmp_path / "s.toml"
+    f.write_text(
+        f"""schema_version = 1
+name = "hand"
+[workload]
+trace = "t.jsonl"
+block_tokens = 16
+[model]
+kv_bytes_per_token = {KV}
+[cluster]
+workers = 1
+[engine]
+prefill_a = 0.001
+prefill_b = 0.0
+decode_s_per_token = 0.01
+{tiers}
+{extra}"""
+    )
+    return f
+
+
+def size(tmp_path: Path, f: Path) -> dict[str, Any]:
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert "Simulated, not measured" in r.stderr
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/*/sizing.json")]
+    assert doc["simulated"] is True and doc["kind"] == "sizing"
+    return doc
+
+
+def test_a_prompt_seen_before_is_served_by_the_tier_that_holds_it_worked_by_hand(tmp_path: Path) -> None:
+    """Two requests with the same 64-token prompt (4 blocks of 16), 10 s apart, on one worker.
+    The second can be served its first 3 blocks (48 tokens: the last token is always computed):
+    48 of the 128 prompt tokens. From a free G1: its TTFT is the prefill of the other 16 tokens,
+    0.016 s (the first's: 0.064 s). From a G4 of 48,000 bytes/s and 0.5 s latency instead (48
+    tokens x 1,000 bytes: one second to load): 0.5 + 1 + 0.016 s, at 48 KB/s while it loads."""
+    g1 = size(tmp_path / "g1", sizing_file(tmp_path, '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 64000'))
+    f = g1["figures"]
+    assert f["prompt_tokens"] == 128 and f["tiers"][0]["served_tokens"] == 48 and f["computed_tokens"] == 80
+    assert f["tiers"][0]["share"] == pytest.approx(48 / 128)
+    assert f["ttft_s"]["max"] == pytest.approx(0.064) and f["ttft_s"]["p50"] == pytest.approx((0.064 + 0.016) / 2)
+    assert f["recompute_ttft_s"]["max"] == pytest.approx(0.064) and f["recompute_ttft_s"][
+        "min" if False else "p50"
+    ] == (pytest.approx(0.064))
+    assert f["prefill_gpu_s"] == pytest.approx(0.064 + 0.016) and f["recompute_prefill_gpu_s"] == pytest.approx(0.128)
+
+    g4_tier = '[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = "64KB"\nread_bandwidth = 48000\nlatency_s = 0.5'
+    g4 = size(tmp_path / "g4", sizing_file(tmp_path, g4_tier, "[slo]\nttft_s = 1.0"))
+    f = g4["figures"]
+    assert f["tiers"][0]["served_tokens"] == 48
+    assert f["ttft_s"]["max"] == pytest.approx(0.5 + 1.0 + 0.016)
+    assert f["tiers"][0]["read_bytes_per_s"]["mean"] == pytest.approx(48_000)
+    assert f["slo"] == {"ttft_s": 1.0, "within": 0.5, "within_recompute": 1.0}  # slower than recomputing here
+
+
+def test_a_tier_too_small_for_a_prompt_serves_none_of_it_and_its_curve_says_where_it_would(tmp_path: Path) -> None:
+    tier = '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 48000'  # 3 blocks of 16,000 bytes: not 4
+    f = size(tmp_path, sizing_file(tmp_path, tier))["figures"]
+    assert f["tiers"][0]["served_tokens"] == 0 and f["computed_tokens"] == 128
+    points = f["tiers"][0]["curve"]["points"]
+    assert [p["share"] for p in points] == sorted(p["share"] for p in points)  # more capacity never serves less
+    assert {p["capacity_blocks"]: p["share"] for p in points}[6] == pytest.approx(48 / 128)  # twice: it fits
+
+
+def test_the_shipped_example_adds_up(tmp_path: Path) -> None:
+    """scenarios/sizing/fleet.toml: tokens served by each tier plus those computed are the
+    trace's prompt tokens; the cached fleet's prefill never costs more than recomputing; each
+    curve rises with capacity; a shared tier's read p99 is at least its mean."""
+    r = kvbench("size", str(ROOT / "scenarios" / "sizing" / "fleet.toml"), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/*/sizing.json")]
+    f = doc["figures"]
+    assert sum(t["served_tokens"] for t in f["tiers"]) + f["computed_tokens"] == f["prompt_tokens"]
+    assert f["prefill_gpu_s"] <= f["recompute_prefill_gpu_s"]
+    for t in f["tiers"]:
+        shares = [p["share"] for p in t["curve"]["points"]]
+        assert shares == sorted(shares)
+    g4 = f["tiers"][-1]["read_bytes_per_s"]
+    assert g4["p99"] >= g4["mean"] > 0
+    assert doc["engine"]["source"].startswith("emulator profile redbooks-g4")
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ('[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 1\ncapacitty = 2', "tiers[0].capacitty"),
+        ('[[tiers]]\nname = "G1"\nscope = "rack"\ncapacity = 1', "tiers[0].scope"),
+        ('[[tiers]]\nname = "G5"\nscope = "worker"\ncapacity = 1', "tiers[0].name"),
+        ('[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = "lots"', "tiers[0].capacity"),
+        ('[[tiers]]\nname = "G1"\nscope = "worker"', "tiers[0].capacity"),
+        (
+            '[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = 1\n[[tiers]]\nname = "G1"\nscope = "worker"\n'
+            "capacity = 1",
+            "tiers[1].name",
+        ),
+        ('[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = 1\nread_bandwidth = "fast"', "tiers[0].read_bandwidth"),
+        ("[slo]\nttft_s = -1", "slo.ttft_s"),
+    ],
+)
+def test_a_bad_sizing_file_names_the_file_and_the_key(tmp_path: Path, change: str, key: str) -> None:
+    f = sizing_file(tmp_path, change)
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and f"{f}: {key}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_an_engine_without_its_cost_or_a_profile_is_refused(tmp_path: Path) -> None:
+    f = sizing_file(tmp_path, "")
+    f.write_text(f.read_text().replace("prefill_b = 0.0\n", ""))
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "engine.prefill_b: missing" in r.stderr, r.stderr
+    f.write_text(f.read_text().replace("prefill_a = 0.001\n", 'profile = "h100"\n'))
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "engine.profile: expected one of" in r.stderr, r.stderr
