@@ -97,18 +97,14 @@ def test_warmup_prompts_share_no_prefix_with_measured_ones_unless_asked(tmp_path
     r = kvbench("run", str(sc), "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     (folder,) = (p for p in (tmp_path / "out" / "ol").iterdir() if p.is_dir())
-    recs = sorted(read_requests(folder), key=lambda x: x.schedule_index or 0)
-    cached = [(x.phase, (x.cached_tokens or 0) > 500) for x in recs]  # the one pool prompt found in cache
-    # the warm-up finds its own KV after its first request; the first measured request finds
-    # the warm-up's only when the scenario says the warm-up shares the measured prefixes
-    assert cached == [
-        ("warmup", False),
-        ("warmup", True),
-        ("warmup", True),
-        ("run", shares),
-        ("run", True),
-        ("run", True),
-    ]
+    recs = read_requests(folder)
+    hits = {phase: [(x.cached_tokens or 0) > 500 for x in recs if x.phase == phase] for phase in ("warmup", "run")}
+    # the warm-up finds its own KV after the first of it the server takes (which one that is, on a
+    # busy host, is the server's order, not the schedule's); the first measured request finds the
+    # warm-up's only when the scenario says the warm-up shares the measured prefixes
+    assert len(hits["warmup"]) == len(hits["run"]) == 3
+    assert hits["warmup"].count(False) == 1
+    assert hits["run"].count(False) == (0 if shares else 1)
 
 
 def test_bad_rate_exits_2_from_the_cli(tmp_path: Path) -> None:

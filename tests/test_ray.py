@@ -258,13 +258,15 @@ def _wait(check: Any, run: subprocess.Popen[str] | None = None, timeout: float =
 
 
 def _sending(
-    tmp_path: Path, name: str, address: str, scenario: str = "", workers: tuple[int, ...] = ()
+    tmp_path: Path, name: str, address: str, scenario: str = "", workers: tuple[int, ...] = (), endpoint: str = ""
 ) -> tuple[subprocess.Popen[str], Path]:
-    """A 150-request closed loop over the cluster (`scenario`'s extra lines added), once its first
-    records are in (and one of each of `workers`: each has reported something)."""
+    """A 150-request closed loop over the cluster (`scenario`'s extra lines added; against
+    `endpoint`, or the embedded emulator), once its first records are in (and one of each of
+    `workers`: each has reported something)."""
     sc = write_scenario(tmp_path / f"{name}.toml", loop(name, 150, 2.0) + scenario)
     out = tmp_path / "out"
-    proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", address, "--out", str(out)])
+    there = ["--endpoint", endpoint] if endpoint else []
+    proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", address, "--out", str(out), *there])
     _wait(lambda: result_lines(out) >= 6 and set(workers) <= _reported(out), proc)
     return proc, out
 
@@ -376,22 +378,29 @@ def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: A
 def test_a_frozen_node_is_declared_lost_by_its_silence(tmp_path: Path, nodes: Any) -> None:
     """SIGSTOP of a node (its raylet and every process under it): no error comes from Ray for a
     long while, but the worker there stops sending records and heartbeats, and is declared lost
-    after the scenario's lost_after_s; the others finish the schedule."""
+    after the scenario's lost_after_s; the others finish the schedule. Thawed once the run is
+    over, the lost worker sends nothing more: nobody tells it the coordinator is there."""
     extra = '\n[distributed]\nengine = "ray"\nlost_after_s = 3\n'
-    proc, out = _sending(tmp_path, "rf", str(nodes.address), extra, workers=(1,))
-    node = _node_of(nodes, 1, proc)
-    frozen = _tree(node.all_processes["raylet"][0].process.pid)
-    for pid in frozen:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        _, err = proc.communicate(timeout=300)
-    finally:
+    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+        proc, out = _sending(tmp_path, "rf", str(nodes.address), extra, workers=(1,), endpoint=emu.base_url)
+        node = _node_of(nodes, 1, proc)
+        frozen = _tree(node.all_processes["raylet"][0].process.pid)
         for pid in frozen:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        nodes.remove_node(node)
-        nodes.add_node(num_cpus=1)
-        nodes.wait_for_nodes()
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            _, err = proc.communicate(timeout=300)
+            after_run = answered(emu.base_url)
+        finally:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        try:
+            time.sleep(3 + HEARTBEAT_S + 2)  # thawed past its bound: the switch, not a timing
+            assert answered(emu.base_url) == after_run
+        finally:
+            nodes.remove_node(node)
+            nodes.add_node(num_cpus=1)
+            nodes.wait_for_nodes()
     (folder,) = (out / "rf").iterdir()
     assert _lost_with(folder) == {1}
     (fault,) = _run_json(folder)["distributed"]["faults"]
