@@ -42,6 +42,7 @@ from harness.inputs.prompts import Prompt
 from harness.results import RequestRecord, RunWriter
 from harness.workloads.base import Plan, Sender
 from tests.conftest import ROOT, cli, kvbench, write_scenario
+from tests.test_analysis import rec
 from tests.test_workers import LOOP
 
 
@@ -342,33 +343,6 @@ def ray_exceptions() -> Any:
     return pytest.importorskip("ray.exceptions")
 
 
-def _record(i: int, ok: bool = True) -> RequestRecord:
-    return RequestRecord(
-        id=i,
-        arm="a",
-        phase="run",
-        prompt_id=f"p{i}",
-        target_tokens=None,
-        prompt_tokens=10,
-        cached_tokens=0,
-        completion_tokens=1,
-        start_s=0.0,
-        ttft_s=0.001,
-        first_byte_s=0.001,
-        first_content_s=0.001,
-        headers_s=0.001,
-        e2e_s=0.002,
-        itl_s=[],
-        ok=ok,
-        error=None,
-        error_kind=None,
-        http_status=200,
-        retried=False,
-        process=0,
-        schedule_index=i,
-    )
-
-
 class _Sink:
     def __init__(self) -> None:
         self.lines: list[bytes] = []
@@ -482,7 +456,7 @@ def test_records_lost_and_unsent_always_add_up_to_the_schedule(steps: list[tuple
 
         async def answer(k: int) -> None:
             i, _ = held[k].pop(0)
-            pool.events.put_nowait((k, Records(tagged(_record(i)))))
+            pool.events.put_nowait((k, Records(tagged(rec(id=i, phase="run", schedule_index=i)))))
 
         for what, k, n in steps:
             if k in gone or pool.stopping:

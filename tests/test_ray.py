@@ -32,7 +32,7 @@ from tests.conftest import (
     user_env,
     write_scenario,
 )
-from tests.test_workers import LOOP, answered
+from tests.test_workers import LOOP, answered, pause_past_the_bound
 
 ray = pytest.importorskip("ray")
 # A local cluster per module: the file runs on one worker (--dist loadfile), one cluster at a time
@@ -271,6 +271,14 @@ def _sending(
     return proc, out
 
 
+def _run_on(address: str, sc: Path, out: Path, endpoint: str) -> subprocess.Popen[str]:
+    """`kvbench run` of `sc`'s arm "reuse" over the Ray cluster at `address` against `endpoint`,
+    into `out`, once its first six records are in."""
+    proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", address, "--endpoint", endpoint, "--out", str(out)])
+    _wait(lambda: result_lines(out) >= 6, proc)
+    return proc
+
+
 def _reported(out: Path) -> set[int]:
     """The workers with a record in the run's file so far."""
     return {
@@ -410,16 +418,14 @@ def test_a_frozen_node_is_declared_lost_by_its_silence(tmp_path: Path, nodes: An
 
 
 def test_sigterm_under_ray_drains_and_keeps_every_answered_request(tmp_path: Path, cluster: str) -> None:
-    """ray.init installs its own SIGTERM handler; kvbench's is put back after it: a SIGTERM (as
-    `timeout`, CI cancellation and a pod's deletion send) stops the workers at once, lets them
-    finish what is in flight, and every request the server answered has its record."""
+    """ray.init runs outside the main thread, so it puts no SIGTERM handler of its own in place of
+    kvbench's: a SIGTERM (as `timeout`, CI cancellation and a pod's deletion send) stops the
+    workers at once, lets them finish what is in flight, and every request the server answered
+    has its record."""
     sc = write_scenario(tmp_path / "rt.toml", loop("rt", 400, 1.0))
     out = tmp_path / "out"
     with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
-        proc = _popen(
-            ["run", str(sc), "--arm", "reuse", "--ray", cluster, "--endpoint", emu.base_url, "--out", str(out)]
-        )
-        _wait(lambda: result_lines(out) >= 6, proc)
+        proc = _run_on(cluster, sc, out, emu.base_url)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
         served = answered(emu.base_url)
@@ -591,21 +597,9 @@ def test_a_paused_coordinator_blames_no_ray_worker(tmp_path: Path, cluster: str)
     sc = write_scenario(tmp_path / "rp.toml", loop("rp", 300, 1.0))
     out = tmp_path / "out"
     with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
-        proc = _popen(
-            ["run", str(sc), "--arm", "reuse", "--ray", cluster, "--endpoint", emu.base_url, "--out", str(out)]
-        )
-        _wait(lambda: result_lines(out) >= 6 and {0, 1, 2} <= _reported(out), proc)
-        os.kill(proc.pid, signal.SIGSTOP)
-        try:
-            assert result_lines(out) < 300  # paused mid-arm
-            # past the liveness bound and a heartbeat without a word from the coordinator, the
-            # workers send nothing new (the dead-man's switch): the server's count stands still
-            time.sleep(DistributedCfg.lost_after_s + HEARTBEAT_S + 1)  # the pause, not a timing
-            held = answered(emu.base_url)
-            time.sleep(2)
-            assert answered(emu.base_url) == held
-        finally:
-            os.kill(proc.pid, signal.SIGCONT)
+        proc = _run_on(cluster, sc, out, emu.base_url)
+        _wait(lambda: {0, 1, 2} <= _reported(out), proc)
+        pause_past_the_bound(proc, out, 300, emu.base_url)
         _, err = proc.communicate(timeout=240)
         served = answered(emu.base_url)
     assert proc.returncode == 0, err
@@ -696,10 +690,7 @@ def test_workers_stop_sending_once_a_ray_client_coordinator_is_killed(tmp_path: 
     sc = write_scenario(tmp_path / "rk.toml", loop("rk", 3000, 1.0))
     out = tmp_path / "out"
     with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
-        proc = _popen(
-            ["run", str(sc), "--arm", "reuse", "--ray", client_address, "--endpoint", emu.base_url, "--out", str(out)]
-        )
-        _wait(lambda: result_lines(out) >= 6, proc)
+        proc = _run_on(client_address, sc, out, emu.base_url)
         proc.kill()
         proc.communicate(timeout=60)
         time.sleep(DistributedCfg.lost_after_s + HEARTBEAT_S + 1)  # the silence, not a timing

@@ -114,6 +114,22 @@ def answered(base_url: str) -> int:
     return int(float(value))
 
 
+def pause_past_the_bound(proc: subprocess.Popen[str], out: Path, requests: int, base_url: str) -> None:
+    """kvbench (`proc`, sending `requests` into `out`) stopped mid-arm (SIGSTOP) for longer than
+    the silence after which a worker is lost, then continued. Meanwhile, past the liveness bound
+    and a heartbeat without a word from the coordinator, its workers send nothing new (the
+    dead-man's switch): the server's count at `base_url` stands still."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        assert result_lines(out) < requests  # paused mid-arm
+        time.sleep(DistributedCfg.lost_after_s + HEARTBEAT_S + 1)  # the pause, not a timing
+        held = answered(base_url)
+        time.sleep(2)
+        assert answered(base_url) == held
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
 def _workers_of(pid: int) -> list[int]:
     """The worker processes (multiprocessing's spawn) a kvbench process started."""
     return [p for p in processes_with(b"spawn_main") if parent_of(p) == pid]
@@ -192,17 +208,7 @@ def test_a_paused_coordinator_blames_no_worker(tmp_path: Path) -> None:
     declared lost, every request is recorded once and answered, and the run completes."""
     with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
         proc, out = _sending(tmp_path, 150, emu)
-        os.kill(proc.pid, signal.SIGSTOP)
-        try:
-            assert result_lines(out) < 150  # paused mid-arm
-            # past the liveness bound and a heartbeat without a word from the coordinator, the
-            # workers send nothing new (the dead-man's switch): the server's count stands still
-            time.sleep(DistributedCfg.lost_after_s + HEARTBEAT_S + 1)  # the pause, not a timing
-            held = answered(emu.base_url)
-            time.sleep(2)
-            assert answered(emu.base_url) == held
-        finally:
-            os.kill(proc.pid, signal.SIGCONT)
+        pause_past_the_bound(proc, out, 150, emu.base_url)
         _, err = proc.communicate(timeout=300)
         served = answered(emu.base_url)
     assert proc.returncode == 0, err
