@@ -20,7 +20,7 @@ from harness.core.units import human_bandwidth
 from harness.inputs import traces
 from harness.results import utc_stamp, versions
 from harness.sizing import config
-from harness.sizing.fleet import Plan, TierPlan, from_trace, size
+from harness.sizing.fleet import CAPACITY_STEPS, Plan, TierPlan, from_trace, size
 from harness.sizing.simulate import Cost, Tier
 from harness.sizing.tiers import Fleet
 
@@ -47,6 +47,7 @@ def main(file: Path, out: Path, console: Console) -> int:
         kv,
         cost,
         spec.slo_ttft_s,
+        spec.slo_share,
         spec.bandwidth_bin_s,
     )
     console.print(
@@ -133,11 +134,19 @@ def show(doc: dict[str, Any], console: Console) -> None:
         markup=False,
     )
     if (slo := f["slo"]) is not None:
+        cached, recompute = slo["cached"], slo["recompute"]
         console.print(
-            f"Within the TTFT SLO of {slo['ttft_s']:g} s: {slo['within']:.1%} of requests "
-            f"({slo['within_recompute']:.1%} recomputing every prompt)",
+            f"Within the TTFT SLO of {slo['ttft_s']:g} s at the trace's rate: {cached['within']:.1%} of requests "
+            f"({recompute['within']:.1%} recomputing every prompt). SLO capacity ({slo['share']:.0%} within it): "
+            f"{_speedup(cached['capacity_speedup'])} the trace's rate, against "
+            f"{_speedup(recompute['capacity_speedup'])} recomputing"
+            + (f": {slo['capacity_ratio']:.2f}x" if slo["capacity_ratio"] is not None else ""),
             markup=False,
         )
+
+
+def _speedup(x: float | None) -> str:
+    return f"not even 1/{2**CAPACITY_STEPS:,} of" if x is None else f"{x:.3g}x"
 
 
 def _bytes(n: float) -> str:

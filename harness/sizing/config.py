@@ -26,7 +26,7 @@ Pure apart from reading the file; what the engine's profile gives is the command
     read_bandwidth = "50GB/s"
     latency_s = 0.001
     [slo]
-    ttft_s = 2.0
+    ttft_s = 2.0                      # and share = 0.9: a load holds it when 90 % of requests meet it
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.config.scenario import Slo
 from harness.config.tables import Table, read_toml, size
 from harness.core.errors import InputError
 from harness.sizing.tiers import SCOPES
@@ -87,6 +88,7 @@ class SizingSpec:
     engine: EngineSpec
     tiers: tuple[TierSpec, ...]
     slo_ttft_s: float | None
+    slo_share: float
     bandwidth_bin_s: float
 
 
@@ -115,10 +117,11 @@ def read(path: Path) -> SizingSpec:
     tiers = _tiers(top, path)
     slo = top.sub("slo")
     ttft = slo.number("ttft_s", 0.0, positive=True) if slo.has("ttft_s") else None
+    share = slo.number("share", Slo.share, positive=True, maximum=1.0)
     slo.done()
     bin_s = top.number("bandwidth_bin_s", BANDWIDTH_BIN_S, positive=True)
     top.done()
-    return SizingSpec(path, name, workload, kv, workers, per_node, routing, engine, tiers, ttft, bin_s)
+    return SizingSpec(path, name, workload, kv, workers, per_node, routing, engine, tiers, ttft, share, bin_s)
 
 
 def _workload(t: Table, path: Path) -> WorkloadSpec:

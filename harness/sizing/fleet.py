@@ -3,7 +3,8 @@ each prompt block served by the fastest tier that holds it (tiers.py, from stack
 requests replayed in virtual time through those tiers (simulate.py), and the figures a storage
 architect asks for: the share of prompt tokens each tier serves, the read bandwidth each tier must
 sustain (mean, p99 and max over time), TTFT against recomputing every prompt, the share of
-requests within the TTFT SLO, the prefill GPU-seconds saved, and each tier's capacity curve (the
+requests within the TTFT SLO and the load the fleet carries within it (the SLO capacity, both
+ways), the prefill GPU-seconds saved, and each tier's capacity curve (the
 share served at fractions and multiples of its capacity, the others unchanged), with the capacity
 past which doubling adds less than a point.
 """
@@ -11,8 +12,8 @@ past which doubling adds less than a point.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,10 @@ from harness.sizing.tiers import Fleet, round_robin, scoped_distances, served_by
 CURVE_MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 8.0, 16.0)
 # Past the knee, doubling a tier's capacity adds less than this share of prompt tokens.
 KNEE_GAIN = 0.01
+# The SLO capacity search: arrival speed-ups tried from 1x by doubling or halving (at most this
+# many times each way), then bisected until the bounds are within this ratio of each other.
+CAPACITY_STEPS = 12
+CAPACITY_PRECISION = 1.02
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class Plan:
     kv_bytes_per_token: float
     cost: Cost
     slo_ttft_s: float | None
+    slo_share: float  # a load holds the SLO when at least this share of its requests meet it
     bandwidth_bin_s: float
 
 
@@ -123,7 +129,9 @@ def size(w: Workload, plan: Plan) -> dict[str, Any]:
         "queue_s": _quantiles(cached.start_s - w.arrival_s),
         "prefill_gpu_s": float(cached.prefill_s.sum()),
         "recompute_prefill_gpu_s": float(recompute.prefill_s.sum()),
-        "slo": _slo(cached, recompute, plan.slo_ttft_s),
+        "slo": _slo(
+            w, plan, {"cached": (reqs, [t.timing for t in plan.tiers], cached), "recompute": (none, [], recompute)}
+        ),
     }
 
 
@@ -167,11 +175,59 @@ def _curve(refs: References, distances: list[np.ndarray], capacities: list[int],
     return {"points": points, "knee_blocks": knee}
 
 
-def _slo(cached: Result, recompute: Result, ttft_s: float | None) -> dict[str, Any] | None:
-    if ttft_s is None:
+def _slo(w: Workload, plan: Plan, runs: dict[str, tuple[Requests, list[Tier], Result]]) -> dict[str, Any] | None:
+    """At the trace's rate: the share of requests within the TTFT SLO, with the tiers ("cached")
+    and recomputing every prompt ("recompute"). And the SLO capacity both ways: the highest
+    arrival speed-up (x the trace's rate, after rate_scale) at which at least slo_share of the
+    requests meet it, and the ratio of the two (the paper's SLO capacity ratio, here simulated).
+    The routes and the tier each block comes from do not depend on time (LRU order is arrival
+    order), so only the arrivals are scaled."""
+    if plan.slo_ttft_s is None:
         return None
-    return {
-        "ttft_s": ttft_s,
-        "within": float(np.mean(cached.ttft_s <= ttft_s)) if len(cached.ttft_s) else None,
-        "within_recompute": float(np.mean(recompute.ttft_s <= ttft_s)) if len(recompute.ttft_s) else None,
-    }
+    ttft_s = plan.slo_ttft_s
+
+    def share(ttft: np.ndarray) -> float:
+        return float(np.mean(ttft <= ttft_s)) if len(ttft) else 0.0
+
+    def holds(reqs: Requests, timing: list[Tier]) -> Callable[[float], bool]:
+        def at(speedup: float) -> bool:
+            fast = replace(reqs, arrival_s=reqs.arrival_s / speedup)
+            return share(simulate(fast, timing, plan.kv_bytes_per_token, plan.cost).ttft_s) >= plan.slo_share
+
+        return at
+
+    out: dict[str, Any] = {"ttft_s": ttft_s, "share": plan.slo_share}
+    span = float(w.arrival_s[-1] - w.arrival_s[0]) if len(w.arrival_s) > 1 else 0.0
+    rate = (len(w.arrival_s) - 1) / span if span > 0 else None
+    for name, (reqs, timing, result) in runs.items():
+        cap = _capacity(holds(reqs, timing))
+        out[name] = {
+            "within": share(result.ttft_s),
+            "capacity_speedup": cap,
+            "capacity_req_per_s": None if cap is None or rate is None else cap * rate,
+        }
+    cached, recompute = out["cached"]["capacity_speedup"], out["recompute"]["capacity_speedup"]
+    out["capacity_ratio"] = None if cached is None or not recompute else cached / recompute
+    return out
+
+
+def _capacity(holds: Callable[[float], bool]) -> float | None:
+    """The highest speed-up x at which `holds(x)` (taken to hold below it and fail above it),
+    within CAPACITY_PRECISION: from 1x by doubling or halving, then bisecting. None if it fails
+    even 2^-CAPACITY_STEPS times as fast as the trace; the highest tried if it holds even
+    2^CAPACITY_STEPS times as fast."""
+    up = holds(1.0)
+    lo, hi = (1.0, 2.0) if up else (0.5, 1.0)
+    for _ in range(CAPACITY_STEPS):
+        if up and holds(hi):
+            lo, hi = hi, hi * 2
+        elif not up and not holds(lo):
+            lo, hi = lo / 2, lo
+        else:
+            break
+    else:
+        return lo if up else None  # held at every speed tried, or at none
+    while hi / lo > CAPACITY_PRECISION:
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return lo
