@@ -135,7 +135,7 @@ def test_the_shipped_example_adds_up(tmp_path: Path) -> None:
             "tiers[1].name",
         ),
         ('[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = 1\nread_bandwidth = "fast"', "tiers[0].read_bandwidth"),
-        ("[slo]\nttft_s = -1", "slo.ttft_s"),
+        ('[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 1\n[slo]\nttft_s = -1', "slo.ttft_s"),
     ],
 )
 def test_a_bad_sizing_file_names_the_file_and_the_key(tmp_path: Path, change: str, key: str) -> None:
@@ -144,8 +144,14 @@ def test_a_bad_sizing_file_names_the_file_and_the_key(tmp_path: Path, change: st
     assert r.returncode == 2 and f"{f}: {key}" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_an_engine_without_its_cost_or_a_profile_is_refused(tmp_path: Path) -> None:
+def test_a_sizing_file_without_tiers_is_refused(tmp_path: Path) -> None:
     f = sizing_file(tmp_path, "")
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and f"{f}: tiers: missing; expected one or more [[tiers]] tables" in r.stderr, r.stderr
+
+
+def test_an_engine_without_its_cost_or_a_profile_is_refused(tmp_path: Path) -> None:
+    f = sizing_file(tmp_path, '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 1')
     f.write_text(f.read_text().replace("prefill_b = 0.0\n", ""))
     r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and "engine.prefill_b: missing" in r.stderr, r.stderr

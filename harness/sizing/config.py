@@ -149,11 +149,10 @@ def _engine(t: Table) -> EngineSpec:
 
 
 def _tiers(top: Table, path: Path) -> tuple[TierSpec, ...]:
-    raw = top.get("tiers")
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list):
-        top.fail("tiers", "expected an array of tables ([[tiers]])", raw)
+    # without any tier every prompt is recomputed: the baseline every sizing has anyway
+    raw = top.required("tiers", "one or more [[tiers]] tables")
+    if not isinstance(raw, list) or not raw:
+        top.fail("tiers", "expected an array of one or more tables ([[tiers]])", raw)
     out: list[TierSpec] = []
     for k, item in enumerate(raw):
         t = Table(str(path), f"tiers[{k}]", item)

@@ -93,15 +93,10 @@ def size(w: Workload, plan: Plan) -> dict[str, Any]:
         refs.requests, n_tiers
     )
     reqs = Requests(w.arrival_s, request_worker, w.prompt_tokens, w.output_tokens, tier_tokens, instance)
-    cached = simulate(reqs, [t.timing for t in plan.tiers], plan.kv_bytes_per_token, plan.cost)
-    none = Requests(
-        w.arrival_s,
-        request_worker,
-        w.prompt_tokens,
-        w.output_tokens,
-        np.zeros((refs.requests, 0), dtype=np.int64),
-        np.zeros((refs.requests, 0), dtype=np.int64),
-    )
+    timing = [t.timing for t in plan.tiers]
+    cached = simulate(reqs, timing, plan.kv_bytes_per_token, plan.cost)
+    nothing = np.zeros((refs.requests, 0), dtype=np.int64)
+    none = replace(reqs, tier_tokens=nothing, instance=nothing)  # every prompt recomputed
     recompute = simulate(none, [], plan.kv_bytes_per_token, plan.cost)
     total = int(w.prompt_tokens.sum())
     served = tier_tokens.sum(axis=0)
@@ -129,9 +124,7 @@ def size(w: Workload, plan: Plan) -> dict[str, Any]:
         "queue_s": _quantiles(cached.start_s - w.arrival_s),
         "prefill_gpu_s": float(cached.prefill_s.sum()),
         "recompute_prefill_gpu_s": float(recompute.prefill_s.sum()),
-        "slo": _slo(
-            w, plan, {"cached": (reqs, [t.timing for t in plan.tiers], cached), "recompute": (none, [], recompute)}
-        ),
+        "slo": _slo(w, plan, {"cached": (reqs, timing, cached), "recompute": (none, [], recompute)}),
     }
 
 
