@@ -136,7 +136,7 @@ def test_tiers_from_scoped_distances_match_a_block_by_block_simulation(layout: l
         requests.append(TraceRequest(i + 1, float(i), len(ids) * 16 - int(rng.integers(0, 16)), 5, tuple(ids)))
     fleet = tiers.Fleet(workers=4, workers_per_node=2)
     refs = stack.references(requests, 16)
-    worker = tiers.round_robin(refs, fleet.workers)
+    worker = tiers.round_robin(refs.requests, fleet.workers)[refs.request]
     distances = [tiers.scoped_distances(refs, fleet.group(worker, scope)) for scope, _ in layout]
     chosen = tiers.served_by(distances, [c for _, c in layout])
     got = tiers.tokens_by_tier(refs, chosen, len(layout))
@@ -219,5 +219,5 @@ def test_scoped_distances_do_not_depend_on_how_large_the_block_ids_are() -> None
     got = []
     for reqs in (requests, huge):
         refs = stack.references(reqs, 16)
-        got.append(tiers.scoped_distances(refs, tiers.round_robin(refs, 3)))
+        got.append(tiers.scoped_distances(refs, tiers.round_robin(refs.requests, 3)[refs.request]))
     assert np.array_equal(got[0], got[1])

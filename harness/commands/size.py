@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.core.errors import InputError, replaced
-from harness.core.units import human_bandwidth
+from harness.core.units import human_bandwidth, human_size
 from harness.inputs import traces
 from harness.results import utc_stamp, versions
 from harness.sizing import config
@@ -119,11 +119,11 @@ def show(doc: dict[str, Any], console: Console) -> None:
             tier["name"],
             tier["scope"],
             str(tier["instances"]),
-            _bytes(spec["capacity_bytes"]),
+            human_size(spec["capacity_bytes"]),
             f"{tier['share']:.1%}",
             "free" if bw["mean"] is None else human_bandwidth(bw["mean"]),
             human_bandwidth(bw["p99"]),
-            "-" if knee is None or block is None else _bytes(knee * block),
+            "-" if knee is None or block is None else human_size(knee * block),
         )
     console.print(t)
     c, r = f["ttft_s"], f["recompute_ttft_s"]
@@ -147,10 +147,3 @@ def show(doc: dict[str, Any], console: Console) -> None:
 
 def _speedup(x: float | None) -> str:
     return f"not even 1/{2**CAPACITY_STEPS:,} of" if x is None else f"{x:.3g}x"
-
-
-def _bytes(n: float) -> str:
-    for unit, size_ in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if n >= size_:
-            return f"{n / size_:.3g} {unit}"
-    return f"{n:.0f} B"

@@ -30,8 +30,13 @@ def parse_bandwidth(text: str) -> float:
     return parse_size(t[:-2], binary_default=False)
 
 
+def human_size(n: float) -> str:
+    """Bytes in decimal units, three significant digits: '2.15 GB'."""
+    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= f:
+            return f"{n / f:.3g} {unit}"
+    return f"{n:.3g} B"
+
+
 def human_bandwidth(bps: float) -> str:
-    for unit, f in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
-        if bps >= f:
-            return f"{bps / f:.3g} {unit}"
-    return f"{bps:.3g} B/s"
+    return human_size(bps) + "/s"

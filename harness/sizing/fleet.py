@@ -79,19 +79,16 @@ class Plan:
 def size(w: Workload, plan: Plan) -> dict[str, Any]:
     """Every figure of the fleet (sizing.json's `figures`)."""
     refs = w.refs
-    worker = round_robin(refs, plan.fleet.workers)  # per reference
-    request_worker = np.arange(refs.requests, dtype=np.int64) % plan.fleet.workers
-    groups = [plan.fleet.group(worker, t.scope) for t in plan.tiers]
-    distances = [scoped_distances(refs, g) for g in groups]
+    request_worker = round_robin(refs.requests, plan.fleet.workers)
+    # which instance of each tier each request reads (a column per tier); a reference, its request's
+    instance = np.stack([plan.fleet.group(request_worker, t.scope) for t in plan.tiers], axis=1)
+    distances = [scoped_distances(refs, instance[refs.request, k]) for k in range(len(plan.tiers))]
     capacities = [t.capacity_blocks for t in plan.tiers]
     tier = served_by(distances, capacities)
     n_tiers = len(plan.tiers)
     tier_tokens = np.zeros((refs.requests, n_tiers), dtype=np.int64)
     hit = tier < n_tiers
     np.add.at(tier_tokens, (refs.request[hit], tier[hit]), refs.serves[hit])
-    instance = np.stack([plan.fleet.group(request_worker, t.scope) for t in plan.tiers], axis=1).reshape(
-        refs.requests, n_tiers
-    )
     reqs = Requests(w.arrival_s, request_worker, w.prompt_tokens, w.output_tokens, tier_tokens, instance)
     timing = [t.timing for t in plan.tiers]
     cached = simulate(reqs, timing, plan.kv_bytes_per_token, plan.cost)

@@ -34,9 +34,10 @@ class Fleet:
         return np.zeros_like(worker)
 
 
-def round_robin(refs: References, workers: int) -> np.ndarray:
-    """Each reference's worker: request i (in time order) goes to worker i mod workers."""
-    return refs.request % workers
+def round_robin(requests: int, workers: int) -> np.ndarray:
+    """Each request's worker: request i (in time order) goes to worker i mod workers (a
+    reference's is its request's: `round_robin(...)[refs.request]`)."""
+    return np.arange(requests, dtype=np.int64) % workers
 
 
 def scoped_distances(refs: References, group: np.ndarray) -> np.ndarray:
