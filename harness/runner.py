@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.analysis import stats
+from harness.analysis.kinds import figures_of
 from harness.config import kinds, reference
 from harness.config.scenario import Arm, Context, DistributedCfg, Scenario
 from harness.core import aio
@@ -47,7 +48,7 @@ from harness.traffic.base import TrafficDriver, TrafficResult
 from harness.wire.client import StreamingClient, client_for
 from harness.wire.stamps import KERNEL_CLOCK
 from harness.workloads.base import ArmSpec, Load, Plan, Sender
-from harness.workloads.kind import ArmsDone
+from harness.workloads.kind import ArmsDone, driver
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
                 return ExitCode.INTERRUPTED, []
             hosts = {m.info["hostname"] for m in state.cluster.members}
             console.print(f"{len(state.cluster.members)} Ray workers on {len(hosts)} host(s)", markup=False)
-        kind = kinds.get(t.scenario.workload.kind)
+        kind = driver(t.scenario.workload.kind)
         for arm in t.arms:
             try:
                 await kind.run_arm(t.scenario, Measure(t, session, arm, state, progress, outcomes), console, arm.name)
@@ -251,7 +252,9 @@ class ArmLifecycle:
         self.t, self.session, self.arm, self.state, self.progress = t, session, arm, state, progress
         self.load = load  # an open loop's: this folder's load
         self.at = at  # of several loads: the folder's suffix, which its summary says too
-        self.kind = kinds.get(t.scenario.workload.kind)
+        self.spec = kinds.get(t.scenario.workload.kind)
+        self.driver = driver(self.spec.name)
+        self.figures = figures_of(self.spec.name)
         self.base = arm.endpoint.rstrip("/") if arm.endpoint else t.base_url
         self.traffic_on = t.scenario.traffic is not None and arm.traffic
         self.health: dict[str, Any] | None = None
@@ -327,13 +330,13 @@ class ArmLifecycle:
         sc, t = self.t.scenario, self.t
         self.progress.label = self.arm.name
         self.scraper = self._scraper()
-        if self.scraper is not None and not self.kind.shares_schedule:
+        if self.scraper is not None and not self.spec.shares_schedule:
             sender.scraper = self.scraper  # one request at a time: counters around each
         sender.block, source = await self._block_size()
         writer.meta["warm_rule"] = checks.warm_rule(sender.block, source)
         key = self.load.label if self.load is not None else ""
         if key not in self.state.plans:  # (sizing prompts can take a while: a stop ends it at once)
-            planning = self.kind.plan(sender, self.state.prior())
+            planning = self.driver.plan(sender, self.state.prior())
             self.state.plans[key] = await aio.unless_stopped(planning, self.state.stop)
         plan = self.state.plans[key]
         writer.meta.update(plan.info)
@@ -349,9 +352,9 @@ class ArmLifecycle:
             await self._emulator_lateness("POST")  # a new count for this arm
         pool: Pool | None = None
         if self.state.cluster is not None:
-            pool = raypool.RayPool(self.state.cluster, sender, self.kind.name, plan, writer, t.emulated)
+            pool = raypool.RayPool(self.state.cluster, sender, self.spec.name, plan, writer, t.emulated)
         elif t.workers > 1:
-            pool = LocalPool(sender, self.kind.name, plan, t.workers, writer, t.emulated, DistributedCfg.lost_after_s)
+            pool = LocalPool(sender, self.spec.name, plan, t.workers, writer, t.emulated, DistributedCfg.lost_after_s)
         if pool is not None:
             await pool.ready()  # processes started before the clock: an open loop's time 0 is theirs too
         aio.freeze_heap()
@@ -368,7 +371,7 @@ class ArmLifecycle:
                 job: Coroutine[Any, Any, Any] = pool.run(clock)
             else:
                 self.progress.start(self.arm.name, plan.total)
-                job = self.kind.drive(sender, plan)
+                job = self.driver.drive(sender, plan)
             # a pool stops its workers itself and bounds its own wait for their last records
             grace_s = pool.grace_s if pool is not None else aio.GRACE_S
             result = (await aio.until_done_or_stopped(job, self.state.stop, grace_s)).result()
@@ -438,7 +441,7 @@ class ArmLifecycle:
             health["resent"] = resent
             sender.warn(f"{resent} requests were sent a second time, the first refused at once (see `retried`)")
         slo = self.t.scenario.slo
-        summary = self.kind.summary(records, slo.limits() if slo else None)
+        summary = self.figures.summary(records, slo.limits() if slo else None)
         if "schedule_lag" in summary:
             health["schedule_lag"] = summary["schedule_lag"]
             for i, h in enumerate(health.get("per_process") or []):  # each process's or worker's own
@@ -449,7 +452,7 @@ class ArmLifecycle:
             summary["possible_cached_share"] = trace["possible_cached_share"]
         title = f"{self.arm.name} at {self.at}" if self.at else self.arm.name
         unit = " (model time)" if self.t.clock.modelled else ""
-        self.kind.show(self.progress.console, f"{self.t.scenario.name} / {title}", summary, unit)
+        self.figures.show(self.progress.console, f"{self.t.scenario.name} / {title}", summary, unit)
         interrupted = interrupted or (self.state.stop.is_set() and not sender.aborted)
         status = "interrupted" if interrupted else "failed" if sender.aborted else "completed"
         extra: dict[str, Any] = {"ended": _now(), "summary": summary, "warnings": sender.warnings}
@@ -459,7 +462,7 @@ class ArmLifecycle:
             self.progress.console.print(f"[red]Run stopped:[/] {escape(sender.aborted)}")
         writer.finish(status, **extra)
         self.progress.console.print(f"Results: {writer.folder} ({status}, {len(records)} requests)", markup=False)
-        rate = self.kind.traffic_req_per_s(summary)
+        rate = self.figures.traffic_req_per_s(summary)
         aborted = sender.aborted is not None
         return Outcome(writer.folder, status, summary["failed"], rate, aborted, self.traffic_on, summary)
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.analysis import findings, stats
-from harness.config import kinds
+from harness.analysis.kinds import figures_of
 from harness.config.reference import redbooks
 from harness.results import RequestRecord
 from tests.conftest import ROOT
@@ -177,7 +177,7 @@ def test_mann_whitney_detects_a_shift_and_not_noise() -> None:
 
 
 def test_summary_of_nothing() -> None:
-    s = kinds.get("closed_loop").summary([])
+    s = figures_of("closed_loop").summary([])
     assert (s["requests"], s["completed"], s["req_per_s"], s["ttft_s"]["p50"]) == (0, 0, None, None)
 
 
@@ -193,10 +193,10 @@ def test_a_restore_before_the_request_is_part_of_its_ttft() -> None:
     assert row["warm_request_ttft_p50_s"] == pytest.approx(0.017)
     rows = findings.restores(cold + warm)["rows"]  # type: ignore[index]
     assert rows[0]["with_restore_s_p50"] == row["warm_ttft_p50_s"] and rows[0]["warm_ttft_s_p50"] == 0.017
-    s = kinds.get("sweep").summary(warm)
+    s = figures_of("sweep").summary(warm)
     assert s["ttft_includes_restore"] is True and s["request_ttft_s"]["p50"] == pytest.approx(0.017)
     assert s["ttft_s"]["p50"] == pytest.approx(0.048)
-    assert "ttft_includes_restore" not in kinds.get("sweep").summary(cold)
+    assert "ttft_includes_restore" not in figures_of("sweep").summary(cold)
     loop = [rec(phase="run", start_s=1.0 + i, ttft_s=0.1, e2e_s=0.2, restore_s=0.5) for i in range(3)]
     t = stats.throughput(loop)
     assert t.duration_s == pytest.approx(3.2 - 0.5)  # from the first restore's start to the last end

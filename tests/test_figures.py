@@ -15,8 +15,8 @@ import pytest
 from rich.console import Console
 
 from harness.analysis import findings, stats
+from harness.analysis.kinds import figures_of
 from harness.commands import compare
-from harness.config import kinds
 from harness.gate import baselines, figures
 from harness.gate.rules import parse_rules
 from harness.gate.verdicts import evaluate
@@ -66,7 +66,7 @@ def test_recorded_results_give_the_same_figures(name: str) -> None:
     ctx = build_context(runs)
     for run in runs:
         w = want["runs"][run.arm]
-        summary = kinds.get(run.kind).summary(run.records)
+        summary = figures_of(run.kind).summary(run.records)
         same(summary, w["summary"], f"{run.label} summary")
         same(summary, run.meta["summary"], f"{run.label} run.json")
         same(no_intervals(findings.group_stats(run.records)), w["group_stats"], f"{run.label} groups")
@@ -99,7 +99,7 @@ def _figures_everywhere(run: RunResult, tmp_path: Path) -> dict[str, dict[str, A
         progress.start(run.arm, len(run.records))
         for r in run.records:
             progress.advance(r.ok, r.ttft_s)
-    s = kinds.get(run.kind).summary(run.records)
+    s = figures_of(run.kind).summary(run.records)
     out: dict[str, dict[str, Any]] = {
         "progress": {"completed": progress.done - progress.errors, "p50": progress.p50},
         "run.json": {

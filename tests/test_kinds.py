@@ -40,7 +40,7 @@ def plugin_path(tmp: Path) -> str:
     info = tmp / "site" / "kvbench_toy-0.1.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvbench-toy\nVersion: 0.1\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text("[kvbench.workloads]\nbursts = tests.toy_kind:KIND\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text("[kvbench.workloads]\nbursts = tests.toy_kind:SPEC\n", encoding="utf-8")
     return str(tmp / "site")
 
 

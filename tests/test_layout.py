@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,16 +114,23 @@ def test_no_published_figure_is_written_outside_the_reference_file() -> None:
     assert found == []
 
 
-def test_every_workload_kind_is_one_module_behind_the_interface() -> None:
+def test_every_workload_kind_has_its_three_parts_each_in_its_layer() -> None:
+    """A built-in kind's spec sits in config/kinds/, its figures in analysis/kinds/ and its driver in
+    workloads/<kind>.py: what reads a scenario, a report or a gate imports neither the wire nor the
+    runtime (test_reading_imports_nothing_that_sends)."""
+    from harness.analysis.kinds import Figures, figures_of
     from harness.config import kinds
-    from harness.workloads.kind import WorkloadKind
+    from harness.workloads.kind import Driver, driver
 
     for name, module in kinds.BUILTIN.items():
-        assert Path(HARNESS / "workloads" / f"{name}.py").exists(), name
-        kind = kinds.get(name)
-        assert isinstance(kind, WorkloadKind) and kind.name == name and type(kind).__module__ == module
-        assert kind.config.__module__ == module and kind.config.parse.__qualname__.startswith(kind.config.__name__)
-        assert kind.name == name and callable(kind.plan) and callable(kind.drive)
+        spec = kinds.get(name)
+        assert module == f"harness.config.kinds.{name}" and spec.name == name, name
+        assert spec.config.__module__ == module and spec.config.parse.__qualname__.startswith(spec.config.__name__)
+        assert package_of(spec.figures.partition(":")[0]) == "harness.analysis", spec.figures
+        assert spec.driver == f"harness.workloads.{name}:DRIVER", spec.driver
+        assert isinstance(figures_of(name), Figures)
+        drive = driver(name)
+        assert isinstance(drive, Driver) and drive.config is spec.config
 
 
 def test_no_code_reaches_a_private_attribute_of_another_object() -> None:
@@ -151,13 +160,16 @@ def _kind_names(node: ast.expr) -> list[str]:
     return []
 
 
-def test_no_workload_kind_is_compared_outside_the_workloads_package() -> None:
+KIND_PARTS = ("harness/workloads/", "harness/config/kinds/", "harness/analysis/kinds/")
+
+
+def test_no_workload_kind_is_compared_outside_its_own_parts() -> None:
     """The runner, statistics, progress, report and gate ask a kind (its methods and declared
     sections), never which kind it is: a new kind is one module (docs/architecture.md)."""
     found = [
         f"{path}:{node.lineno}: {ast.unparse(node)}"
         for path, tree in modules()
-        if not path.startswith("harness/workloads/")
+        if not path.startswith(KIND_PARTS)
         for node in ast.walk(tree)
         if isinstance(node, ast.Compare) and any(_kind_names(x) for x in (node.left, *node.comparators))
     ]
@@ -169,9 +181,9 @@ def test_no_workload_kind_is_compared_outside_the_workloads_package() -> None:
 # cores (it is a server kvbench runs against, never a client).
 LAYERS = (
     "harness.core",
-    "harness.config",
     "harness.results",
     "harness.inputs",
+    "harness.config",
     "harness.wire",
     "harness.server",
     "harness.analysis",
@@ -198,17 +210,12 @@ def package_of(module: str) -> str:
     return "harness.cli"
 
 
-def runtime_imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
-    """(line, module) of every import of a harness module, at any depth, but those under
-    `if TYPE_CHECKING:` (annotations only: no import happens). `from harness import x` imports
-    the module harness.x; `from harness import __version__` reads the version, no module."""
-    skip: set[int] = set()
+def imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import of a harness module, at any depth: in a function (run
+    late) and under `if TYPE_CHECKING:` (for the types: a cycle there is one in the design) too.
+    `from harness import x` imports the module harness.x; `from harness import __version__`
+    reads the version, no module."""
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-            skip |= {id(n) for n in ast.walk(node)}
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("harness"):
             if node.module == "harness":
                 submodules = [
@@ -221,23 +228,36 @@ def runtime_imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
             yield from ((node.lineno, a.name) for a in node.names if a.name.startswith("harness"))
 
 
+def registry_imports() -> Iterator[tuple[str, int, str]]:
+    """The imports the kinds registry makes by name (config/kinds/__init__.py `get` and `part`):
+    each built-in spec's module from the config layer, its figures from analysis/kinds, its
+    driver from workloads/kind.py (the modules that call `part` for them)."""
+    from harness.config import kinds
+
+    for name, module in kinds.BUILTIN.items():
+        spec = kinds.get(name)
+        yield "harness/config/kinds/__init__.py", 0, module
+        yield "harness/analysis/kinds/__init__.py", 0, spec.figures.partition(":")[0]
+        yield "harness/workloads/kind.py", 0, spec.driver.partition(":")[0]
+
+
 def test_imports_run_one_way_between_every_pair_of_packages() -> None:
     rank = {name: i for i, name in enumerate(LAYERS)}
     wrong = []
-    for path, tree in modules():
+    found = [(path, line, module) for path, tree in modules() for line, module in imports(tree)]
+    for path, line, module in [*found, *registry_imports()]:
         own = package_of(path.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
-        for line, module in runtime_imports(tree):
-            to = package_of(module)
-            if to == own:
-                continue
-            if own in STANDALONE:
-                ok = to in STANDALONE[own]
-            elif to in STANDALONE:  # who starts the emulator: the test above
-                ok = path.startswith(EMULATOR_IMPORTERS)
-            else:
-                ok = rank[to] < rank[own]
-            if not ok:
-                wrong.append(f"{path}:{line}: {own} imports {module}")
+        to = package_of(module)
+        if to == own:
+            continue
+        if own in STANDALONE:
+            ok = to in STANDALONE[own]
+        elif to in STANDALONE:  # who starts the emulator: the test above
+            ok = path.startswith(EMULATOR_IMPORTERS)
+        else:
+            ok = rank[to] < rank[own]
+        if not ok:
+            wrong.append(f"{path}:{line}: {own} imports {module}")
     assert wrong == []
 
 
@@ -248,3 +268,41 @@ def test_every_package_is_placed_and_described() -> None:
     placed = {n.removeprefix("harness.") for n in (*LAYERS, *STANDALONE)}
     assert set(packages) <= placed, set(packages) - placed
     assert [p for p in packages if f"`{p}/`" not in doc] == []
+
+
+READING = """
+import sys
+import harness.analysis, harness.config, harness.gate, harness.report
+from harness.cli import app
+for args in sys.argv[1:]:
+    try:
+        code = app(args.split("|"), standalone_mode=False)
+    except SystemExit as e:
+        code = e.code
+    assert not code, (args, code)
+SENDS = ("harness.wire", "harness.distributed", "harness.workloads")
+print("imported:", *sorted(m for m in sys.modules if m.startswith(SENDS)))
+"""
+
+
+def test_reading_a_scenario_a_report_or_a_gate_imports_nothing_that_sends(tmp_path: Path) -> None:
+    """Issue 54: validate, report and gate on a shipped result, in a fresh interpreter, leave the
+    wire, the distribution layer and the kinds' drivers unimported."""
+    runs = ROOT / "tests" / "golden" / "runs"
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[gate.thresholds]\nttft_s = ["p99 < 1000"]\n', encoding="utf-8")
+    commands = [
+        "validate|scenarios/redbooks-ttft-sweep.toml",
+        "validate|scenarios/trace-replay.toml",
+        "validate|scenarios/multi-turn-sessions.toml",
+        "validate|scenarios/kv-tier-capacity.toml",
+        "validate|scenarios/redbooks-concurrency.toml",
+        f"report|{runs / 'golden-loop'}|--output|{tmp_path / 'r.html'}",
+        f"gate|{runs / 'golden-loop'}|--rules|{rules}|--json|{tmp_path / 'g.json'}",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-c", READING, *commands], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "r.html").exists() and (tmp_path / "g.json").exists()
+    assert out.stdout.splitlines()[-1].split() == ["imported:"]

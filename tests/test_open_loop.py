@@ -17,12 +17,12 @@ from scipy import stats as sps
 from harness.analysis import capacity, stats
 from harness.analysis.capacity import Point
 from harness.config import scenario
+from harness.config.kinds.open_loop import OpenLoopConfig
 from harness.core import aio
 from harness.core.errors import InputError
 from harness.results import read_requests, read_run
 from harness.workloads import open_loop, schedule
 from harness.workloads.base import Plan
-from harness.workloads.open_loop import OpenLoopConfig
 from tests.conftest import cli, kvbench, write_scenario
 
 BASE = """
@@ -451,7 +451,7 @@ class Cycle:
         self.me = self
 
 
-def test_young_objects_are_frozen_while_an_open_loop_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_young_objects_are_frozen_while_an_open_loop_sends() -> None:
     """While an open loop sends, what a young collection would scan is frozen instead (nothing
     collected, the young count starts over); cycles made meanwhile are collected by the next
     freeze_heap, or in a gap once too much is frozen; afterwards the thresholds are the usual ones."""
@@ -472,8 +472,8 @@ def test_young_objects_are_frozen_while_an_open_loop_sends(monkeypatch: pytest.M
             aio.freeze_heap()  # the next arm's: what the last one froze is collected
             assert gone == ["collected"]
             held.frozen = 0
-            # past FROZEN_LIMIT, everything is collected, but only where the schedule leaves a gap
-            monkeypatch.setattr(aio, "FROZEN_LIMIT", usual[0])
+            # past the frozen limit, everything is collected, but only where the schedule leaves a gap
+            held.frozen_limit = usual[0]
             cycle = Cycle()
             weakref.finalize(cycle, gone.append, "in a gap")
             del cycle

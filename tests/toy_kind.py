@@ -1,5 +1,7 @@
 """A workload kind from outside kvbench, in one file, as a plugin package would ship it
-(tests/test_kinds.py registers it through the `kvbench.workloads` entry point group).
+(tests/test_kinds.py registers `SPEC` through the `kvbench.workloads` entry point group): its
+config and spec, its figures and its driver, the three parts kvbench's own kinds keep in three
+layers (config/kinds/__init__.py).
 
 `kind = "bursts"`: `bursts` bursts of `size` requests of one prompt, all of a burst sent at once,
 `gap_s` (model seconds) between the end of one burst and the next; each burst has a prompt of
@@ -15,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from harness.analysis import stats
-from harness.config.kinds import WorkloadConfig
+from harness.analysis.kinds import Figures, GateFigures, Section
+from harness.config.kinds import KindSpec, WorkloadConfig
 from harness.config.tables import Table
 from harness.results import RequestRecord, RunResult
 from harness.workloads.base import Plan, Schedule, Sender
-from harness.workloads.kind import GateFigures, Section, WorkloadKind
+from harness.workloads.kind import Driver
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,12 +65,19 @@ def spread(records: stats.Records) -> float | None:
     return statistics.median(gaps) if gaps else None
 
 
-class Bursts(WorkloadKind[BurstsConfig]):
-    name = "bursts"
+SPEC = KindSpec(
+    name="bursts",
+    config=BurstsConfig,
+    figures="tests.toy_kind:FIGURES",
+    driver="tests.toy_kind:DRIVER",
+    shares_schedule=False,
+    report_sections=("versus_recompute",),
+    gate_metrics=("burst_ttft_spread",),
+)
+
+
+class Bursts(Driver[BurstsConfig]):
     config = BurstsConfig
-    shares_schedule = False
-    report_sections = ("versus_recompute",)
-    gate_metrics = ("burst_ttft_spread",)
 
     async def plan(self, sender: Sender, prior: Plan | None = None) -> Plan:
         w = self.cfg(sender.spec.scenario)
@@ -90,6 +100,8 @@ class Bursts(WorkloadKind[BurstsConfig]):
             await asyncio.gather(*sends)
             await asyncio.sleep(sender.spec.clock.wall_s(w.gap_s))
 
+
+class BurstsFigures(Figures):
     def figures(
         self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
     ) -> dict[str, Any]:
@@ -120,4 +132,5 @@ class Bursts(WorkloadKind[BurstsConfig]):
         ]
 
 
-KIND = Bursts()
+DRIVER = Bursts()
+FIGURES = BurstsFigures()

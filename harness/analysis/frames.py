@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.analysis import capacity, stats
+from harness.analysis.kinds import figures_of
 from harness.config import kinds
 from harness.core.errors import InputError
 from harness.results import RunResult, load_runs
@@ -81,7 +82,7 @@ class Runs:
         rows = []
         for run in self.runs:
             slo = capacity.slo_of(run)
-            s = kinds.get(run.kind).summary(run.records, slo[0] if slo else None)
+            s = figures_of(run.kind).summary(run.records, slo[0] if slo else None)
             row: dict[str, Any] = {**_identity(run), **{k: s[k] for k in ("requests", "completed", "failed")}}
             for metric in ("ttft_s", "request_ttft_s", "e2e_s", "tpot_s"):
                 if isinstance(s.get(metric), dict):

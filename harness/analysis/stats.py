@@ -249,7 +249,7 @@ def sweep_rows(records: Records, intervals: bool = False) -> list[dict[str, Any]
 def summary(records: Records) -> dict[str, Any]:
     """What run.json's summary of any arm (or load of an arm) starts with: the counts, and TTFT
     and e2e over the measured requests that succeeded. A workload kind adds its own figures
-    (workloads/kind.py `WorkloadKind.summary`)."""
+    (analysis/kinds `Figures.summary`)."""
     done = ok(records)
     out: dict[str, Any] = {
         "requests": len(records),

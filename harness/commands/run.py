@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
+from harness.commands.context import known_context
 from harness.config import kinds, scenario
 from harness.core import aio
 from harness.core.clock import ModelClock, check_scale
@@ -181,26 +182,6 @@ def run(opts: RunOptions, console: Console) -> tuple[int, list[Path]]:
             context=context,
         )
         return aio.run(run_arms(target, console))
-
-
-def known_context(sc: scenario.Scenario, emulated: bool, engine: scenario.EngineCfg | None) -> scenario.Context:
-    """The model's context where kvbench knows it before the run (the embedded emulator's profile,
-    the llama.cpp it starts), when it is shorter than the scenario's bound; else the scenario's.
-    Another server's is not asked for: it refuses longer prompts itself (an `http` error)."""
-    own = scenario.Context.of(sc)
-    if emulated:
-        from harness.emulator.profiles import get_profile
-
-        try:
-            profile = get_profile(sc.emulator.profile)
-            known = scenario.Context(profile.max_model_len, f"emulator profile {sc.emulator.profile}")
-        except (KeyError, ValueError):  # an unknown profile is said where the emulator starts
-            return own
-    elif engine is not None:
-        known = engine.context
-    else:
-        return own
-    return known if known.tokens < own.tokens else own
 
 
 def _with_timeouts(sc: scenario.Scenario, overrides: tuple[tuple[str, float], ...]) -> scenario.Scenario:

@@ -9,7 +9,7 @@ from harness.core.errors import ExitCode
 
 
 def main(scenarios: list[Path]) -> int:
-    from harness.commands.run import known_context
+    from harness.commands.context import known_context
     from harness.config.scenario import check_lengths, load
     from harness.gate.rules import check_rules
 

@@ -66,6 +66,7 @@ class Collections:
     def __init__(self) -> None:
         self.usual = gc.get_threshold()
         self.frozen = 0  # net tracked allocations frozen since the last full collection
+        self.frozen_limit = FROZEN_LIMIT
 
     def in_gap(self, left_ns: int) -> None:
         """With `left_ns` to the next send: freeze what a young collection would have scanned by
@@ -73,7 +74,7 @@ class Collections:
         young = gc.get_count()[0]
         if young < self.usual[0]:
             return
-        if self.frozen + young <= FROZEN_LIMIT:
+        if self.frozen + young <= self.frozen_limit:
             self.frozen += young
             gc.freeze()
         elif left_ns >= GAP_COLLECT_NS:

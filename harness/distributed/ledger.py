@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.config import kinds
 from harness.distributed.messages import Item
 from harness.workloads.base import Plan
+from harness.workloads.kind import driver
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Ledger:
         """A lost worker's items (what it took): (schedule index, prompt index, record fields) of
         each request of them it did not report, counted lost once."""
         out = []
-        kind = kinds.get(self.kind)
+        kind = driver(self.kind)
         for i, p in taken:
             for prompt, extra in kind.untaken(self.plan, i, p, self.seen):
                 out.append((i, prompt, extra))

@@ -18,7 +18,6 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from harness.config import kinds
 from harness.core import aio
 from harness.distributed.dispatch import FedOrder, tagged
 from harness.distributed.messages import (
@@ -44,6 +43,7 @@ from harness.monitor.selfcheck import LoopMonitor
 from harness.results import RequestRecord
 from harness.wire.client import KEPT_ALIVE, ONE_PER_REQUEST, client_for
 from harness.workloads.base import Schedule, Sender
+from harness.workloads.kind import driver
 
 # The ids a worker gives its requests start at index x ID_STRIDE, unique until the coordinator
 # renumbers them in start order.
@@ -239,7 +239,7 @@ async def send_share(
         t0_ns = await go()
         sender.spec = replace(sender.spec, clock=replace(sender.spec.clock, t0_ns=t0_ns))
         monitor.start()
-        drive = kinds.get(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
+        drive = driver(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
         await aio.until_done_or_stopped(drive, stop)
         health = monitor.stop()
     health.update(client.health())

@@ -33,7 +33,7 @@ from harness.server import endpoint
 from harness.traffic import fio
 
 if TYPE_CHECKING:
-    from harness.workloads.base import ArmSpec
+    from harness.config.scenario import Arm
 
 LLAMACPP_SLOT = 0  # the slot a tiered sweep's requests go to (a closed loop's connection n: slot n)
 PUSH_OUT_TOKENS = 64  # the other prompt that takes the slot ("host"): short, of its own text
@@ -211,15 +211,16 @@ def drop_from_page_cache(path: Path) -> None:
         os.close(fd)
 
 
-def adapter(spec: ArmSpec, session: aiohttp.ClientSession, push_out_text: str) -> Adapter:
-    """The adapter an arm's `warm_from` (not "active") needs on its server."""
-    arm = spec.arm
-    if spec.server != "llama.cpp":
+def adapter(
+    arm: Arm, server: str, base_url: str, run_id: str, session: aiohttp.ClientSession, push_out_text: str
+) -> Adapter:
+    """The adapter an arm's `warm_from` (not "active") needs on `server` (the engine it looks like)."""
+    if server != "llama.cpp":
         raise EndpointError(
             f"arm {arm.name}: warm_from = {arm.warm_from} needs an engine kvbench can move KV on; "
-            f"llama.cpp is the one it knows (this endpoint looks like {spec.server})"
+            f"llama.cpp is the one it knows (this endpoint looks like {server})"
         )
-    return LlamaCpp(session, spec.base_url, arm.warm_from, spec.run_id, arm.slot_dir, push_out_text)
+    return LlamaCpp(session, base_url, arm.warm_from, run_id, arm.slot_dir, push_out_text)
 
 
 def _int(v: Any) -> int | None:

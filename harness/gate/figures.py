@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.analysis import capacity, stats
-from harness.config import kinds
+from harness.analysis.kinds import figures_of
 from harness.gate.rules import Selector
 from harness.results import RunResult
 
@@ -91,4 +91,4 @@ def of_runs(runs: list[RunResult]) -> Figures:
 def run_level(run: RunResult) -> dict[tuple[str, int | None], float]:
     """The figures a run gives once, as its workload kind says: throughput for a closed loop,
     speedup per length for a sweep, goodput beside the throughput for an open loop."""
-    return kinds.get(run.kind).gate_figures(run)
+    return figures_of(run.kind).gate_figures(run)

@@ -12,6 +12,7 @@ import numpy as np
 from markupsafe import Markup
 
 from harness.analysis import capacity, findings, stats
+from harness.analysis.kinds import figures_of
 from harness.config import kinds, reference
 from harness.config.reference import redbooks
 from harness.monitor import selfcheck
@@ -49,7 +50,7 @@ def kind_sections(runs: list[RunResult]) -> dict[str, Any]:
     for r in runs:
         if r.records:
             by_kind.setdefault(r.kind, []).append(r)
-    return {"kind_sections": [s for name, rs in by_kind.items() for s in kinds.get(name).sections(rs)]}
+    return {"kind_sections": [s for name, rs in by_kind.items() for s in figures_of(name).sections(rs)]}
 
 
 def run_row(run: RunResult) -> dict[str, Any]:

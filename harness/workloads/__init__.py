@@ -1,4 +1,4 @@
-"""Workload kinds: one module each (`sweep`, `closed_loop`, `open_loop`, `trace`, `sessions`),
-whose `KIND` implements `kind.WorkloadKind` and whose config is its own `kinds.WorkloadConfig`
-(its `[workload]` keys). harness/config/kinds.py finds them by name; nothing outside this package
-asks which kind a workload is."""
+"""Workload kinds' drivers: one module each (`sweep`, `closed_loop`, `open_loop`, `trace`,
+`sessions`), whose `DRIVER` implements `kind.Driver`; each kind's spec (its config) is in
+config/kinds/ and its figures in analysis/kinds/. Nothing outside a kind's parts asks which kind a
+workload is."""

@@ -16,9 +16,9 @@ from typing import Any, Literal
 import orjson
 from rich.markup import escape
 
-from harness.config.kinds import WorkloadConfig
+from harness.config.kinds.draws import draw_length
+from harness.config.kinds.pool import PoolConfig
 from harness.config.scenario import Arm, Context, Scenario
-from harness.config.tables import Table
 from harness.core.clock import ModelClock
 from harness.inputs import prompts
 from harness.inputs.prompts import Prompt, PromptBuilder
@@ -28,15 +28,11 @@ from harness.server import checks, endpoint
 from harness.server.scrape import Scraper
 from harness.wire.client import Exchange, StreamingClient
 from harness.wire.turns import TURNS
-from harness.workloads.draws import Distribution, distribution, draw_length, longest, smallest
 
 # A run stops early after this many consecutive requests that could not connect or timed out.
 DEAD_ENDPOINT_STREAK = 10
 DEAD_KINDS = {"connect": "could not connect", "timeout": "timed out"}
 LENGTH_WARNINGS = 5  # prompts named for being off their target length; beyond, one line says more are
-# Connections of an open loop without max_concurrency: beyond as many in flight, a request waits
-# for a connection, and the wait shows as schedule lag.
-OPEN_LOOP_CONNECTIONS = 1024
 
 
 @lru_cache(maxsize=4096)  # a closed loop asks again for each request of a prompt
@@ -405,40 +401,6 @@ class Schedule(AsyncIterator[tuple[int, int]]):
         """Given when this process is ready for the measured part (its warm-up answered), when
         the measured part starts for all (monotonic ns). One process: at once."""
         return ready_ns
-
-
-@dataclass(frozen=True, kw_only=True)
-class PoolConfig(WorkloadConfig):
-    """The prompt pool of closed and open loops: `pool` prompts of `prompt_tokens` (drawn per
-    prompt), the first `shared_prefix_tokens` of each shared by all."""
-
-    pool: int
-    prompt_tokens: Distribution
-    shared_prefix_tokens: int = 0
-
-    @classmethod
-    def pool_keys(cls, t: Table) -> dict[str, Any]:
-        pool = dict(
-            pool=t.integer("pool", required=True, minimum=1, what="an integer number of distinct prompts"),
-            prompt_tokens=distribution(t, "prompt_tokens"),
-            shared_prefix_tokens=t.integer(
-                "shared_prefix_tokens", cls.shared_prefix_tokens, minimum=0, what="an integer number of tokens"
-            ),
-        )
-        least = smallest(pool["prompt_tokens"])
-        if pool["shared_prefix_tokens"] and pool["shared_prefix_tokens"] >= least:
-            t.fail(
-                "shared_prefix_tokens",
-                f"expected fewer tokens than the shortest prompt ({least})",
-                pool["shared_prefix_tokens"],
-            )
-        return pool
-
-    def shared_prefix(self) -> int:
-        return self.shared_prefix_tokens
-
-    def longest_prompts(self, out: int) -> list[tuple[str, int, str]]:
-        return [("workload.prompt_tokens", longest(self.prompt_tokens) + out, "")]
 
 
 async def build_pool(sender: Sender, w: PoolConfig) -> tuple[Prompt, ...]:

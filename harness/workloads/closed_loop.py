@@ -8,47 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass
-from typing import Any, Self
 
-from harness.config.scenario import Scenario
-from harness.config.tables import Table
-from harness.core.errors import InputError
+from harness.config.kinds.closed_loop import ClosedLoopConfig
 from harness.engines import tiers
-from harness.workloads.base import Plan, PoolConfig, Schedule, Sender, build_pool
-from harness.workloads.kind import WorkloadKind
+from harness.workloads.base import Plan, Schedule, Sender, build_pool
+from harness.workloads.kind import Driver
 
 
-@dataclass(frozen=True, kw_only=True)
-class ClosedLoopConfig(PoolConfig):
-    kind: str = "closed_loop"
-    requests: int
-    concurrency: int
-
-    @classmethod
-    def parse(cls, t: Table) -> Self:
-        return cls(
-            requests=t.integer("requests", required=True, minimum=1, what="an integer number of requests"),
-            concurrency=t.integer("concurrency", required=True, minimum=1, what="an integer number of connections"),
-            **cls.pool_keys(t),
-        )
-
-    def check(self, sc: Scenario) -> None:
-        for i, a in enumerate(sc.arms):  # each connection keeps to an engine slot: its file comes back
-            if a.warm_from not in ("active", "disk"):
-                raise InputError(
-                    f'{sc.path}: arms[{i}].warm_from: "{a.warm_from}" applies to kind = "sweep" workloads; '
-                    'a closed loop takes "disk"'
-                )
-
-    def connections(self) -> int:
-        return self.concurrency
-
-
-class ClosedLoop(WorkloadKind[ClosedLoopConfig]):
-    name = "closed_loop"
+class ClosedLoop(Driver[ClosedLoopConfig]):
     config = ClosedLoopConfig
-    report_sections = ("loop", "versus_recompute")
 
     async def plan(self, sender: Sender, prior: Plan | None = None) -> Plan:
         sc = sender.spec.scenario
@@ -63,11 +31,8 @@ class ClosedLoop(WorkloadKind[ClosedLoopConfig]):
     ) -> None:
         await drive(sender, plan, take, connections, first)
 
-    def traffic_req_per_s(self, s: dict[str, Any]) -> float | None:
-        return s.get("req_per_s")
 
-
-KIND = ClosedLoop()
+DRIVER = ClosedLoop()
 
 
 async def drive(
@@ -84,8 +49,8 @@ async def drive(
     queue = take if take is not None else Schedule(plan.schedule)
     count = sender.spec.connections if connections is None else connections
     tier = None
-    if sender.spec.arm.warm_from != "active":
-        tier = tiers.adapter(sender.spec, sender.client.session, "")
+    if (sp := sender.spec).arm.warm_from != "active":
+        tier = tiers.adapter(sp.arm, sp.server, sp.base_url, sp.run_id, sender.client.session, "")
         await tier.check_slots(first + count)
 
     async def connection(n: int) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from harness.workloads.open_loop import OpenLoopConfig
+    from harness.config.kinds.open_loop import OpenLoopConfig
 
 
 def _rng(seed: int, rate: float) -> np.random.Generator:

@@ -15,70 +15,21 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Literal, Self
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
-from harness.config.kinds import WorkloadConfig
-from harness.config.tables import Table
+from harness.config.kinds.draws import draw_length, draw_seconds
+from harness.config.kinds.sessions import SessionsConfig
 from harness.inputs.prompts import BlockPrompts, Prompt
 from harness.workloads import open_loop, schedule
 from harness.workloads.base import Plan, Schedule, Sender, SessionPlan
-from harness.workloads.draws import Distribution, Seconds, distribution, draw_length, draw_seconds, longest, seconds
-from harness.workloads.kind import ReusesAcrossRequests, Taken
-
-HISTORIES = ("synthetic", "real")  # what goes into the history as the answers
+from harness.workloads.kind import Driver, Taken
 
 
-@dataclass(frozen=True, kw_only=True)
-class SessionsConfig(WorkloadConfig):
-    kind: str = "sessions"
-    users: int
-    turns: Distribution
-    think_s: Seconds
-    message_tokens: Distribution  # the user's message per turn
-    answer_tokens: int  # the answer kvbench writes into the history (and asks for)
-    system_prompt_tokens: int = 0  # shared by every user
-    user_context_tokens: int = 0  # each user's own document, sent with every turn
-    history: Literal["synthetic", "real"] = "synthetic"  # "real": the server's own answers go into it
-    start_rate: float | None = None  # new sessions per second (None: all at once)
-    max_active: int | None = None  # sessions in flight at most
-    seed: int | None = None  # the sessions' shapes' seed (default: prompts.seed)
-
-    @classmethod
-    def parse(cls, t: Table) -> Self:
-        tokens = "an integer number of tokens"
-        return cls(
-            users=t.integer("users", required=True, minimum=1, what="an integer number of users"),
-            turns=distribution(t, "turns", "turns"),
-            think_s=seconds(t, "think_s"),
-            system_prompt_tokens=t.integer("system_prompt_tokens", 0, minimum=0, what=tokens),
-            user_context_tokens=t.integer("user_context_tokens", 0, minimum=0, what=tokens),
-            message_tokens=distribution(t, "message_tokens"),
-            answer_tokens=t.integer("answer_tokens", required=True, minimum=1, what=tokens),
-            history=t.text("history", cls.history, HISTORIES),
-            start_rate=t.number("start_rate", 0.0, positive=True) or None,
-            max_active=t.integer("max_active", None, minimum=1, what="an integer number of sessions"),
-            seed=t.integer("seed", None, minimum=0),
-        )
-
-    def connections(self) -> int:
-        return self.max_active or self.users  # sessions in flight at most: one turn each
-
-    def longest_prompts(self, out: int) -> list[tuple[str, int, str]]:
-        """The last turn resends everything before it."""
-        per_turn = longest(self.message_tokens) + self.answer_tokens
-        n = self.system_prompt_tokens + self.user_context_tokens + longest(self.turns) * per_turn
-        how = " (the last turn: system_prompt_tokens + user_context_tokens + turns x (message_tokens + answer_tokens))"
-        return [("workload.turns", n, how)]
-
-
-class Sessions(ReusesAcrossRequests[SessionsConfig]):
-    name = "sessions"
+class Sessions(Driver[SessionsConfig]):
     config = SessionsConfig
-    batch_limit = 1  # a session is long, and stays where it went
-    report_sections = ("sessions", "versus_recompute")
 
     async def plan(self, sender: Sender, prior: Plan | None = None) -> Plan:
         return await plan(self.cfg(sender.spec.scenario), sender)
@@ -94,7 +45,7 @@ class Sessions(ReusesAcrossRequests[SessionsConfig]):
         return [(prompts[t], {"session": index, "turn": t + 1}) for t in range(seen.turns.get(index, 0), len(prompts))]
 
 
-KIND = Sessions()
+DRIVER = Sessions()
 
 
 def shape(w: SessionsConfig, seed: int) -> list[tuple[list[int], list[float]]]:

@@ -1,11 +1,18 @@
 """The registry of workload kinds, and the base of every kind's `[workload]` config.
 
-A kind is one module whose `KIND` implements `WorkloadKind` (workloads/kind.py) and whose config
-is a `WorkloadConfig`. The built-in kinds (harness/workloads/) are imported on first use by module
-name, as pytest loads its built-in plugins: the scenario reader, which sits below the workloads,
-finds them without importing them. Another package adds a kind through the entry point group
-`kvbench.workloads` (name: the kind's name; value: `module:KIND`), found the same way; a
-process can also `register` one itself.
+A kind has three parts, one per layer, so that reading a scenario, a report or a gate never
+imports what sends requests (k6 keeps an executor's config apart from the executor):
+- its **spec** (`KindSpec`, here in the config layer): the `[workload]` config dataclass with its
+  parse and checks, the sharing policy, and what it declares of its figures and report sections;
+- its **figures** (analysis/kinds/): run.json's summary, the terminal lines, the gate's figures;
+- its **driver** (workloads/): plan, drive and the run of an arm at its loads.
+The spec names the other two as `module:attribute`, imported only by the layer that needs them
+(analysis/kinds `figures`, workloads/kind `driver`).
+
+The built-in kinds' specs (harness/config/kinds/) are imported on first use by module name, as
+pytest loads its built-in plugins. Another package adds a kind through the entry point group
+`kvbench.workloads` (name: the kind's name; value: `module:SPEC`, a `KindSpec`), found the same
+way; a process can also `register` one itself.
 """
 
 from __future__ import annotations
@@ -21,11 +28,14 @@ from harness.core.errors import InputError
 
 if TYPE_CHECKING:
     from harness.config.scenario import Context, Scenario
-    from harness.workloads.kind import WorkloadKind
 
-BUILTIN = {name: f"harness.workloads.{name}" for name in ("sweep", "closed_loop", "open_loop", "trace", "sessions")}
+BUILTIN = {name: f"harness.config.kinds.{name}" for name in ("sweep", "closed_loop", "open_loop", "trace", "sessions")}
 PLUGIN_GROUP = "kvbench.workloads"
-_added: dict[str, WorkloadKind[Any]] = {}
+# Connections of an open loop without max_concurrency: beyond as many in flight, a request waits
+# for a connection, and the wait shows as schedule lag.
+OPEN_LOOP_CONNECTIONS = 1024
+# The kinds registered or found so far in this process (a plugin registry, as pytest's is).
+_known: dict[str, KindSpec] = {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,9 +93,30 @@ class WorkloadConfig:
         return []
 
 
-def register(kind: WorkloadKind[Any]) -> None:
+@dataclass(frozen=True, kw_only=True)
+class KindSpec:
+    """A workload kind as the layers below the runtime know it: its config, how its schedule may be
+    shared, what it declares of its figures, and where its figures and driver are."""
+
+    name: str
+    config: type[WorkloadConfig]
+    figures: str  # "module:attribute" of its `analysis.kinds.Figures`
+    driver: str  # "module:attribute" of its `workloads.kind.Driver`
+    # may several client processes or hosts share its schedule (--workers, --ray)
+    shares_schedule: bool = True
+    # schedule items one worker takes at most at a time (None: as many as its pace asks for)
+    batch_limit: int | None = None
+    # figures per prompt length (cold against warm) rather than a throughput
+    per_length: bool = False
+    # the report's own sections its runs go into (report/sections.py SECTIONS)
+    report_sections: tuple[str, ...] = ()
+    # per-run figures its figures' `gate_figures` adds to the gate's own (gate/rules.py PER_RUN)
+    gate_metrics: tuple[str, ...] = ()
+
+
+def register(spec: KindSpec) -> None:
     """Adds a kind (or replaces one of the same name) for this process."""
-    _added[kind.name] = kind
+    _known[spec.name] = spec
 
 
 @functools.cache
@@ -94,31 +125,42 @@ def _plugins() -> dict[str, EntryPoint]:
 
 
 def names() -> tuple[str, ...]:
-    return tuple(dict.fromkeys([*BUILTIN, *_plugins(), *_added]))
+    return tuple(dict.fromkeys([*BUILTIN, *_plugins(), *_known]))
 
 
-def get(name: str) -> WorkloadKind[Any]:
-    if name in _added:
-        return _added[name]
+def get(name: str) -> KindSpec:
+    if name in _known:
+        return _known[name]
     if name in BUILTIN:
-        kind = importlib.import_module(BUILTIN[name]).KIND
+        spec = importlib.import_module(BUILTIN[name]).SPEC
     elif name in _plugins():
-        kind = _load(_plugins()[name])
+        spec = _load(_plugins()[name])
     else:
         raise InputError(f"unknown workload kind {name!r} (known: {', '.join(names())})")
-    _added[name] = kind
-    return kind
+    _known[name] = spec
+    return spec
 
 
-def _load(ep: EntryPoint) -> WorkloadKind[Any]:
+def _load(ep: EntryPoint) -> KindSpec:
     where = f"entry point {ep.value!r} ({PLUGIN_GROUP}: {ep.name})"
     try:
-        kind = ep.load()
+        spec = ep.load()
     except (ImportError, AttributeError) as e:
         raise InputError(f"workload kind {ep.name!r}: {where} cannot be loaded: {e}") from None
-    if getattr(kind, "name", None) != ep.name or not hasattr(kind, "config"):
-        raise InputError(f"workload kind {ep.name!r}: {where} is not a workload kind named {ep.name!r}")
-    return kind
+    if not isinstance(spec, KindSpec) or spec.name != ep.name:
+        raise InputError(f"workload kind {ep.name!r}: {where} is not the KindSpec of a kind named {ep.name!r}")
+    return spec
+
+
+def part(spec: KindSpec, which: str) -> Any:
+    """The object a spec names as `module:attribute` for `which` ("figures" or "driver"),
+    imported by the layer that asks."""
+    ref = getattr(spec, which)
+    module, _, attr = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise InputError(f"workload kind {spec.name!r}: its {which} {ref!r} cannot be loaded: {e}") from None
 
 
 def gate_metrics() -> tuple[str, ...]:

@@ -1,0 +1,116 @@
+"""Each workload kind's figures (the analysis part of a kind; config/kinds/ says what a kind's
+parts are): run.json's summary of an arm, its lines in the terminal, the figures it gives the gate
+and report sections of its own. Pure: records in, figures out. A kind without figures of its own
+names `PLAIN` (or `REUSES`) in its spec; `figures_of(name)` finds a kind's figures by its spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from harness.analysis import stats, wording
+from harness.config import kinds
+from harness.results import RequestRecord, RunResult
+
+GateFigures = dict[tuple[str, int | None], float]  # (figure, prompt length or None) -> value
+
+
+@dataclass(frozen=True)
+class Section:
+    """A report section a kind adds: a title, a sentence saying what it shows, and a table
+    (every cell text or a number; the report escapes them)."""
+
+    title: str
+    text: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+
+
+class Figures:
+    """The figures of a kind sending requests at one load; a kind's own subclass adds to them."""
+
+    def summary(self, records: stats.Records, slo: dict[str, float] | None = None) -> dict[str, Any]:
+        """run.json's summary of one arm (or one load): `stats.summary`'s figures, the throughput,
+        the kind's own (`figures`), and the schedule lag where requests had send times."""
+        out = stats.summary(records)
+        counted = stats.measured(records)
+        out.update(stats.rates(counted))
+        out.update(self.figures(records, counted, slo))
+        if "schedule_lag" not in out and any(r.intended_s is not None for r in counted):
+            out["schedule_lag"] = stats.schedule_lag(counted)
+        return out
+
+    def figures(
+        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
+    ) -> dict[str, Any]:
+        """The kind's own summary figures, over the measured records (`counted`) of all."""
+        return {}
+
+    def show(self, console: Console, heading: str, s: dict[str, Any], unit: str) -> None:
+        """An arm's summary in the terminal."""
+        ttft = s["ttft_s"]
+        fmt = wording.fmt
+        console.print(
+            f"[bold]{escape(heading)}[/]: {s['completed']}/{s['requests']} completed, "
+            f"{fmt(s['req_per_s'], 3)} req/s, TTFT p50 {fmt(ttft['p50'])} s, p99 {fmt(ttft['p99'])} s, "
+            f"duration {fmt(s['duration_s'], 2)} s{unit}"
+        )
+        if s.get("ttft_includes_restore"):
+            console.print(f"  {stats.RESTORE_NOTE}", markup=False)
+        for line in self.lines(s):
+            console.print(f"  {line}", markup=False)
+
+    def lines(self, s: dict[str, Any]) -> list[str]:
+        """The terminal's lines under an arm's headline."""
+        lag = s.get("schedule_lag")
+        return [wording.sent(lag)] if lag and lag["requests"] else []
+
+    def traffic_req_per_s(self, s: dict[str, Any]) -> float | None:
+        """The throughput competing traffic is judged by (the Redbooks' third test), if any."""
+        return None
+
+    def gate_figures(self, run: RunResult) -> GateFigures:
+        """The figures a run gives once, for the gate: its throughput."""
+        t = stats.throughput(stats.measured(run.records))
+        return {
+            (name, None): v
+            for name, v in (
+                ("req_per_s", t.req_per_s),
+                ("steady_req_per_s", t.steady_req_per_s),
+                ("output_tokens_per_s", t.output_tokens_per_s),
+            )
+            if v is not None
+        }
+
+    def sections(self, runs: list[RunResult]) -> list[Section]:
+        """Report sections of the kind's own, over its runs (those with records)."""
+        return []
+
+
+class ReusesAcrossRequests(Figures):
+    """A kind whose requests reuse each other's prefixes as they come (a trace, sessions): its
+    summary says what share of the prompt tokens the server served from cache, and the terminal
+    says it beside what an infinite cache could have."""
+
+    def figures(
+        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
+    ) -> dict[str, Any]:
+        return {"cached_share": stats.cached_share(counted)}
+
+    def lines(self, s: dict[str, Any]) -> list[str]:
+        return [*wording.cached_lines(s), *super().lines(s)]
+
+
+PLAIN = Figures()
+REUSES = ReusesAcrossRequests()
+
+
+def figures_of(name: str) -> Figures:
+    """The figures of the kind named `name` (its spec's `figures`)."""
+    found = kinds.part(kinds.get(name), "figures")
+    if not isinstance(found, Figures):
+        raise TypeError(f"workload kind {name!r}: its figures are a {type(found).__name__}, not Figures")
+    return found

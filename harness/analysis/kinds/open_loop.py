@@ -1,0 +1,52 @@
+"""`kind = "open_loop"`'s figures: the steady throughput, TPOT, the schedule's lag, how saturated
+the server was, and goodput under the SLO (also for the gate)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.analysis import capacity, stats, wording
+from harness.analysis.kinds import Figures, GateFigures
+from harness.results import RequestRecord, RunResult
+
+
+class OpenLoopFigures(Figures):
+    def figures(
+        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
+    ) -> dict[str, Any]:
+        t = stats.throughput(counted)
+        out: dict[str, Any] = {
+            "steady_req_per_s": t.steady_req_per_s,
+            "tpot_s": stats.describe(stats.values(stats.ok(counted), "tpot_s")),
+            "warmup_requests": len(records) - len(counted),
+            "mean_in_flight": t.mean_concurrency,
+            "saturation": stats.saturation(counted),
+        }
+        if slo:
+            out["slo"] = stats.goodput(counted, slo)
+        out["schedule_lag"] = stats.schedule_lag(counted)
+        return out
+
+    def lines(self, s: dict[str, Any]) -> list[str]:
+        lag, tpot, fmt = s["schedule_lag"], s["tpot_s"], wording.fmt
+        line = f"TPOT p50 {fmt(tpot['p50'], 4)} s, p99 {fmt(tpot['p99'], 4)} s"
+        if lag["requests"]:
+            line += f"; {wording.sent(lag)}"
+        if (slo := s.get("slo")) is not None:
+            line += f"; SLO met by {slo['met']}/{slo['requests']}, goodput {fmt(slo['goodput_req_per_s'], 3)} req/s"
+        if (s.get("saturation") or {}).get("saturated"):
+            line += "; saturated"
+        return [line]
+
+    def gate_figures(self, run: RunResult) -> GateFigures:
+        """Goodput and the share meeting the SLO, beside the throughput."""
+        out: GateFigures = {}
+        if (slo := capacity.slo_of(run)) is not None:
+            g = stats.goodput(run.records, slo[0])
+            for name in ("goodput_req_per_s", "share_met"):
+                if g[name] is not None:
+                    out[("slo_share_met" if name == "share_met" else name, None)] = float(g[name])
+        return {**out, **super().gate_figures(run)}
+
+
+FIGURES = OpenLoopFigures()
