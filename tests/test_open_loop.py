@@ -467,7 +467,7 @@ def test_young_objects_are_frozen_while_an_open_loop_sends() -> None:
             junk = [[] for _ in range(2 * usual[0])]  # tracked objects: past the usual young threshold
             held.in_gap(0)
             assert gc.get_count()[0] < usual[0] and gc.get_freeze_count() >= frozen + 2 * usual[0]
-            assert held.frozen >= 2 * usual[0] and not gone  # frozen, not collected
+            assert held.frozen >= usual[0] and not gone  # frozen (a young generation at least), not collected
             del junk
             aio.freeze_heap()  # the next arm's: what the last one froze is collected
             assert gone == ["collected"]
