@@ -20,7 +20,7 @@ from harness.core import aio
 from harness.wire.client import OTHER_FILES, Exchange, StreamingClient, reserve_descriptors
 from harness.wire.connection import Habit
 from harness.wire.sse import SSEDecoder, SSEEvent, SSELimitError
-from harness.wire.turns import DUE, SEND_HOLD_NS, SEND_MARGIN_NS, SLICE_NS, TURNS, Turns
+from harness.wire.turns import DUE, SEND_HOLD_NS, SEND_MARGIN_NS, SLICE_NS, Turns
 from tests.servers import ThreadedServer, requests_on
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -130,12 +130,13 @@ def test_parsing_turns_let_the_loop_poll_and_every_stream_finishes() -> None:
     """Three streams with 40 ms of parsing each: the loop still turns at least every few slices
     (a ticker counts its turns), a stream cancelled while it waits for its turn holds no one up,
     and the others finish."""
+    budget = Turns()  # a client's: its streams share it
 
     async def parse(items: int, per_item_s: float) -> int:
         done = 0
         for _ in range(items):
-            if TURNS.spent():
-                await TURNS.wait()
+            if budget.spent():
+                await budget.wait()
             end = time.perf_counter() + per_item_s
             while time.perf_counter() < end:
                 pass
@@ -605,7 +606,7 @@ def test_one_flooding_connection_does_not_starve_the_others() -> None:
             released.append(self.name)
 
     async def main() -> None:
-        backlog = Backlog(asyncio.get_running_loop())
+        backlog = Backlog(asyncio.get_running_loop(), Turns())
         flood, quiet = Held("flood", 10_000), Held("quiet", 2)
         backlog.add(flood)  # type: ignore[arg-type]
         backlog.add(quiet)  # type: ignore[arg-type]

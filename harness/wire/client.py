@@ -26,6 +26,7 @@ from harness.wire.liveness import Liveness
 from harness.wire.stamps import USER, Stamp
 from harness.wire.stream import StreamState
 from harness.wire.transport import Backend, Kvbench
+from harness.wire.turns import Turns
 
 __all__ = ["KEPT_ALIVE", "ONE_PER_REQUEST", "Exchange", "StreamingClient", "client_for", "token_limit"]
 # A response may carry this many token chunks beyond twice its max_tokens before it is cut as
@@ -125,7 +126,9 @@ class StreamingClient:
         self.max_response_tokens = max_response_tokens
         reserve_descriptors(concurrency + 4)
         # send_clock: tell the embedded emulator when each request left (see its _arrival)
-        args = (concurrency + 4, timeouts.connect_s, timeouts.idle_s, max_line_bytes, send_clock)
+        # parsing shared out in turns among this client's streams and senders (turns.py)
+        self.turns = Turns()
+        args = (concurrency + 4, timeouts.connect_s, timeouts.idle_s, max_line_bytes, send_clock, self.turns)
         if transport == "aiohttp":
             from harness.wire.via_aiohttp import Aiohttp  # aiohttp's client is loaded only for it
 

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 from harness.wire import stamps
 from harness.wire.stamps import Stamp
-from harness.wire.turns import SLICE_NS, TURNS
+from harness.wire.turns import SLICE_NS, Turns
 
 READ_BYTES = 65536  # asked of the kernel per read
 # Bytes one connection may hold unparsed: beyond this, reading pauses until the backlog has
@@ -137,8 +137,9 @@ class Backlog:
     """Reads held by a pool's connections, released a read per connection in turn, for a slice
     of time per loop turn."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, turns: Turns) -> None:
         self.loop = loop
+        self.turns = turns
         self.conns: deque[Connection] = deque()
         self.scheduled = False
 
@@ -152,7 +153,7 @@ class Backlog:
         start = now = time.perf_counter_ns()
         conns = self.conns
         try:
-            while conns and now - start < SLICE_NS and not TURNS.send_near(now):
+            while conns and now - start < SLICE_NS and not self.turns.send_near(now):
                 conn = conns.popleft()
                 if conn.held:
                     conn.release_one()
@@ -256,7 +257,7 @@ class Connection:
             return
         now = time.perf_counter_ns()
         stamp = stamps.of_read(ancdata, now, self.pool.clocks)
-        TURNS.polled(now)
+        self.pool.turns.polled(now)
         self.last_read_ns = stamp.t_ns
         ended = not data
         if self.tls is not None:
@@ -415,10 +416,11 @@ async def open_socket(loop: asyncio.AbstractEventLoop, host: str, port: int) -> 
 class Pool:
     """At most `limit` connections, opened within `connect_s`, kept for reuse."""
 
-    def __init__(self, limit: int, connect_s: float) -> None:
+    def __init__(self, limit: int, connect_s: float, turns: Turns) -> None:
         self.limit, self.connect_s = limit, connect_s
         self.loop = asyncio.get_running_loop()
-        self.backlog = Backlog(self.loop)
+        self.turns = turns
+        self.backlog = Backlog(self.loop, turns)
         self.clocks = stamps.WallToMonotonic()  # the kernel's stamps onto the monotonic clock
         self.habit = Habit()
         self.idle: dict[Origin, list[Connection]] = {}

@@ -31,7 +31,7 @@ from harness.wire.response import Response, TooManyTokens
 from harness.wire.sse import SSELimitError
 from harness.wire.stamps import Stamp
 from harness.wire.stream import FramePatterns
-from harness.wire.turns import TURNS
+from harness.wire.turns import Turns
 
 if TYPE_CHECKING:
     from harness.wire.client import Exchange
@@ -179,8 +179,10 @@ class Kvbench:
     name = "kvbench"
     stamping = SOCKET_READ
 
-    def __init__(self, limit: int, connect_s: float, idle_s: float, max_line_bytes: int, send_clock: bool) -> None:
-        self.pool = Pool(limit, connect_s)
+    def __init__(
+        self, limit: int, connect_s: float, idle_s: float, max_line_bytes: int, send_clock: bool, turns: Turns
+    ) -> None:
+        self.pool = Pool(limit, connect_s, turns)
         self.idle_s, self.max_line_bytes = idle_s, max_line_bytes
         self.send_clock = send_clock
         self.frames = FramePatterns()  # the fast path's patterns, shared by this client's responses
@@ -211,7 +213,7 @@ class Kvbench:
             closing = self.pool.habit.closes_after_response
             data = target.encode(body, request_id, closing, ex.start_ns if self.send_clock else None)
             ex.start_ns, ex.written = time.perf_counter_ns(), True
-            TURNS.written()
+            self.pool.turns.written()
             conn.write(data)
             reader.start()
             await reader.finished

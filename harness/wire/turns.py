@@ -13,6 +13,9 @@ A timed send (an open loop's) holds parsing back from SEND_MARGIN_NS before its 
 is written (`expect`, `written`), so that the loop turns it falls due and is written in are
 short: it waits behind no slice of parsing. A send that cannot be written (a connection that
 will not open) holds parsing back for at most SEND_HOLD_NS.
+
+Each `StreamingClient` owns one `Turns` and hands it to its transport, its connections and its
+senders: every stream of a client's loop shares that budget.
 """
 
 from __future__ import annotations
@@ -96,7 +99,3 @@ class Turns:
         if self._scheduled:
             assert self._loop is not None
             self._loop.call_soon(self._next)
-
-
-# One per process: every stream's parsing shares its budget.
-TURNS = Turns()

@@ -18,23 +18,12 @@ from harness.wire.connection import KEPT_ALIVE, BrokenFraming, ConnectFailed, Cu
 from harness.wire.response import TooManyTokens, too_many
 from harness.wire.sse import SSEDecoder, SSELimitError
 from harness.wire.transport import PARSE_TIME, TooLong
-from harness.wire.turns import TURNS
+from harness.wire.turns import Turns
 
 if TYPE_CHECKING:
     from harness.wire.client import Exchange
 
 FEED_BYTES = 8192  # bytes decoded into SSE events at once, between two looks at the turn's budget
-
-
-async def _on_chunk_sent(
-    _session: aiohttp.ClientSession, ctx: Any, _params: aiohttp.TraceRequestChunkSentParams
-) -> None:
-    # aiohttp writes the headers with the body's first chunk: the request leaves now.
-    ex = ctx.trace_request_ctx
-    if ex is not None and not ex.written:
-        ex.written = True
-        ex.start_ns = time.perf_counter_ns()
-        TURNS.written()
 
 
 class Aiohttp:
@@ -43,13 +32,14 @@ class Aiohttp:
     connections = KEPT_ALIVE
 
     def __init__(
-        self, limit: int, connect_s: float, idle_s: float, max_line_bytes: int, send_clock: bool
+        self, limit: int, connect_s: float, idle_s: float, max_line_bytes: int, send_clock: bool, turns: Turns
     ) -> None:
+        self.turns = turns
         self.idle_s, self.max_line_bytes = idle_s, max_line_bytes
         self.send_clock = send_clock
         self.headers: dict[str, str] = {}
         trace = aiohttp.TraceConfig()
-        trace.on_request_chunk_sent.append(_on_chunk_sent)
+        trace.on_request_chunk_sent.append(self._on_chunk_sent)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=limit, limit_per_host=0),
             trace_configs=[trace],
@@ -57,6 +47,16 @@ class Aiohttp:
             read_bufsize=1 << 20,
             auto_decompress=False,
         )
+
+    async def _on_chunk_sent(
+        self, _session: aiohttp.ClientSession, ctx: Any, _params: aiohttp.TraceRequestChunkSentParams
+    ) -> None:
+        # aiohttp writes the headers with the body's first chunk: the request leaves now.
+        ex = ctx.trace_request_ctx
+        if ex is not None and not ex.written:
+            ex.written = True
+            ex.start_ns = time.perf_counter_ns()
+            self.turns.written()
 
     async def exchange(self, url: str, body: bytes, request_id: str, ex: Exchange, first_token_by: int | None) -> None:
         headers = {**self.headers, "X-Request-Id": request_id}
@@ -104,8 +104,8 @@ class Aiohttp:
             for cut in range(0, len(chunk), FEED_BYTES):  # a read can be 1 MB: split the work
                 events = decoder.feed(chunk[cut : cut + FEED_BYTES])
                 if events:
-                    if TURNS.spent():
-                        await TURNS.wait()
+                    if self.turns.spent():
+                        await self.turns.wait()
                     state.on_events(events, t)
             if len(state.token_chunk_ns) > ex.token_limit:
                 raise TooManyTokens(too_many(ex.token_limit))

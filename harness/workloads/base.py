@@ -27,7 +27,6 @@ from harness.results import RequestRecord
 from harness.server import checks, endpoint
 from harness.server.scrape import Scraper
 from harness.wire.client import Exchange, StreamingClient
-from harness.wire.turns import TURNS
 
 # A run stops early after this many consecutive requests that could not connect or timed out.
 DEAD_ENDPOINT_STREAK = 10
@@ -263,8 +262,8 @@ class Sender:
         # What follows (a closed loop's next request) takes its turn with the streams' parsing:
         # streams that end together do not hold the loop in one go. After the record: a
         # cancellation while waiting loses nothing.
-        if TURNS.spent():
-            await TURNS.wait()
+        if self.client.turns.spent():
+            await self.client.turns.wait()
         return record
 
     def _salt(self, salt: str | None) -> str | None:

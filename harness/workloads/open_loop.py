@@ -34,7 +34,7 @@ from harness.config.scenario import Scenario
 from harness.core import aio
 from harness.core.errors import write_file
 from harness.results import load_runs
-from harness.wire.turns import TURNS
+from harness.wire.turns import Turns
 from harness.workloads import closed_loop, schedule
 from harness.workloads.base import Load, Plan, Schedule, Sender, build_pool
 from harness.workloads.kind import ArmsDone, Driver, MeasureLoad
@@ -309,18 +309,19 @@ class TimedSends:
             task.add_done_callback(self.tasks.discard)
 
     async def one(self, i: int, p: int, shift: int, due: int) -> None:
-        TURNS.expect(due)  # parsing yields to this send as it falls due, until it is written
+        turns = self.sender.client.turns
+        turns.expect(due)  # parsing yields to this send as it falls due, until it is written
         try:
             await until(due)
             if not self.sender.stop.is_set():
                 await self.send(i, p, shift)
         finally:
-            TURNS.written()
+            turns.written()
 
     async def send(self, i: int, p: int, shift: int) -> None:
         sender, spec, clock, plan, slots = self.sender, self.sender.spec, self.clock, self.plan, self.slots
         dispatched = time.perf_counter_ns()
-        held_ns = None if slots is None else await hold(slots)
+        held_ns = None if slots is None else await hold(slots, sender.client.turns)
         held = None if held_ns is None else clock.between(0, held_ns)
         try:
             prompt = plan.prompts[p]
@@ -339,12 +340,12 @@ class TimedSends:
                 slots.release()
 
 
-async def hold(slots: asyncio.Semaphore) -> int | None:
+async def hold(slots: asyncio.Semaphore, turns: Turns) -> int | None:
     """Take a slot of max_concurrency; how long (ns) the request was held back for one, if it was."""
     if not slots.locked():
         await slots.acquire()
         return None
-    TURNS.written()  # held back: parsing need not wait for it
+    turns.written()  # held back: parsing need not wait for it
     t = time.perf_counter_ns()
     await slots.acquire()
     return time.perf_counter_ns() - t

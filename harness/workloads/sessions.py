@@ -160,7 +160,7 @@ async def drive(
             slots.release()
 
     while not sender.stop.is_set():
-        held_ns = await open_loop.hold(slots)  # a session held back by max_active starts late
+        held_ns = await open_loop.hold(slots, sender.client.turns)  # a session held back by max_active starts late
         try:
             u, _ = await anext(queue)
         except StopAsyncIteration:
