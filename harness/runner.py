@@ -391,7 +391,9 @@ class ArmLifecycle:
         could not be asked: the run's figures do not depend on it)."""
         url = endpoint.join(endpoint.root(self.base), "/kvbench/lateness")
         try:
-            async with self.session.client.session.request(method, url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+            async with self.session.client.session.request(
+                method, url, timeout=endpoint.within(self.session.client.session, 10)
+            ) as r:
                 got = await r.json() if r.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None

@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import os
 import random
+import re
 import resource
 import socket
 import threading
@@ -17,6 +18,8 @@ import pytest
 
 from harness.config.scenario import Timeouts
 from harness.core import aio
+from harness.core.errors import EndpointError
+from harness.server import endpoint
 from harness.wire.client import OTHER_FILES, Exchange, StreamingClient, reserve_descriptors
 from harness.wire.connection import Habit
 from harness.wire.sse import SSEDecoder, SSEEvent, SSELimitError
@@ -373,6 +376,63 @@ def test_each_timeout_names_its_limit(name: str, transport: str) -> None:
     assert ex.ok or ex.error_kind == "timeout"
 
 
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [(0.05, bytes([b])) for b in HEAD],  # the status line and headers a byte at a time
+        [(0, b"HTTP/1.1 200 OK\r\n"), *[(0.05, b"X-Slow: 1\r\n")] * 128],  # 128 header lines, slowly
+    ],
+    ids=["byte-by-byte", "line-by-line"],
+)
+def test_a_head_that_trickles_is_given_up_within_connect_s_of_its_first_byte(steps: list[tuple[float, bytes]]) -> None:
+    """A server that sends its head slowly, each byte or line well within idle_s of the last:
+    the request fails as a timeout naming connect_s, before the head is whole (it held each
+    request for first_token_s, 900 s by default; issue 56 item 5)."""
+    server = ScriptServer(steps)
+
+    async def go() -> Exchange:
+        timeouts = Timeouts(connect_s=0.3, first_token_s=60, idle_s=30, total_s=120)
+        async with StreamingClient(1, timeouts, {}) as client:
+            return await client.stream(server.url, b"{}", "r")
+
+    try:
+        ex = aio.run(go())
+    finally:
+        server.close()
+    assert ex.error_kind == "timeout" and ex.http_status is None, ex.error
+    assert ex.error == "timeout: the response's head was not whole 0.3 s after its first byte (connect_s)"
+
+
+def test_a_stalled_tls_handshake_on_the_control_plane_is_named_within_connect_s() -> None:
+    """A server that accepts the connection and never answers the TLS handshake: the model list
+    (the control plane) fails within connect_s, naming the handshake; a call's own total no
+    longer replaces the session's connect bound (it waited 30 s: issue 56 item 5)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    base = f"https://127.0.0.1:{listener.getsockname()[1]}/v1"
+
+    async def go() -> str:
+        async with StreamingClient(1, Timeouts(connect_s=0.5), {}) as client:
+            with pytest.raises(EndpointError) as e:
+                await endpoint.list_models(client.session, base, {})
+            return str(e.value)
+
+    try:
+        said = aio.run(go())
+    finally:
+        listener.close()
+        for c in held:
+            c.close()
+    assert said.endswith("no connection or TLS handshake within 0.5 s (connect_s)"), said
+
+
 # --- hostile servers on the wire (issue 30, cases 1-3 and 5; issue 29's strict framing) ---------
 
 
@@ -471,13 +531,15 @@ def test_broken_framing_is_a_protocol_error_never_a_success(answer: bytes) -> No
     ],
     ids=["deep-error", "deep-finish-reason"],
 )
-def test_deeply_nested_json_from_the_server_fails_its_request_only(chunk: bytes) -> None:
+@pytest.mark.parametrize("transport", ["kvbench", "aiohttp"])
+def test_deeply_nested_json_from_the_server_fails_its_request_only(chunk: bytes, transport: str) -> None:
     """An error or a finish reason nested 990 deep (within orjson's own limit): reading it fails
-    that request at once (`protocol`), never the event loop, and the next request on a new
+    that request at once (`protocol`), never the event loop or the run (the aiohttp escape hatch
+    too: it raised out of the client and ended the run), and the next request on a new
     connection is answered as usual."""
     server = FloodServer(b"", HEAD + ROLE + TOKEN + event(chunk) + DONE)
     try:
-        got = stream_once(server.url, n=2)
+        got = stream_once(server.url, n=2, transport=transport)
     finally:
         server.close()
     assert [ex.error_kind for ex in got] == ["protocol", "protocol"], [ex.error for ex in got]
@@ -510,8 +572,55 @@ def test_a_key_echoed_across_the_cut_of_an_error_text_leaves_nothing_of_itself(t
         ex = aio.run(go())
     finally:
         server.close()
-    assert ex.error is not None and "sk-" not in ex.error and "kkk" not in ex.error, ex.error[-60:]
+    assert ex.error is not None and "sk-" not in ex.error and "kkk" not in ex.error, (ex.error or "")[-60:]
     assert len(ex.error) <= 1000
+
+
+class StrayAnswerServer(ThreadedServer):
+    """Answers each request with its own X-Request-Id as the one token (Content-Length framing,
+    the connection kept alive), then, 5 ms later, with a second whole answer no request asked for."""
+
+    @staticmethod
+    def answer(text: bytes) -> bytes:
+        body = b'data: {"choices":[{"index":0,"delta":{"content":"%s"}}]}\n\ndata: [DONE]\n\n' % text
+        return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(body),
+            body,
+        )
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            for head, _ in requests_on(conn):
+                rid = re.search(rb"(?i)\r\nx-request-id: *(\S+)", head)
+                conn.sendall(self.answer(rid.group(1) if rid else b"?"))
+                time.sleep(0.005)
+                conn.sendall(self.answer(b"stray"))
+
+
+@pytest.mark.parametrize("transport", ["kvbench", "aiohttp"])
+def test_an_answer_no_request_asked_for_is_never_the_next_requests(transport: str) -> None:
+    """A server that sends a second answer after each real one, on a kept-alive connection: every
+    request's recorded answer is its own (through aiohttp, 12 of 20 were another's: it read the
+    stray answer as the next request's), whichever transport sends."""
+    server = StrayAnswerServer()
+
+    async def go() -> list[tuple[str, str, str | None]]:
+        timeouts = Timeouts(first_token_s=10, idle_s=10, total_s=20)
+        out = []
+        async with StreamingClient(1, timeouts, {}, transport=transport) as client:  # type: ignore[arg-type]
+            for i in range(20):
+                answer: list[str] = []
+                ex = await client.stream(server.url, b"{}", f"r{i}", answer=answer)
+                out.append((f"r{i}", "".join(answer), ex.error_kind))
+                await asyncio.sleep(0.01)  # the stray answer comes in while the connection is idle
+        return out
+
+    try:
+        got = aio.run(go())
+    finally:
+        server.close()
+    assert [answer for rid, answer, _ in got if answer != rid] == []
+    assert [kind for _, _, kind in got] == [None] * 20
 
 
 def test_a_compressed_stream_is_refused_by_name() -> None:

@@ -111,7 +111,7 @@ class LlamaCpp:
         """Each connection keeps to a slot of its own: the engine needs that many."""
         url = endpoint.join(self.root, "/props")
         try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as r:
+            async with self.session.get(url, timeout=endpoint.within(self.session, 30)) as r:
                 got = await r.json(content_type=None) if r.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError, ValueError):
             got = {}
@@ -185,7 +185,7 @@ class LlamaCpp:
     async def _post(self, url: str, body: dict[str, Any], what: str, hint: str = "") -> dict[str, Any]:
         said = f"warm_from = {self.warm_from}: the engine could not {what}"
         try:
-            async with self.session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=STEP_TIMEOUT_S)) as r:
+            async with self.session.post(url, json=body, timeout=endpoint.within(self.session, STEP_TIMEOUT_S)) as r:
                 text = await r.text()
                 if r.status != 200:
                     raise EndpointError(f"{said}: HTTP {r.status} {text[:300]}{hint}")

@@ -53,11 +53,28 @@ def root(base: str) -> str:
     return urlunsplit((p.scheme, p.netloc, re.sub(r"/v1/?$", "", p.path.rstrip("/")), p.query, ""))
 
 
+def within(session: aiohttp.ClientSession, total_s: float) -> aiohttp.ClientTimeout:
+    """A control-plane call's own total time, keeping the session's other bounds: a ClientTimeout
+    given per call replaces the session's whole, and without this a stalled TLS handshake waited
+    for the call's total instead of connect_s."""
+    t = session.timeout
+    return aiohttp.ClientTimeout(total=total_s, connect=t.connect, sock_connect=t.sock_connect, sock_read=t.sock_read)
+
+
+def failure(e: BaseException, url: str, session: aiohttp.ClientSession) -> str:
+    """Why a control-plane call failed, in words: a connection or TLS handshake that did not
+    complete within connect_s is named as such."""
+    if isinstance(e, aiohttp.ConnectionTimeoutError) and session.timeout.sock_connect:
+        tls = " or TLS handshake" if url.startswith("https://") else ""
+        return f"no connection{tls} within {session.timeout.sock_connect:g} s (connect_s)"
+    return str(e) or type(e).__name__
+
+
 async def list_models(session: aiohttp.ClientSession, base: str, headers: dict[str, str]) -> list[str]:
     url = join(base, "/models")
     shown = redact(url)
     try:
-        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+        async with session.get(url, headers=headers, timeout=within(session, 30)) as resp:
             if resp.status in (401, 403):
                 raise EndpointError(
                     f"HTTP {resp.status} from {shown}: the endpoint wants an API key; put it in OPENAI_API_KEY "
@@ -68,7 +85,7 @@ async def list_models(session: aiohttp.ClientSession, base: str, headers: dict[s
                 raise EndpointError(f"HTTP {resp.status} from {shown}: {text}")
             data = await resp.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
-        raise EndpointError(f"cannot reach {shown}: {str(e) or type(e).__name__}") from None
+        raise EndpointError(f"cannot reach {shown}: {failure(e, url, session)}") from None
     except ValueError:
         raise EndpointError(f"{shown} did not answer with JSON: is this an OpenAI-compatible base URL?") from None
     ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)] if isinstance(data, dict) else []
@@ -189,12 +206,12 @@ async def run_hook(hook: Hook, arm: str, base: str, session: aiohttp.ClientSessi
         method, target = hook.http.split(" ", 1)
         url = target if target.startswith(("http://", "https://")) else join(root(base), target)
         try:
-            async with session.request(method, url, headers=headers, timeout=aiohttp.ClientTimeout(total=120)) as resp:
+            async with session.request(method, url, headers=headers, timeout=within(session, 120)) as resp:
                 text = (await resp.text(errors="replace"))[:300]
                 if resp.status >= 300:
                     raise EndpointError(f"arm {arm}: before hook {method} {redact(url)}: HTTP {resp.status}: {text}")
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            why = str(e) or type(e).__name__
+            why = failure(e, url, session)
             raise EndpointError(f"arm {arm}: before hook {method} {redact(url)}: {why}") from None
         return f"{method} {redact(url)}"
     assert hook.command is not None

@@ -16,7 +16,7 @@ from harness.core.errors import write_file
 from harness.results import RequestRecord
 from harness.server import metrics
 from harness.server.checks import HIGH_COLD_HIT_RATIO, LOW_WARM_HIT_RATIO
-from harness.server.endpoint import redact
+from harness.server.endpoint import redact, within
 
 # the label a sample from one of several same-named sources (Scraper's `sources`) carries
 SOURCE_LABEL = "kvbench_source"
@@ -57,7 +57,7 @@ class Scraper:
             if url in self.failed:
                 continue
             try:
-                async with self.session.get(url, headers=self.headers, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                async with self.session.get(url, headers=self.headers, timeout=within(self.session, 10)) as r:
                     if r.status != 200:
                         self.failed[url] = f"HTTP {r.status}"
                         continue

@@ -80,6 +80,15 @@ class IdleTimeout(TransportError):
     kind = "timeout"
 
 
+# What a server's bytes can make the parsing of a response raise (a JSON nested past Python's
+# recursion limit, a value of the wrong type): it fails that request only, never the loop.
+UNREADABLE = (ValueError, TypeError, AttributeError, AssertionError, RecursionError)
+
+
+def unreadable(e: BaseException) -> str:
+    return f"protocol: the response could not be read: {type(e).__name__}: {str(e)[:200]}"
+
+
 class BrokenFraming(TransportError):
     """The server's HTTP (or SSE) broke its own rules."""
 

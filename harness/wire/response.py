@@ -31,7 +31,7 @@ def too_many(limit: int) -> str:
 
 
 class Response:
-    __slots__ = ("decoder", "error_body", "ex", "frames", "over", "parser", "t")
+    __slots__ = ("decoder", "error_body", "ex", "frames", "head_from", "over", "parser", "t")
 
     def __init__(self, ex: Exchange, max_line_bytes: int, frames: FramePatterns) -> None:
         self.ex, self.frames = ex, frames
@@ -40,9 +40,12 @@ class Response:
         self.error_body: list[bytes] | None = None  # a response that is not 200: its first bytes
         self.t = 0  # the stamp of the read being fed
         self.over = False  # the exchange has ended: only the framing is read on
+        self.head_from: int | None = None  # the stamp of the response's first byte
 
     def feed(self, t: int, data: bytes) -> None:
         self.t = t
+        if self.head_from is None and data:
+            self.head_from = t
         parser = self.parser
         parser.feed(data, self._body, self._skip)
         if parser.extra:

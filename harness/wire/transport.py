@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from harness.wire import http1
 from harness.wire.connection import (
+    UNREADABLE,
     BrokenFraming,
     Connection,
     CutShort,
@@ -25,6 +26,7 @@ from harness.wire.connection import (
     Origin,
     Pool,
     TransportError,
+    unreadable,
 )
 from harness.wire.request import Target
 from harness.wire.response import Response, TooManyTokens
@@ -70,14 +72,35 @@ class Reader:
     releases it, and at the connection's end. `finished` resolves when the exchange is over (the
     stream's end, [DONE], an error, a timeout); `failure` then says why it failed, if it did."""
 
-    __slots__ = ("conn", "ex", "failure", "finished", "first_token_by", "idle_ns", "loop", "response", "timer")
+    __slots__ = (
+        "conn",
+        "ex",
+        "failure",
+        "finished",
+        "first_token_by",
+        "head_ns",
+        "idle_ns",
+        "loop",
+        "response",
+        "timer",
+    )
 
-    def __init__(self, ex: Exchange, conn: Connection, response: Response, idle_s: float, first_token_by: int | None):
+    def __init__(
+        self,
+        ex: Exchange,
+        conn: Connection,
+        response: Response,
+        timeouts: tuple[float, float],
+        first_token_by: int | None,
+    ):
         self.ex, self.conn, self.response = ex, conn, response
         self.loop = asyncio.get_running_loop()
         self.finished: asyncio.Future[None] = self.loop.create_future()
         self.failure: TransportError | None = None
-        self.idle_ns = int(idle_s * 1e9)
+        # (idle_s, connect_s): no data for idle_s fails the exchange; so does a head (status line
+        # and headers) not whole within connect_s of its first byte: an engine writes its head at
+        # once, and a head that trickles would otherwise hold the request for first_token_s
+        self.idle_ns, self.head_ns = int(timeouts[0] * 1e9), int(timeouts[1] * 1e9)
         self.first_token_by = first_token_by
         self.timer: asyncio.TimerHandle | None = None
 
@@ -100,10 +123,12 @@ class Reader:
         except TooManyTokens as e:
             self._end(TooLong(f"too long: {e}"))
             return
-        except (ValueError, TypeError, AttributeError, AssertionError, RecursionError) as e:
-            # what a server's bytes made the parsing raise fails this request only, never the loop
-            self._end(BrokenFraming(f"protocol: the response could not be read: {type(e).__name__}: {e}"))
+        except UNREADABLE as e:
+            self._end(BrokenFraming(unreadable(e)))
             return
+        if ex.http_status is None and response.head_from == stamp.t_ns:  # a head begun, not whole
+            self.stop()
+            self._check()  # its bound, from now
         if before is None and ex.state.first_token_ns is not None:
             ex.first_token_read(stamp, self._later(response) or int(stamp.held_more))
         # After [DONE], the body's end is read on from the reads already in, so that the
@@ -150,6 +175,14 @@ class Reader:
         if left <= 0:
             self._end(IdleTimeout(f"timeout: no data for {self.idle_ns / 1e9:g} s (idle_s)"))
             return
+        head_from = self.response.head_from
+        if head_from is not None and self.ex.http_status is None:
+            head_left = self.head_ns - (now - head_from)
+            if head_left <= 0:
+                why = f"timeout: the response's head was not whole {self.head_ns / 1e9:g} s after its first byte"
+                self._end(IdleTimeout(f"{why} (connect_s)"))
+                return
+            left = min(left, head_left)
         if self.first_token_by is not None and self.ex.state.first_token_ns is None:
             if now >= self.first_token_by:
                 self._end(None, TimeoutError())
@@ -204,7 +237,7 @@ class Kvbench:
         conn = await self.pool.acquire(target.origin)
         ex.reused = conn.served > 0
         response = Response(ex, self.max_line_bytes, self.frames)
-        reader = Reader(ex, conn, response, self.idle_s, first_token_by)
+        reader = Reader(ex, conn, response, (self.idle_s, self.pool.connect_s), first_token_by)
         reusable = False
         try:
             if first_token_by is not None and time.perf_counter_ns() >= first_token_by:

@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from harness.core.clock import SENT_HEADER
-from harness.wire.connection import KEPT_ALIVE, BrokenFraming, ConnectFailed, CutShort, Disconnected, IdleTimeout
+from harness.wire.connection import (
+    ONE_PER_REQUEST,
+    UNREADABLE,
+    BrokenFraming,
+    ConnectFailed,
+    CutShort,
+    Disconnected,
+    IdleTimeout,
+    unreadable,
+)
 from harness.wire.response import TooManyTokens, too_many
 from harness.wire.sse import SSEDecoder, SSELimitError
 from harness.wire.transport import PARSE_TIME, TooLong
@@ -29,7 +38,7 @@ FEED_BYTES = 8192  # bytes decoded into SSE events at once, between two looks at
 class Aiohttp:
     name = "aiohttp"
     stamping = PARSE_TIME
-    connections = KEPT_ALIVE
+    connections = ONE_PER_REQUEST  # (force_close below)
 
     def __init__(
         self, limit: int, connect_s: float, idle_s: float, max_line_bytes: int, send_clock: bool, turns: Turns
@@ -41,7 +50,10 @@ class Aiohttp:
         trace = aiohttp.TraceConfig()
         trace.on_request_chunk_sent.append(self._on_chunk_sent)
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=limit, limit_per_host=0),
+            # A connection per request: aiohttp reads bytes a server sends after a response's end, on
+            # a kept-alive connection, as the next request's answer, and gives no public way to drop
+            # such a connection (kvbench's transport drops it); so none is kept (issue 56).
+            connector=aiohttp.TCPConnector(limit=limit, limit_per_host=0, force_close=True),
             trace_configs=[trace],
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_s, sock_read=idle_s),
             read_bufsize=1 << 20,
@@ -94,6 +106,8 @@ class Aiohttp:
         except (aiohttp.ClientError, ConnectionError) as e:
             error = Disconnected if ex.http_status is None else CutShort
             raise error(f"{type(e).__name__}: {e}") from e
+        except UNREADABLE as e:  # held to kvbench's transport's rule: this request fails, not the run
+            raise BrokenFraming(unreadable(e)) from None
 
     async def _read(self, resp: aiohttp.ClientResponse, ex: Exchange, deadline: asyncio.Timeout) -> None:
         state = ex.state
