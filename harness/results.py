@@ -126,6 +126,9 @@ class RequestRecord:
     first_token_stamp: str | None = None
     first_token_late_s: float | None = None
     first_token_shared: int | None = None
+    # the embedded emulator's: how late it sent the first token against its own model, beyond the
+    # loop's timer granularity (model seconds); judged per figure (stats.EMULATOR_LATE_SHARE)
+    emulator_late_s: float | None = None
 
     @property
     def lag_s(self) -> float | None:
@@ -197,8 +200,9 @@ _OPTIONAL = (
     "first_token_stamp",
     "first_token_late_s",
     "first_token_shared",
+    "emulator_late_s",
 )
-_OPTIONAL_NUMBERS = ("intended_s", "held_s", "idle_s", "restore_s", "first_token_late_s")
+_OPTIONAL_NUMBERS = ("intended_s", "held_s", "idle_s", "restore_s", "first_token_late_s", "emulator_late_s")
 _OPTIONAL_TEXT = ("warm_from", "first_token_stamp")
 _NUMBER, _MAYBE_NUMBER, _MAYBE_INT, _MAYBE_TEXT = (
     (int, float),

@@ -444,6 +444,8 @@ class ArmLifecycle:
             sender.warn(f"{resent} requests were sent a second time, the first refused at once (see `retried`)")
         slo = self.t.scenario.slo
         summary = self.figures.summary(records, slo.limits() if slo else None)
+        for warning in self.figures.warnings(summary):
+            sender.warn(warning)
         if "schedule_lag" in summary:
             health["schedule_lag"] = summary["schedule_lag"]
             for i, h in enumerate(health.get("per_process") or []):  # each process's or worker's own

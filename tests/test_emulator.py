@@ -91,7 +91,11 @@ def test_http_surface(emulator: EmbeddedEmulator) -> None:
                 raw = await r.read()
             events = [e for e in raw.decode().split("\n\n") if e]
             assert events[-1] == "data: [DONE]"
-            assert json.loads(events[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 2
+            usage = json.loads(events[-2].removeprefix("data: "))["usage"]
+            assert usage["completion_tokens"] == 2
+            # its own lateness against its model, beyond the loop's timer (stats.emulator_late_share)
+            late = usage["kvbench_late_s"]
+            assert isinstance(late, float) and late >= 0
 
     asyncio.run(go())
 

@@ -5,6 +5,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.analysis.stats import EMULATOR_LATE_SHARE
+
+# What a figure the emulator ran late in means (stats.emulator_late_share)
+LATE_ROWS = (
+    f"the emulator sent first tokens later than its model by more than {EMULATOR_LATE_SHARE:.0%} of the "
+    "modelled TTFT (median) there, so those figures are not the model's; run at a lower --time-scale"
+)
+
+
+def late_rows(rows: list[dict[str, Any]]) -> str:
+    """The sweep rows the emulator ran late in, with how late in each phase, e.g. "100,000 tokens
+    (cold 1 %, warm 21 %)"; "" where none."""
+
+    def phases(row: dict[str, Any]) -> str:
+        shares = ((p, row.get(f"{p}_emulator_late_share")) for p in ("cold", "warm"))
+        return ", ".join(f"{p} {v:.0%}" for p, v in shares if v is not None)
+
+    return ", ".join(f"{row['length']:,} tokens ({phases(row)})" for row in rows if row.get("emulator_late"))
+
 
 def cached_lines(s: dict[str, Any]) -> list[str]:
     """The share of prompt tokens served from cache, against what an infinite cache could, where

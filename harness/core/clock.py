@@ -23,6 +23,12 @@ SENT_HEADER = "X-Kvbench-Sent-Ns"
 # The fastest time scale accepted: far beyond what any emulated test keeps (the shipped ones keep
 # at most 50), and small enough that model times stay ordinary numbers.
 MAX_TIME_SCALE = 1_000.0
+# An asyncio timer wakes up to this late (epoll rounds to the millisecond): lateness within it is
+# the loop's granularity, not an emulator that fell behind its model.
+TIMER_GRANULARITY_S = 0.001
+# What the embedded emulator adds to each response's usage: how late its first token was against
+# its own model, beyond TIMER_GRANULARITY_S, in model seconds (judged per figure: analysis/stats.py).
+EMULATOR_LATE_KEY = "kvbench_late_s"
 
 
 def check_scale(x: float, where: str) -> float:

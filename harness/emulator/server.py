@@ -20,7 +20,7 @@ from typing import IO, Any
 from aiohttp import web
 
 from harness.analysis.stats import percentile
-from harness.core.clock import SENT_HEADER
+from harness.core.clock import EMULATOR_LATE_KEY, SENT_HEADER, TIMER_GRANULARITY_S
 from harness.emulator import tokenizer
 from harness.emulator.kvcache import KVCache, Match, block_hashes
 from harness.emulator.metrics import Counters, render
@@ -342,6 +342,7 @@ class Emulator:
         prefill = await self.engine.prefill(hashes, n, arrived)
         self._count_prefill(n, prefill.match)
         first_token_ns = 0
+        beyond = 0.0  # the first token's lateness beyond the timer's granularity, model seconds
         try:
             for i in range(max_tokens):
                 t = prefill.first_token_at + i * self.engine.wall(self.profile.itl_s)
@@ -353,11 +354,14 @@ class Emulator:
                     await resp.write(out.token_chunk(i))
                 if i == 0:
                     self.counters.observe_ttft((time.perf_counter() - arrived) * self.engine.scale)
-                    late = max(0.0, first_token_ns / 1e9 - prefill.first_token_at) * self.engine.scale
-                    self.late.append((late, (prefill.first_token_at - arrived) * self.engine.scale))
+                    late_wall = max(0.0, first_token_ns / 1e9 - prefill.first_token_at)
+                    self.late.append(
+                        (late_wall * self.engine.scale, (prefill.first_token_at - arrived) * self.engine.scale)
+                    )
+                    beyond = max(0.0, late_wall - TIMER_GRANULARITY_S) * self.engine.scale
             self.counters.generation_tokens += max_tokens
             self.counters.requests += 1
-            usage = out.usage(max_tokens, prefill.match.cached_tokens)
+            usage = {**out.usage(max_tokens, prefill.match.cached_tokens), EMULATOR_LATE_KEY: round(beyond, 6)}
             if resp is None:
                 return web.json_response(out.full_response(max_tokens, usage))
             await resp.write(out.finish_chunk())

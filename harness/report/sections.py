@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from markupsafe import Markup
 
-from harness.analysis import capacity, findings, stats
+from harness.analysis import capacity, findings, stats, wording
 from harness.analysis.kinds import figures_of
 from harness.config import kinds, reference
 from harness.config.reference import redbooks
@@ -182,6 +182,8 @@ def sweep(run: RunResult) -> dict[str, Any]:
         "fit_residuals": fit.residuals if fit else [],
         "restores": restores,
         "tiers": run.meta.get("tiers") if isinstance(run.meta.get("tiers"), dict) else None,
+        "late": wording.late_rows(rows),
+        "late_note": wording.LATE_ROWS,
     }
 
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from harness.core.clock import EMULATOR_LATE_KEY
 from harness.wire.sse import Run, SSEEvent
 
 
@@ -279,6 +281,7 @@ class StreamState:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    emulator_late_s: float | None = None  # the embedded emulator's own lateness (usage.kvbench_late_s)
     error: str | None = None
     done: bool = False
     finish_reason: str | None = None
@@ -461,6 +464,9 @@ class StreamState:
         details = usage.get("prompt_tokens_details")
         if type(details) is dict and _count(details.get("cached_tokens")):
             self.cached_tokens = details["cached_tokens"]
+        late = usage.get(EMULATOR_LATE_KEY)
+        if isinstance(late, int | float) and not isinstance(late, bool) and math.isfinite(late) and late >= 0:
+            self.emulator_late_s = float(late)
 
 
 def _count(value: Any) -> bool:

@@ -156,6 +156,7 @@ class ArmSpec:
             target_tokens=prompt.target_tokens,
             prompt_tokens=st.prompt_tokens,
             cached_tokens=st.cached_tokens,
+            emulator_late_s=st.emulator_late_s,
             completion_tokens=st.completion_tokens,
             start_s=c.since_start(ex.start_ns),
             ttft_s=since_start(st.first_token_ns),

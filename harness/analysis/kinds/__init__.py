@@ -68,6 +68,11 @@ class Figures:
         lag = s.get("schedule_lag")
         return [wording.sent(lag)] if lag and lag["requests"] else []
 
+    def warnings(self, s: dict[str, Any]) -> list[str]:
+        """What a summary's own figures say against themselves (run.json's warnings): a figure the
+        emulator ran late in, judged on its own requests."""
+        return []
+
     def traffic_req_per_s(self, s: dict[str, Any]) -> float | None:
         """The throughput competing traffic is judged by (the Redbooks' third test), if any."""
         return None
