@@ -36,7 +36,13 @@ class OpenLoopFigures(Figures):
             line += f"; SLO met by {slo['met']}/{slo['requests']}, goodput {fmt(slo['goodput_req_per_s'], 3)} req/s"
         if (s.get("saturation") or {}).get("saturated"):
             line += "; saturated"
-        return [line]
+        lines = [line]
+        if (steady := s.get("steady_req_per_s")) is not None:  # two req/s of one load: say which is which
+            lines.append(
+                f"steady state {fmt(steady, 3)} req/s, between ramp-up and drain (the headline's "
+                f"{fmt(s['req_per_s'], 3)} req/s is over the whole run, both ends in)"
+            )
+        return lines
 
     def gate_figures(self, run: RunResult) -> GateFigures:
         """Goodput and the share meeting the SLO, beside the throughput."""
