@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 def load(paths: str | Path | list[str | Path]) -> Runs:
     """Result folders (or globs of them) as DataFrames: `.requests()`, `.summary()`,
-    `.by_length()` (harness/analysis/frames.py). pandas is loaded here, never on the run path."""
+    `.by_length()` (harness/analysis/frames.py). pandas is loaded here, never on the run path.
+    Raises InputError (harness/core/errors.py) for a folder that is not a readable result."""
     from harness.analysis.frames import load as load_frames
 
     return load_frames(paths)

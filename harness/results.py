@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import subprocess
@@ -322,7 +323,7 @@ class RunResult:
     traffic: dict[str, Any] | None = None  # traffic.json
     traffic_rows: list[dict[str, Any]] = field(default_factory=list)  # traffic.jsonl
     server_metrics: dict[str, Any] | None = None  # metrics.json
-    skipped: list[str] = field(default_factory=list)  # lines of requests.jsonl that are not records
+    skipped: list[str] = field(default_factory=list)  # damaged lines of requests.jsonl and traffic.jsonl
 
     @property
     def label(self) -> str:
@@ -369,10 +370,20 @@ def _run_folders(path: Path) -> list[Path]:
         return [path]
     runs = sorted(p.parent for p in path.glob(f"*/{RUN}"))
     if runs:
-        newest = max(json.loads((p / RUN).read_text()).get("run_id", "") for p in runs)
-        return [p for p in runs if json.loads((p / RUN).read_text()).get("run_id", "") == newest]
+        ids = {p: _run_id(p) for p in runs}
+        newest = max(ids.values())
+        return [p for p in runs if ids[p] == newest]
     nested = sorted({p.parent.parent for p in path.glob(f"*/*/{RUN}")})
     return [f for scenario in nested for f in _run_folders(scenario)]
+
+
+def _run_id(folder: Path) -> str:
+    """The run a folder's run.json says it belongs to (to find a scenario's newest run)."""
+    meta = _json_file(folder / RUN)
+    found = meta.get("run_id") if isinstance(meta, dict) else None
+    if not isinstance(found, str):
+        raise InputError(f"{folder / RUN}: run_id: expected the run's id (text), got {json.dumps(found)[:40]}")
+    return found
 
 
 def _json_file(path: Path) -> Any:
@@ -465,9 +476,36 @@ def read_run(folder: Path, itl: bool = True) -> RunResult:
         run.server_metrics = _json_file(folder / "metrics.json")
     if (folder / "traffic.json").exists():
         run.traffic = _json_file(folder / "traffic.json")
-        lines = (folder / "traffic.jsonl").read_text().splitlines() if (folder / "traffic.jsonl").exists() else []
-        run.traffic_rows = [json.loads(line) for line in lines if line.strip()]
+        if (folder / "traffic.jsonl").exists():
+            run.traffic_rows = _traffic_rows(folder / "traffic.jsonl", skipped)
     return run
+
+
+TRAFFIC_FIELDS = ("t_s", "read_bps", "write_bps")  # what a traffic.jsonl line must hold, as numbers
+
+
+def _traffic_rows(file: Path, skipped: list[str]) -> list[dict[str, Any]]:
+    """The competing traffic's time series; a line that is not one (cut short, not JSON, not
+    UTF-8, a field missing or not a number) is left out and said in `skipped`."""
+    rows = []
+    with file.open("rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                skipped.append(f"{file}:{n}: {e}")
+                continue
+            if not isinstance(row, dict) or not all(_finite(row.get(k)) for k in TRAFFIC_FIELDS):
+                skipped.append(f"{file}:{n}: expected numbers {', '.join(TRAFFIC_FIELDS)}")
+                continue
+            rows.append(row)
+    return rows
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def load_runs(paths: list[Path], itl: bool = True) -> list[RunResult]:
@@ -489,4 +527,4 @@ def skipped_warning(runs: list[RunResult]) -> str | None:
     if not lines:
         return None
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
-    return f"{len(lines)} line(s) of requests.jsonl are not request records and were left out: {lines[0]}{more}"
+    return f"{len(lines)} line(s) of requests.jsonl or traffic.jsonl were damaged and left out: {lines[0]}{more}"

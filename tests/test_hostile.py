@@ -23,7 +23,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from harness.results import read_requests
+from harness.results import load_runs, read_requests
 from tests.conftest import ROOT, cli, kvbench, start_kvbench, user_env, write_scenario
 from tests.servers import ThreadedServer, path_of, requests_on
 
@@ -294,8 +294,8 @@ def test_every_reader_says_so_and_the_gate_does_not_pass(tmp_path: Path) -> None
         r = cli(*args)
         no_traceback(r)
         assert r.returncode == code, (args, r.stderr)
-        assert "line(s) of requests.jsonl are not request records" in r.stderr, args
-    assert "not request records" in (tmp_path / "r.html").read_text()
+        assert "line(s) of requests.jsonl or traffic.jsonl were damaged and left out" in r.stderr, args
+    assert "were damaged and left out" in (tmp_path / "r.html").read_text()
 
 
 def test_a_run_json_that_is_not_an_object_is_refused(tmp_path: Path) -> None:
@@ -305,6 +305,54 @@ def test_a_run_json_that_is_not_an_object_is_refused(tmp_path: Path) -> None:
         r = cli(*args)
         no_traceback(r)
         assert r.returncode == 2 and "run.json: schema_version None, expected 1" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("{not json", "run.json: unreadable: Expecting property name"),
+        ("[1, 2]", "run.json: run_id: expected the run's id (text), got null"),
+        ('{"run_id": 12}', "run.json: run_id: expected the run's id (text), got 12"),
+    ],
+    ids=["not-json", "a-list", "int-run-id"],
+)
+def test_a_scenario_folder_with_a_damaged_run_json_is_a_clear_error_in_every_reader(
+    tmp_path: Path, content: str, says: str
+) -> None:
+    """Given the scenario's folder (not the run's), the readers looked for the newest run by reading
+    each run.json raw: not JSON, a list or a run_id that is not text raised a traceback in
+    report, gate, compare, baseline and export (issue 56 item 9)."""
+    folder = damaged(tmp_path)
+    (folder / "run.json").write_text(content)
+    scenario = folder.parent
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[gate.thresholds]\nttft_s = ["p99 < 1000"]\n')
+    for args in (
+        ("report", str(scenario), "-o", str(tmp_path / "r.html")),
+        ("gate", str(scenario), "--rules", str(rules)),
+        ("compare", str(scenario), str(scenario)),
+        ("baseline", "save", str(scenario), "-o", str(tmp_path / "b.json")),
+        ("export", str(scenario), "-o", str(tmp_path / "e.csv")),
+    ):
+        r = cli(*args)
+        no_traceback(r)
+        assert r.returncode == 2 and says in r.stderr, (args, r.stderr)
+
+
+def test_damaged_traffic_lines_are_left_out_and_said(tmp_path: Path) -> None:
+    """traffic.jsonl cut short, not JSON, not UTF-8, or a field that is not a number: those lines
+    are left out and said, the others plotted (a line that was not JSON raised a traceback)."""
+    folder = tmp_path / "runs" / "golden-loop" / "x-cached"
+    shutil.copytree(next(p for p in (GOLDEN / "golden-loop").iterdir() if p.name.endswith("-cached")), folder)
+    (folder / "traffic.json").write_text(json.dumps({"tool": "fio", "phases": {}}))
+    good = '{"t_s": 1.0, "read_bps": 1e9, "write_bps": 0}\n'
+    damage = [b"hello\n", b"\xff\xfe{}\n", b'{"t_s": true, "read_bps": 1, "write_bps": 1}\n', b'{"t_s": 2, "read']
+    (folder / "traffic.jsonl").write_bytes(good.encode() + b"".join(damage))
+    runs = load_runs([folder])
+    assert len(runs[0].traffic_rows) == 1 and len(runs[0].skipped) == 4
+    r = cli("report", str(folder), "-o", str(tmp_path / "r.html"))
+    no_traceback(r)
+    assert r.returncode == 0 and "4 line(s) of requests.jsonl or traffic.jsonl were damaged" in r.stderr, r.stderr
 
 
 # --- defect 8: a response with no token is a failed request ----------------------------------
