@@ -27,7 +27,7 @@ from typing import IO, Any
 import orjson
 
 from harness import __version__
-from harness.core.errors import InputError, files_error, replaced, write_file
+from harness.core.errors import InputError, files_error, lines, open_regular, read_input, replaced, write_file
 
 SCHEMA_VERSION = 1
 
@@ -294,6 +294,11 @@ class RunWriter:
 
 REQUESTS = "requests.jsonl"
 RUN = "run.json"
+# Bounds of what a reader takes from a result folder (bounded memory, whatever a file holds): a
+# line of requests.jsonl or traffic.jsonl (a record with 100,000 token gaps is about 1.5 MB), and a
+# whole run.json or metrics.json (a day's time series of counters fits).
+RECORD_MAX_BYTES = 64 << 20
+RESULT_JSON_MAX_BYTES = 256 << 20
 
 
 def read_requests(path: Path, itl: bool = True, skipped: list[str] | None = None) -> list[RequestRecord]:
@@ -302,8 +307,12 @@ def read_requests(path: Path, itl: bool = True, skipped: list[str] | None = None
     said there: file, line and why."""
     file = path / REQUESTS if path.is_dir() else path
     out = []
-    with file.open("rb") as f:
-        for n, line in enumerate(f, 1):
+    with open_regular(file, "requests file") as f:
+        for n, line in lines(f, RECORD_MAX_BYTES):
+            if line is None:
+                if skipped is not None:
+                    skipped.append(f"{file}:{n}: longer than {RECORD_MAX_BYTES >> 20} MiB: not a record")
+                continue
             try:
                 out.append(RequestRecord.from_json(orjson.loads(line), itl))
             except (orjson.JSONDecodeError, ValueError) as e:
@@ -387,9 +396,10 @@ def _run_id(folder: Path) -> str:
 
 
 def _json_file(path: Path) -> Any:
+    text = read_input(path, "result file", RESULT_JSON_MAX_BYTES)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        return json.loads(text)
+    except ValueError as e:
         raise InputError(f"{path}: unreadable: {e}") from None
     except RecursionError:
         raise InputError(f"{path}: unreadable: nested too deeply") from None
@@ -488,8 +498,11 @@ def _traffic_rows(file: Path, skipped: list[str]) -> list[dict[str, Any]]:
     """The competing traffic's time series; a line that is not one (cut short, not JSON, not
     UTF-8, a field missing or not a number) is left out and said in `skipped`."""
     rows = []
-    with file.open("rb") as f:
-        for n, line in enumerate(f, 1):
+    with open_regular(file, "traffic file") as f:
+        for n, line in lines(f, RECORD_MAX_BYTES):
+            if line is None:
+                skipped.append(f"{file}:{n}: longer than {RECORD_MAX_BYTES >> 20} MiB")
+                continue
             if not line.strip():
                 continue
             try:

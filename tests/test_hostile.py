@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -23,6 +24,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from harness.core.errors import lines
 from harness.results import load_runs, read_requests
 from tests.conftest import ROOT, cli, kvbench, start_kvbench, user_env, write_scenario
 from tests.servers import ThreadedServer, path_of, requests_on
@@ -353,6 +355,41 @@ def test_damaged_traffic_lines_are_left_out_and_said(tmp_path: Path) -> None:
     r = cli("report", str(folder), "-o", str(tmp_path / "r.html"))
     no_traceback(r)
     assert r.returncode == 0 and "4 line(s) of requests.jsonl or traffic.jsonl were damaged" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("name", ["requests.jsonl", "run.json", "metrics.json"])
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+def test_a_result_file_that_is_a_device_or_a_pipe_is_refused_by_name(tmp_path: Path, name: str, kind: str) -> None:
+    """/dev/zero as a result file grew until MemoryError; a FIFO hung the reader (issue 56 item
+    10): every reader now refuses what is not a regular file, at once, naming it."""
+    folder = damaged(tmp_path)
+    (folder / name).unlink()
+    if kind == "fifo":
+        os.mkfifo(folder / name)
+    else:
+        (folder / name).symlink_to("/dev/zero")
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[gate.thresholds]\nttft_s = ["p99 < 1000"]\n')
+    for args in (
+        ("report", str(folder), "-o", str(tmp_path / "r.html")),
+        ("gate", str(folder), "--rules", str(rules)),
+        ("export", str(folder), "-o", str(tmp_path / "e.csv")),
+    ):
+        r = kvbench(*args, timeout=60)
+        no_traceback(r)
+        if name == "run.json":  # not a file: no run here at all
+            assert r.returncode == 2 and "no run.json here" in r.stderr, (args, r.stderr)
+        else:
+            assert r.returncode == 2 and f"{name}: not a regular file" in r.stderr, (args, r.stderr)
+
+
+def test_lines_longer_than_the_bound_are_skipped_in_bounded_memory(tmp_path: Path) -> None:
+    """A line past the bound is read past a chunk at a time and given as None; the lines around
+    it are whole."""
+    f = tmp_path / "x"
+    f.write_bytes(b"short\n" + b"y" * 1000 + b"\nafter\n" + b"z" * 10)
+    with f.open("rb") as fh:
+        assert list(lines(fh, 64)) == [(1, b"short\n"), (2, None), (3, b"after\n"), (4, b"z" * 10)]
 
 
 # --- defect 8: a response with no token is a failed request ----------------------------------

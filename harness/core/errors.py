@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from enum import IntEnum
 from pathlib import Path
+from typing import BinaryIO
 
 
 class ExitCode(IntEnum):
@@ -111,21 +113,50 @@ class EndpointError(KvbenchError):
 MAX_INPUT_BYTES = 16 << 20
 
 
-def read_input(path: Path, what: str) -> str:
-    """A whole input text file, at most MAX_INPUT_BYTES; InputError naming it otherwise."""
+def open_regular(path: Path, what: str) -> BinaryIO:
+    """`path` opened for reading if it is a regular file (after symlinks); a device, a FIFO or a
+    folder is refused by name instead of read for ever or waited on (`/dev/zero`, a pipe)."""
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_INPUT_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, to be refused
     except FileNotFoundError:
         raise InputError(f"{path}: no such {what}") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
-    if len(data) > MAX_INPUT_BYTES:
-        raise InputError(f"{path}: larger than {MAX_INPUT_BYTES >> 20} MiB: not a {what}")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{path}: not a regular file: not a {what}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_input(path: Path, what: str, limit: int = MAX_INPUT_BYTES) -> str:
+    """A whole input text file, at most `limit` bytes; InputError naming it otherwise."""
+    with open_regular(path, what) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise InputError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise InputError(f"{path}: larger than {limit >> 20} MiB: not a {what}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: the {what} is not UTF-8 text: {e}") from None
+
+
+def lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, line) of a file read a line at a time, each at most `limit` bytes: a longer
+    one is skipped to its end, a chunk at a time, and given as None (bounded memory, whatever
+    the file holds)."""
+    n = 0
+    while line := f.readline(limit + 1):
+        n += 1
+        if len(line) <= limit:
+            yield n, line
+            continue
+        while line and not line.endswith(b"\n"):
+            line = f.readline(limit)
+        yield n, None
 
 
 REDACTED = "[redacted]"
@@ -151,4 +182,3 @@ class Redactor:
             if secret in text:
                 text = text.replace(secret, REDACTED)
         return text
-
