@@ -158,3 +158,29 @@ def test_an_engine_without_its_cost_or_a_profile_is_refused(tmp_path: Path) -> N
     f.write_text(f.read_text().replace("prefill_a = 0.001\n", 'profile = "h100"\n'))
     r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and "engine.profile: expected one of" in r.stderr, r.stderr
+
+
+def test_prefix_routing_sends_a_prompt_back_to_its_workers_g1_and_needs_one(tmp_path: Path) -> None:
+    """test_sizing.py's hand-worked four requests (A, B, C, A again; 64 tokens each) on 2 workers
+    with a G1 each: routed by prefix, A's second request finds its 48 tokens in worker 0's G1
+    (48 of 256 prompt tokens); round-robin sends it to worker 1, which never saw it. Prefix
+    routing without a per-worker tier has no cache to match, and is refused by key."""
+    trace = "\n".join(
+        json.dumps({"timestamp": t, "input_length": 64, "output_length": 2, "hash_ids": ids})
+        for t, ids in ((0, [1, 2, 3, 4]), (0, [5, 6, 7, 8]), (10_000, [9, 10, 11, 12]), (20_000, [1, 2, 3, 4]))
+    )
+    g1 = '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 128000'  # 8 blocks: A and C both fit
+    shares = {}
+    for routing in ("round_robin", "prefix"):
+        (tmp_path / routing).mkdir()
+        f = sizing_file(tmp_path / routing, g1, trace=trace)
+        f.write_text(f.read_text().replace("workers = 1", f'workers = 2\nrouting = "{routing}"'))
+        doc = size(tmp_path / routing, f)
+        assert doc["cluster"]["routing"] == routing
+        shares[routing] = doc["figures"]["tiers"][0]["served_tokens"]
+    assert shares == {"round_robin": 0, "prefix": 48}
+    (tmp_path / "g4").mkdir()
+    f = sizing_file(tmp_path / "g4", '[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = "1MB"', trace=trace)
+    f.write_text(f.read_text().replace("workers = 1", 'workers = 2\nrouting = "prefix"'))
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and 'cluster.routing: expected a tier of scope = "worker"' in r.stderr, r.stderr

@@ -13,7 +13,7 @@ import pytest
 from harness.core.errors import InputError
 from harness.inputs import traces
 from harness.inputs.traces import TraceRequest
-from harness.sizing import simulate, stack, synthetic, tiers
+from harness.sizing import routing, simulate, stack, synthetic, tiers
 
 TRACES = Path(__file__).resolve().parent.parent / "scenarios" / "traces"
 
@@ -136,7 +136,7 @@ def test_tiers_from_scoped_distances_match_a_block_by_block_simulation(layout: l
         requests.append(TraceRequest(i + 1, float(i), len(ids) * 16 - int(rng.integers(0, 16)), 5, tuple(ids)))
     fleet = tiers.Fleet(workers=4, workers_per_node=2)
     refs = stack.references(requests, 16)
-    worker = tiers.round_robin(refs.requests, fleet.workers)[refs.request]
+    worker = routing.round_robin(refs.requests, fleet.workers)[refs.request]
     distances = [tiers.scoped_distances(refs, fleet.group(worker, scope)) for scope, _ in layout]
     chosen = tiers.served_by(distances, [c for _, c in layout])
     got = tiers.tokens_by_tier(refs, chosen, len(layout))
@@ -219,5 +219,46 @@ def test_scoped_distances_do_not_depend_on_how_large_the_block_ids_are() -> None
     got = []
     for reqs in (requests, huge):
         refs = stack.references(reqs, 16)
-        got.append(tiers.scoped_distances(refs, tiers.round_robin(refs.requests, 3)[refs.request]))
+        got.append(tiers.scoped_distances(refs, routing.round_robin(refs.requests, 3)[refs.request]))
     assert np.array_equal(got[0], got[1])
+
+
+def routes(requests: list[TraceRequest], workers: int, capacity: int = 100) -> list[int]:
+    refs = stack.references(requests, 16)
+    arrival = np.array([r.timestamp_s for r in requests])
+    tokens = np.array([r.input_length for r in requests])
+    cost = simulate.Cost(0.001, 0.0, 0.01)  # prefill: 1 ms a token
+    return routing.prefix(refs, arrival, tokens, workers, capacity, cost).tolist()
+
+
+def test_the_prefix_router_sends_a_prompt_back_to_the_worker_that_holds_it_worked_by_hand() -> None:
+    """Four 64-token prompts (4 blocks of 16) on 2 workers: A at 0 (worker 0, both free, the
+    lower index), B at 0 (worker 1: nothing holds it, worker 0 is busy), C at 10 s (worker 0:
+    both free again), A again at 20 s: worker 0 holds its first 48 tokens, so its prefill ends
+    at 20.016 s there against 20.064 s on worker 1. Round-robin would send it to worker 1."""
+    a, b, c = (1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12)
+    requests = [TraceRequest(i + 1, t, 64, 2, ids) for i, (t, ids) in enumerate([(0, a), (0, b), (10, c), (20, a)])]
+    assert routes(requests, 2) == [0, 1, 0, 0]
+    assert routing.round_robin(4, 2).tolist() == [0, 1, 0, 1]
+
+
+def test_the_prefix_router_weighs_a_held_prefix_against_the_queue_before_it() -> None:
+    """A at 0 goes to worker 0 (busy until 0.064 s); A again at 0.001 s: worker 0 holds 48 of
+    its tokens, but its prefill would end at 0.064 + 0.016 = 0.080 s there, and at 0.001 + 0.064
+    = 0.065 s on the idle worker 1: it goes there (Dynamo's router weighs load too). At 1 s,
+    A a third time: both hold it, both are free, the lower index."""
+    a = (1, 2, 3, 4)
+    requests = [TraceRequest(i + 1, t, 64, 2, a) for i, t in enumerate([0.0, 0.001, 1.0])]
+    assert routes(requests, 2) == [0, 1, 0]
+
+
+def test_the_prefix_routers_cache_forgets_what_its_capacity_cannot_hold() -> None:
+    """160-token prompts (10 blocks; 0.16 s of prefill): A and B at 0 on workers 0 and 1, C at
+    1 s on worker 0 (both free: the lower index), A again at 1.05 s. With room for 30 blocks
+    worker 0 still holds A's first 144 tokens: its prefill would end at 1.16 + 0.016 = 1.176 s
+    there, 1.21 s on worker 1: worker 0. With room for 10, C pushed A out: worker 1, idle."""
+    a, b, c = (tuple(range(k, k + 10)) for k in (1, 11, 21))
+    timeline = [(0.0, a), (0.0, b), (1.0, c), (1.05, a)]
+    requests = [TraceRequest(i + 1, t, 160, 2, ids) for i, (t, ids) in enumerate(timeline)]
+    assert routes(requests, 2, capacity=30) == [0, 1, 0, 0]
+    assert routes(requests, 2, capacity=10) == [0, 1, 0, 1]

@@ -26,8 +26,8 @@ from harness.sizing.tiers import Fleet
 
 WHAT = (
     "Simulated, not measured: the trace's requests replayed in virtual time through the tiers "
-    "configured (LRU each, inclusive, write-through; round-robin routing), each tier's bandwidth "
-    "shared by the loads it serves at once, prefill and decode by the engine's cost model."
+    "configured (LRU each, inclusive, write-through; requests routed as `cluster.routing` says), each "
+    "tier's bandwidth shared by the loads it serves at once, prefill and decode by the engine's cost model."
 )
 
 
@@ -49,6 +49,7 @@ def main(file: Path, out: Path, console: Console) -> int:
         spec.slo_ttft_s,
         spec.slo_share,
         spec.bandwidth_bin_s,
+        spec.routing,
     )
     console.print(
         f"Sizing {len(trace.requests):,} requests of {spec.workload.trace} on {spec.workers} workers "
@@ -140,10 +141,15 @@ def show(doc: dict[str, Any], console: Console) -> None:
             f"({recompute['within']:.1%} recomputing every prompt). SLO capacity ({slo['share']:.0%} within it): "
             f"{_speedup(cached['capacity_speedup'])} the trace's rate, against "
             f"{_speedup(recompute['capacity_speedup'])} recomputing"
-            + (f": {slo['capacity_ratio']:.2f}x" if slo["capacity_ratio"] is not None else ""),
+            + (f": {slo['capacity_ratio']:.2f}x" if slo["capacity_ratio"] is not None else "")
+            + (" at least" if (cached["capacity_speedup"] or 0) >= 2**CAPACITY_STEPS else ""),
             markup=False,
         )
 
 
 def _speedup(x: float | None) -> str:
-    return f"not even 1/{2**CAPACITY_STEPS:,} of" if x is None else f"{x:.3g}x"
+    if x is None:
+        return f"not even 1/{2**CAPACITY_STEPS:,} of"
+    if x >= 2**CAPACITY_STEPS:  # the search stops there: the capacity is at least that
+        return f"at least {x:,.0f}x (the highest speed-up tried)"
+    return f"{x:.3g}x"

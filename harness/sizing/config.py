@@ -38,11 +38,11 @@ from typing import Any
 from harness.config.scenario import Slo
 from harness.config.tables import Table, read_toml, size
 from harness.core.errors import InputError
+from harness.sizing.routing import ROUTINGS
 from harness.sizing.tiers import SCOPES
 
 SCHEMA_VERSION = 1
 TIER_NAMES = ("G1", "G2", "G3", "G4")  # the field's names, fastest first
-ROUTINGS = ("round_robin",)
 FORMATS = ("auto", "mooncake", "bailian")
 # How finely each tier's read bandwidth is sampled over time for its p99 and max (s of the
 # simulated clock).
@@ -112,9 +112,13 @@ def read(path: Path) -> SizingSpec:
     if workers % per_node:
         cluster.fail("workers_per_node", f"expected a divisor of workers ({workers})", per_node)
     routing = cluster.text("routing", ROUTINGS[0], ROUTINGS)
-    cluster.done()
     engine = _engine(top.sub("engine"))
     tiers = _tiers(top, path)
+    if routing == "prefix" and not any(t.scope == "worker" for t in tiers):
+        cluster.fail(
+            "routing", 'expected a tier of scope = "worker" with it (the router matches the device cache)', routing
+        )
+    cluster.done()
     slo = top.sub("slo")
     ttft = slo.number("ttft_s", 0.0, positive=True) if slo.has("ttft_s") else None
     share = slo.number("share", Slo.share, positive=True, maximum=1.0)

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from harness.inputs.traces import TraceRequest
+from harness.sizing import routing
 from harness.sizing.simulate import Cost, Requests, Result, Tier, simulate
 from harness.sizing.stack import References, references
-from harness.sizing.tiers import Fleet, round_robin, scoped_distances, served_by
+from harness.sizing.tiers import Fleet, scoped_distances, served_by
 
 # A tier's capacity curve: its share served at these multiples of its configured capacity.
 CURVE_MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -74,26 +75,45 @@ class Plan:
     slo_ttft_s: float | None
     slo_share: float  # a load holds the SLO when at least this share of its requests meet it
     bandwidth_bin_s: float
+    routing: str = "round_robin"  # routing.ROUTINGS
+
+
+def _routes(w: Workload, plan: Plan, cached: bool = True) -> np.ndarray:
+    """Each request's worker, by the plan's routing. The prefix router matches the fastest
+    per-worker tier (which the file must have); without a cache (`cached` False: the recompute
+    baseline) it holds nothing, and routes by load alone, as the KV router would."""
+    if plan.routing == "round_robin":
+        return routing.round_robin(w.refs.requests, plan.fleet.workers)
+    device = next(t for t in plan.tiers if t.scope == "worker").capacity_blocks if cached else 0
+    return routing.prefix(w.refs, w.arrival_s, w.prompt_tokens, plan.fleet.workers, device, plan.cost)
+
+
+def _placed(w: Workload, plan: Plan, cached: bool = True) -> tuple[Requests, list[np.ndarray]]:
+    """The requests as the timing takes them: each one's worker, the instance of each tier it
+    reads (a column per tier) and the tokens each tier serves it; and each tier's scoped
+    distances (a reference's instance is its request's). Not `cached`: every prompt recomputed."""
+    refs = w.refs
+    worker = _routes(w, plan, cached)
+    if not cached:
+        nothing = np.zeros((refs.requests, 0), dtype=np.int64)
+        return Requests(w.arrival_s, worker, w.prompt_tokens, w.output_tokens, nothing, nothing), []
+    instance = np.stack([plan.fleet.group(worker, t.scope) for t in plan.tiers], axis=1)
+    distances = [scoped_distances(refs, instance[refs.request, k]) for k in range(len(plan.tiers))]
+    tier = served_by(distances, [t.capacity_blocks for t in plan.tiers])
+    tier_tokens = np.zeros((refs.requests, len(plan.tiers)), dtype=np.int64)
+    hit = tier < len(plan.tiers)
+    np.add.at(tier_tokens, (refs.request[hit], tier[hit]), refs.serves[hit])
+    return Requests(w.arrival_s, worker, w.prompt_tokens, w.output_tokens, tier_tokens, instance), distances
 
 
 def size(w: Workload, plan: Plan) -> dict[str, Any]:
     """Every figure of the fleet (sizing.json's `figures`)."""
     refs = w.refs
-    request_worker = round_robin(refs.requests, plan.fleet.workers)
-    # which instance of each tier each request reads (a column per tier); a reference, its request's
-    instance = np.stack([plan.fleet.group(request_worker, t.scope) for t in plan.tiers], axis=1)
-    distances = [scoped_distances(refs, instance[refs.request, k]) for k in range(len(plan.tiers))]
-    capacities = [t.capacity_blocks for t in plan.tiers]
-    tier = served_by(distances, capacities)
-    n_tiers = len(plan.tiers)
-    tier_tokens = np.zeros((refs.requests, n_tiers), dtype=np.int64)
-    hit = tier < n_tiers
-    np.add.at(tier_tokens, (refs.request[hit], tier[hit]), refs.serves[hit])
-    reqs = Requests(w.arrival_s, request_worker, w.prompt_tokens, w.output_tokens, tier_tokens, instance)
+    reqs, distances = _placed(w, plan)
+    instance, tier_tokens, capacities = reqs.instance, reqs.tier_tokens, [t.capacity_blocks for t in plan.tiers]
     timing = [t.timing for t in plan.tiers]
     cached = simulate(reqs, timing, plan.kv_bytes_per_token, plan.cost)
-    nothing = np.zeros((refs.requests, 0), dtype=np.int64)
-    none = replace(reqs, tier_tokens=nothing, instance=nothing)  # every prompt recomputed
+    none, _ = _placed(w, plan, cached=False)
     recompute = simulate(none, [], plan.kv_bytes_per_token, plan.cost)
     total = int(w.prompt_tokens.sum())
     served = tier_tokens.sum(axis=0)
@@ -170,8 +190,9 @@ def _slo(w: Workload, plan: Plan, runs: dict[str, tuple[Requests, list[Tier], Re
     and recomputing every prompt ("recompute"). And the SLO capacity both ways: the highest
     arrival speed-up (x the trace's rate, after rate_scale) at which at least slo_share of the
     requests meet it, and the ratio of the two (the paper's SLO capacity ratio, here simulated).
-    The routes and the tier each block comes from do not depend on time (LRU order is arrival
-    order), so only the arrivals are scaled."""
+    Round-robin routes and the tier each block comes from do not depend on time (LRU order is
+    arrival order), so only the arrivals are scaled; prefix routes weigh each worker's queue, so
+    the requests are placed again at each speed-up."""
     if plan.slo_ttft_s is None:
         return None
     ttft_s = plan.slo_ttft_s
@@ -179,9 +200,12 @@ def _slo(w: Workload, plan: Plan, runs: dict[str, tuple[Requests, list[Tier], Re
     def share(ttft: np.ndarray) -> float:
         return float(np.mean(ttft <= ttft_s)) if len(ttft) else 0.0
 
-    def holds(reqs: Requests, timing: list[Tier]) -> Callable[[float], bool]:
+    def holds(reqs: Requests, timing: list[Tier], cached: bool) -> Callable[[float], bool]:
         def at(speedup: float) -> bool:
-            fast = replace(reqs, arrival_s=reqs.arrival_s / speedup)
+            if plan.routing == "round_robin":
+                fast = replace(reqs, arrival_s=reqs.arrival_s / speedup)
+            else:
+                fast, _ = _placed(replace(w, arrival_s=w.arrival_s / speedup), plan, cached)
             return share(simulate(fast, timing, plan.kv_bytes_per_token, plan.cost).ttft_s) >= plan.slo_share
 
         return at
@@ -190,7 +214,7 @@ def _slo(w: Workload, plan: Plan, runs: dict[str, tuple[Requests, list[Tier], Re
     span = float(w.arrival_s[-1] - w.arrival_s[0]) if len(w.arrival_s) > 1 else 0.0
     rate = (len(w.arrival_s) - 1) / span if span > 0 else None
     for name, (reqs, timing, result) in runs.items():
-        cap = _capacity(holds(reqs, timing))
+        cap = _capacity(holds(reqs, timing, name == "cached"))
         out[name] = {
             "within": share(result.ttft_s),
             "capacity_speedup": cap,

@@ -34,12 +34,6 @@ class Fleet:
         return np.zeros_like(worker)
 
 
-def round_robin(requests: int, workers: int) -> np.ndarray:
-    """Each request's worker: request i (in time order) goes to worker i mod workers (a
-    reference's is its request's: `round_robin(...)[refs.request]`)."""
-    return np.arange(requests, dtype=np.int64) % workers
-
-
 def scoped_distances(refs: References, group: np.ndarray) -> np.ndarray:
     """Prefix distances of every reference within its group's own stream (the references of that
     group, in time order): one pass, the groups laid one after the other and their blocks kept
