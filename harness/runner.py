@@ -96,6 +96,10 @@ class Outcome:
         return self.status == "interrupted" or self.aborted
 
 
+# run.json's prompt_counting where the server has no /tokenize and no tokenizer is given
+ESTIMATED = "estimate calibrated on usage.prompt_tokens (no /tokenize)"
+
+
 @dataclass
 class RunState:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -124,7 +128,7 @@ async def open_session(t: Target, client: StreamingClient) -> Session:
     elif found:
         counter, counting = found[0], f"server /tokenize ({server} format)"
     else:
-        counting = "estimate calibrated on usage.prompt_tokens (no /tokenize)"
+        counting = ESTIMATED
         counter = await endpoint.usage_counter(client.session, t.base_url, model, sc.endpoint.api, t.headers)
     cache = None
     if (folder := prompts.cache_folder()) is not None and sc.prompts.source == "synthetic":
@@ -145,6 +149,14 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
         pool = t.scenario.workload.most_connections()
         client = await stack.enter_async_context(client_for(pool, ep, t.headers, t.emulated))
         session = await open_session(t, client)
+        if session.counting == ESTIMATED:
+            tolerance = t.scenario.prompts.tolerance
+            console.print(
+                f"note: prompt lengths are estimates ({ESTIMATED}; no [endpoint] tokenizer): a prompt "
+                f"within prompts.tolerance ({tolerance:.1%}) of its target is not warned of; requests.jsonl's "
+                "prompt_tokens is the server's own count",
+                markup=False,
+            )
         if (d := t.distributed) is not None:
             console.print(f"Joining the Ray cluster at {d.address} ...", markup=False)
             if not await stack.enter_async_context(raypool.joined(d.address, state.stop)):

@@ -133,3 +133,21 @@ def test_a_table_with_no_rows_is_a_clear_error_not_an_empty_file(tmp_path: Path)
     r = cli("export", str(GOLDEN / "golden-loop"), "--table", "by_length", "-o", str(out))
     assert r.returncode == 2 and "by_length" in r.stderr and "sweep" in r.stderr, r.stderr
     assert not out.exists()
+
+
+def test_the_summary_frame_has_the_schedule_lag_where_requests_had_send_times(tmp_path: Path) -> None:
+    """An open loop's (or a timed trace's) records carry their intended send time: the summary
+    frame gives the schedule's lag and the load offered against the load sent, as run.json's
+    summary does (load().summary() left them out: issue 56 item 16); runs without send times
+    have no such columns."""
+    folder = tmp_path / "golden-loop" / "x-cached"
+    shutil.copytree(next((GOLDEN / "golden-loop").glob("*-cached")), folder)
+    lines = [json.loads(x) for x in (folder / "requests.jsonl").read_text().splitlines()]
+    for k, r in enumerate(lines):
+        r["intended_s"] = r["start_s"] - 0.001 * (k % 3)  # sent 0, 1 or 2 ms late
+    (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (row,) = load(folder).summary().to_dict("records")
+    lag = stats.schedule_lag(stats.measured(load_runs([folder])[0].records))
+    assert row["schedule_lag_p99_s"] == lag["p99_s"] and row["schedule_lag_max_s"] == pytest.approx(0.002)
+    assert row["schedule_lag_sent_req_per_s"] == lag["sent_req_per_s"] is not None
+    assert not any(c.startswith("schedule_lag") for c in load(GOLDEN / "golden-loop").summary())

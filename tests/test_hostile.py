@@ -90,6 +90,8 @@ class FaultServer:
         return web.json_response({"data": [{"id": "m"}]})
 
     async def tokenize(self, r: web.Request) -> web.Response:
+        if self.mode == "no-tokenize":  # as a server without /tokenize answers
+            return web.Response(status=404)
         body = await r.json()
         text = body["messages"][0]["content"] if "messages" in body else body["prompt"]
         return web.json_response({"count": len(text.split()) + 4})
@@ -99,6 +101,9 @@ class FaultServer:
         body = await r.json()
         if self.mode == "hang":
             await self.stall()
+        if not body.get("stream"):  # the length calibration of a server without /tokenize
+            n = len(body["messages"][0]["content"].split()) + 4
+            return web.json_response({"choices": [], "usage": {"prompt_tokens": n, "completion_tokens": 1}})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(r)
 
@@ -117,7 +122,7 @@ class FaultServer:
             await event({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "length"}]})
         if self.mode == "late-long" and len(body["messages"][0]["content"].split()) + 4 > 300:
             await asyncio.sleep(0.05)  # its first token 40 ms behind a modelled 10 ms
-        if self.mode in ("ok", "late-long"):
+        if self.mode in ("ok", "late-long", "no-tokenize"):
             await event({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "length"}]})
         n = len(body["messages"][0]["content"].split()) + 4
         usage: dict[str, object] = {"prompt_tokens": n, "completion_tokens": 1}
@@ -1217,3 +1222,14 @@ def test_a_row_the_emulator_ran_late_in_is_marked_where_it_is_shown(fault: Fault
     assert rep.returncode == 0, rep.stderr
     page = html.read_text()
     assert "! At 400 tokens (cold " in page and page.count('<tr class="bad">') == 1
+
+
+@pytest.mark.parametrize("fault", ["no-tokenize"], indirect=True)
+def test_estimated_prompt_lengths_are_said_to_be_estimates(fault: FaultServer, tmp_path: Path) -> None:
+    """A server without /tokenize and no tokenizer given: lengths are an estimate calibrated on
+    the server's usage, and a prompt within prompts.tolerance of its target is not warned of;
+    the terminal says so at the start, and run.json names the counting (issue 56 item 16)."""
+    r, _, meta = run_against(fault, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert meta["prompt_counting"] == "estimate calibrated on usage.prompt_tokens (no /tokenize)"
+    assert "note: prompt lengths are estimates" in r.stderr and "prompts.tolerance" in r.stderr

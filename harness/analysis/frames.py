@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 RUN_COLUMNS = ("run_id", "scenario", "arm", "kind", "load", "rate", "emulated", "status", "folder")
 QUANTILES = ("mean", "p50", "p90", "p99")
 
+# run.json's schedule_lag, as summary columns `schedule_lag_<key>`: how late requests left
+# against their schedule (model seconds), how many max_concurrency held back, the load offered
+LAG_COLUMNS = ("p50_s", "p99_s", "max_s", "held_back", "intended_req_per_s", "sent_req_per_s")
+
 
 def _paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     """Folders as given, globs expanded (a pattern that matches nothing is an error)."""
@@ -92,6 +96,8 @@ class Runs:
                     row[k] = s[k]
             if isinstance(slo := s.get("slo"), dict):
                 row["goodput_req_per_s"], row["slo_share_met"] = slo.get("goodput_req_per_s"), slo.get("share_met")
+            if isinstance(lag := s.get("schedule_lag"), dict) and lag.get("requests"):  # open loops and traces
+                row.update({f"schedule_lag_{k}": lag[k] for k in LAG_COLUMNS})
             rows.append(row)
         return pd.DataFrame(rows)
 
