@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from harness import __version__
 from harness.config.scenario import EmulatorCfg
-from harness.core.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError, files_error
+from harness.core.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError, files_error, signals_interrupt
 from harness.monitor.progress import stderr_console
 
 
@@ -25,6 +25,7 @@ def _handled(fn: Callable[..., int]) -> Callable[..., int]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> int:
+        signals_interrupt()  # a run's event loop sets its own while it runs
         try:
             code = fn(*args, **kwargs)
         except KvbenchError as e:

@@ -24,7 +24,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from harness.core.errors import lines
+from harness.core.errors import lines, replaced, signals_interrupt
 from harness.results import load_runs, read_requests
 from tests.conftest import ROOT, cli, kvbench, start_kvbench, user_env, write_scenario
 from tests.servers import ThreadedServer, path_of, requests_on
@@ -1233,3 +1233,22 @@ def test_estimated_prompt_lengths_are_said_to_be_estimates(fault: FaultServer, t
     assert r.returncode == 0, r.stderr
     assert meta["prompt_counting"] == "estimate calibrated on usage.prompt_tokens (no /tokenize)"
     assert "note: prompt lengths are estimates" in r.stderr and "prompts.tolerance" in r.stderr
+
+
+def test_sigterm_while_an_output_is_written_ends_as_ctrl_c_and_leaves_no_file(tmp_path: Path) -> None:
+    """Every command takes SIGTERM as Ctrl-C (issue 56 item 12): the write in progress raises
+    KeyboardInterrupt (exit 130 through the CLI), its temporary file is removed and the output
+    never appears; before, the process died with 143 and left `<out>.tmp` behind."""
+    out = tmp_path / "out.csv"
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        signals_interrupt()
+        with pytest.raises(KeyboardInterrupt), replaced(out) as tmp:
+            tmp.write_text("half")
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between two bytecodes of this thread
+                time.sleep(0.001)
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+    assert list(tmp_path.iterdir()) == []

@@ -18,7 +18,7 @@ from harness.commands.context import known_context
 from harness.config import kinds, scenario
 from harness.core import aio
 from harness.core.clock import ModelClock, check_scale
-from harness.core.errors import InputError, KvbenchError, Redactor
+from harness.core.errors import InputError, KvbenchError, Redactor, signals_interrupt
 from harness.gate.rules import check_rules
 from harness.server import endpoint
 
@@ -237,6 +237,7 @@ def main(opts: RunOptions, console: Console) -> int:
             raise type(e)(text) from None
         raise
     if opts.report and folders:
+        signals_interrupt()  # the run's loop is gone: a signal while rendering ends the command (130)
         from harness.report.build import render
         from harness.results import load_runs
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from enum import IntEnum
 from pathlib import Path
@@ -56,6 +58,21 @@ class FilesError(KvbenchError):
     """kvbench could not write (or read) a file of its own: results, a report, a gate output."""
 
     exit_code = ExitCode.FILES
+
+
+def signals_interrupt() -> None:
+    """SIGTERM (`timeout`, CI cancellation, `docker stop`) raises KeyboardInterrupt, as Ctrl-C
+    does: a command then ends with exit 130 and removes its outputs' temporary files (`replaced`),
+    instead of dying with 143 mid-write. Ctrl-C gets Python's own handler back (an event loop that
+    ran may have left another). Only the main thread can set handlers (a test may run a command
+    in another)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def write_file(path: Path, text: str) -> Path:
