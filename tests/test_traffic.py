@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.config.scenario import TrafficCfg
+from harness.core import children
 from harness.core.clock import ModelClock
 from harness.core.errors import InputError
 from harness.core.units import parse_bandwidth, parse_size
@@ -325,3 +326,43 @@ def test_parent_folders_kvbench_made_are_removed(tmp_path: Path) -> None:
     assert created == [target, tmp_path / "a" / "b", tmp_path / "a"]
     cleanup_directory(work, created)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_child_that_ignores_sigterm_is_killed_with_its_whole_group() -> None:
+    """core/children.py, which engines and load generators share: the ladder's next signal
+    follows when the child outlives the wait, and every member of its process group gets each
+    signal (a grandchild too)."""
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+        "print(g.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=children.die_with_parent,
+    )
+    assert proc.stdout is not None
+    grandchild = int(proc.stdout.readline())
+    children.stop_group(proc, ((signal.SIGTERM, 0.5), (signal.SIGKILL, 30.0)))
+    assert proc.returncode == -signal.SIGKILL
+    for _ in range(3000):  # killed, then reaped by init
+        if _gone(grandchild):
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError("the grandchild outlived its group's SIGKILL")
+    proc.stdout.close()
+
+
+def _gone(pid: int) -> bool:
+    """Dead: no such process, or a zombie not yet reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -5,18 +5,17 @@ process group, SIGTERM then SIGKILL, and, on Linux, by the kernel if kvbench its
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import random
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 from typing import Self
+
+from harness.core.children import die_with_parent, stop_group
 
 
 def installed(env_var: str, in_cache: str) -> Path | None:
@@ -43,12 +42,6 @@ def free_port(below: int | None = None) -> int:
             s.bind(("127.0.0.1", port))
             return port
     raise OSError(f"no free loopback port below {below}")
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: the kernel sends SIGTERM if kvbench dies without stopping it."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class ServerProcess:
@@ -86,7 +79,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent,
             )
             if self._wait_healthy(self.health_timeout_s):
                 return self
@@ -118,13 +111,5 @@ class ServerProcess:
 
     def _stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        if proc is not None:
+            stop_group(proc)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
+import signal
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from harness.config.scenario import TrafficCfg, check_traffic_directory
+from harness.core.children import stop_group
 from harness.core.clock import ModelClock
 from harness.core.errors import InputError, write_file
 from harness.core.units import human_bandwidth
@@ -124,32 +124,6 @@ def settings_of(cfg: TrafficCfg) -> dict[str, Any]:
     return d
 
 
-def die_with_parent() -> None:
-    """preexec_fn: on Linux the child gets SIGTERM if kvbench dies, even by SIGKILL, so that no
-    load generator outlives the run."""
-    import ctypes
-    import signal
-    import sys
-
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def stop_process(proc: Any, grace_s: float = 10.0) -> None:
-    """SIGINT (fio then writes its final statistics), then SIGTERM, then SIGKILL."""
-    import signal
-    import subprocess
-
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """SIGINT (fio then writes its final statistics), then SIGTERM, then SIGKILL, to its group."""
+    stop_group(proc, ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)))

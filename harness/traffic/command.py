@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 from harness.config.scenario import TrafficCfg
+from harness.core.children import die_with_parent
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError
-from harness.traffic.base import TrafficResult, die_with_parent, settings_of, stop_process
+from harness.traffic.base import TrafficResult, settings_of, stop_process
 
 
 class CommandDriver:

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.scenario import TrafficCfg
+from harness.core.children import die_with_parent
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError
 from harness.traffic.base import (
     TrafficResult,
     cleanup_directory,
-    die_with_parent,
     prepare_directory,
     settings_of,
     stop_process,
