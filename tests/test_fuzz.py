@@ -101,21 +101,45 @@ def test_random_gate_rules(text: str, scenario: str) -> None:
 @given(
     st.dictionaries(st.sampled_from(["schema_version", "scenario", "arm", "status", "summary", "run_id"]), values),
     st.lists(st.one_of(values.map(json.dumps), st.text(max_size=30)), max_size=5),
-    st.dictionaries(st.sampled_from(["ttft_s", "e2e_s", "ok", "phase", "target_tokens", "start_s", "itl_s"]), values),
+    st.dictionaries(
+        st.sampled_from(
+            ["ttft_s", "e2e_s", "ok", "phase", "target_tokens", "start_s", "itl_s", "emulator_late_s", "intended_s"]
+        ),
+        values,
+    ),
+    st.sampled_from(["smoke", "golden-loop"]),
+    st.one_of(st.none(), st.binary(max_size=60)),
+    st.one_of(st.none(), st.lists(st.one_of(values.map(json.dumps), st.text(max_size=30)), max_size=4)),
 )
-def test_random_result_folders(meta: dict[str, Any], extra_lines: list[str], record: dict[str, Any]) -> None:
+def test_random_result_folders(
+    meta: dict[str, Any],
+    extra_lines: list[str],
+    record: dict[str, Any],
+    scenario: str,
+    metrics: bytes | None,
+    traffic: list[str] | None,
+) -> None:
+    """A kvbench result folder with random keys in run.json, random lines and fields in its
+    records (a sweep's or a closed loop's), and a damaged metrics.json or traffic.jsonl: every
+    reader ends in a documented exit code, never a traceback."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "r"
-        shutil.copytree(next((GOLDEN / "golden-loop").iterdir()), folder)
+        shutil.copytree(next((GOLDEN / scenario).iterdir()), folder)
         recorded = json.loads((folder / "run.json").read_text())
         (folder / "run.json").write_text(json.dumps({**recorded, **meta}))
         lines = (folder / "requests.jsonl").read_text().splitlines()
         lines[0] = json.dumps({**json.loads(lines[0]), **record})
         (folder / "requests.jsonl").write_text("\n".join(lines + extra_lines) + "\n")
+        if metrics is not None:
+            (folder / "metrics.json").write_bytes(metrics)
+        if traffic is not None:
+            (folder / "traffic.json").write_text('{"tool": "fio"}')
+            (folder / "traffic.jsonl").write_text("\n".join(traffic) + "\n")
         cli("report", str(folder), "-o", str(Path(tmp) / "r.html"))
         cli("compare", str(folder), str(folder))
         cli("baseline", "save", str(folder), "-o", str(Path(tmp) / "b.json"))
         cli("gate", str(folder), "--baseline", str(Path(tmp) / "b.json"))
+        cli("export", str(folder), "-o", str(Path(tmp) / "e.csv"))
 
 
 odd = st.one_of(
