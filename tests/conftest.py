@@ -120,12 +120,15 @@ def interrupt(
 def other_warnings(meta: dict[str, Any]) -> list[str]:
     """A run's warnings but those a busy machine can cause, each of which must agree with what
     run.json measured (checked here): the emulator's report of its own lateness
-    (emulator.lateness) and the client's of its own loop lag and CPU (client_health.warning)."""
+    (emulator.lateness), the figures it ran late in (the summary's own rows: a figure's
+    `warnings`) and the client's of its own loop lag and CPU (client_health.warning)."""
+    from harness.analysis.kinds import figures_of
     from harness.monitor.selfcheck import emulator_warning
 
     late = emulator_warning((meta.get("emulator") or {}).get("lateness"))
+    rows = figures_of(meta["scenario"]["workload"]["kind"]).warnings(meta["summary"]) if meta.get("summary") else []
     busy = (meta.get("client_health") or {}).get("warning")
-    return [w for w in meta["warnings"] if w not in (late, busy)]
+    return [w for w in meta["warnings"] if w not in (late, busy, *rows)]
 
 
 def result_lines(out: Path) -> int:
