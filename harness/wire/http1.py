@@ -7,7 +7,8 @@ non-ASCII digits, bad chunk sizes. Around it, kvbench adds what a client needs o
 bounds (head size, header count, bytes fed without any progress, so that endless headers, size
 lines or trailers cannot take memory), 1xx interim responses skipped and `101` refused (kvbench
 asks for no upgrade), obs-fold header lines unfolded as RFC 9112 asks of clients, and bytes
-after the declared end of the response refused as a body longer than declared.
+after the declared end of the response seen (`extra`: no request's, so the connection is not
+reused).
 
 The fast path stays a layer above the parser: at a read that starts at a chunk boundary, or at
 the first boundary found in it, `skip` may take a run of whole chunks (stream.py's token chunks,

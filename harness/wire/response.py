@@ -47,9 +47,10 @@ class Response:
         if self.head_from is None and data:
             self.head_from = t
         parser = self.parser
+        # bytes after the declared end are no request's (a stray answer, or a body longer than
+        # declared): the response keeps the outcome of its own bytes, however the reads were cut,
+        # and its connection is not reused (`reusable`)
         parser.feed(data, self._body, self._skip)
-        if parser.extra:
-            raise http1.ProtocolError("bytes after the end of the response (a body longer than declared?)")
         self._headers()
         state = self.ex.state
         if len(state.token_chunk_ns) > self.ex.token_limit:
