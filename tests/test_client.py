@@ -516,9 +516,9 @@ def test_broken_framing_is_a_protocol_error_never_a_success(answer: bytes) -> No
     "answer",
     [
         # a whole answer whose declared length ends after [DONE]
-        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\ndata: x\n\ndata: [DONE]\n\n" % len(b"data: x\n\ndata: [DONE]\n\n"),
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(TOKEN + DONE), TOKEN + DONE),
         # one whose declared length ends before it (the rest would be "a body longer than declared")
-        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\ndata: x\n\ndata: [DONE]\n\n" % len(b"data: x\n\n"),
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(TOKEN), TOKEN + DONE),
         # bodyless responses (RFC 9110: no body whatever the headers say)
         b"HTTP/1.1 204 No Content\r\n\r\n",
         b"HTTP/1.1 304 Not Modified\r\nContent-Length: 40\r\n\r\n",
