@@ -512,13 +512,18 @@ def test_broken_framing_is_a_protocol_error_never_a_success(answer: bytes) -> No
     assert [ex.error_kind for ex in got] == ["protocol", "protocol"], [ex.error for ex in got]
 
 
+SSE_TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":" tok"}}]}\n\n'
+SSE_DONE = b"data: [DONE]\n\n"
+WHOLE = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(SSE_TOKEN + SSE_DONE), SSE_TOKEN + SSE_DONE)
+
+
 @pytest.mark.parametrize(
     "answer",
     [
         # a whole answer whose declared length ends after [DONE]
-        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(TOKEN + DONE), TOKEN + DONE),
+        WHOLE,
         # one whose declared length ends before it (the rest would be "a body longer than declared")
-        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(TOKEN), TOKEN + DONE),
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(SSE_TOKEN), SSE_TOKEN + SSE_DONE),
         # bodyless responses (RFC 9110: no body whatever the headers say)
         b"HTTP/1.1 204 No Content\r\n\r\n",
         b"HTTP/1.1 304 Not Modified\r\nContent-Length: 40\r\n\r\n",
@@ -541,6 +546,8 @@ def test_bytes_after_a_responses_end_change_nothing_of_its_outcome(answer: bytes
             server.close()
         outcomes.append([(ex.error_kind, len(ex.state.token_chunk_ns)) for ex in got])
     assert outcomes[0] == outcomes[1]
+    if answer == WHOLE:
+        assert outcomes[0] == [(None, 1), (None, 1)]
 
 
 @pytest.mark.parametrize(
