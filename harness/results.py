@@ -19,6 +19,8 @@ import math
 import os
 import platform
 import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
@@ -167,6 +169,9 @@ class RequestRecord:
         if not isinstance(gaps, list) or not all(type(g) is float or type(g) is int for g in gaps):
             raise ValueError("itl_s: expected a list of numbers")
         values["itl_s"] = gaps if itl else []
+        for f in _REPEATED_TEXT:  # one string object per distinct value: a million records share a few
+            if values[f] is not None:
+                values[f] = sys.intern(values[f])
         values["ok"], values["retried"] = bool(d.get("ok")), bool(d.get("retried"))
         return cls(**values)
 
@@ -203,6 +208,7 @@ _OPTIONAL = (
     "first_token_shared",
     "emulator_late_s",
 )
+_REPEATED_TEXT = ("arm", "phase", "prompt_id", "error_kind", "warm_from", "first_token_stamp")
 _OPTIONAL_NUMBERS = ("intended_s", "held_s", "idle_s", "restore_s", "first_token_late_s", "emulator_late_s")
 _OPTIONAL_TEXT = ("warm_from", "first_token_stamp")
 _NUMBER, _MAYBE_NUMBER, _MAYBE_INT, _MAYBE_TEXT = (
@@ -305,8 +311,13 @@ def read_requests(path: Path, itl: bool = True, skipped: list[str] | None = None
     """Every readable line of a requests file (`path`: the file, or its run folder). A line that
     is not a record (cut short by a crash, or damaged) is left out and, when `skipped` is given,
     said there: file, line and why."""
+    return list(iter_requests(path, itl, skipped))
+
+
+def iter_requests(path: Path, itl: bool = True, skipped: list[str] | None = None) -> Iterator[RequestRecord]:
+    """read_requests a record at a time, for readers that need not hold a run's records at once
+    (`kvbench export --table requests` of a day-long run)."""
     file = path / REQUESTS if path.is_dir() else path
-    out = []
     with open_regular(file, "requests file") as f:
         for n, line in lines(f, RECORD_MAX_BYTES):
             if line is None:
@@ -314,12 +325,13 @@ def read_requests(path: Path, itl: bool = True, skipped: list[str] | None = None
                     skipped.append(f"{file}:{n}: longer than {RECORD_MAX_BYTES >> 20} MiB: not a record")
                 continue
             try:
-                out.append(RequestRecord.from_json(orjson.loads(line), itl))
+                record = RequestRecord.from_json(orjson.loads(line), itl)
             except (orjson.JSONDecodeError, ValueError) as e:
                 if skipped is not None:
                     why = "cut short (the run was stopped while writing it)" if not line.endswith(b"\n") else str(e)
                     skipped.append(f"{file}:{n}: {why}")
-    return out
+                continue
+            yield record
 
 
 @dataclass
@@ -468,7 +480,9 @@ def _check_types(value: Any, spec: Any, where: str) -> None:
         raise InputError(f"{where}: expected {getattr(spec, '__name__', 'a number')}, got {json.dumps(value)[:40]}")
 
 
-def read_run(folder: Path, itl: bool = True) -> RunResult:
+def read_run(folder: Path, itl: bool = True, records: bool = True) -> RunResult:
+    """A run folder: run.json checked, then its records (none read with `records=False`: for a
+    reader that streams them with iter_requests, or needs run.json alone) and side files."""
     meta = _json_file(folder / RUN)
     if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA_VERSION:
         version = meta.get("schema_version") if isinstance(meta, dict) else None
@@ -480,8 +494,8 @@ def read_run(folder: Path, itl: bool = True) -> RunResult:
     if not (meta["scenario"].get("workload") or {}).get("kind"):
         raise InputError(f"{folder / RUN}: scenario.workload.kind: missing; is this a run.json kvbench wrote?")
     skipped: list[str] = []
-    records = read_requests(folder, itl, skipped) if (folder / REQUESTS).exists() else []
-    run = RunResult(folder, meta, records, skipped=skipped)
+    read = read_requests(folder, itl, skipped) if records and (folder / REQUESTS).exists() else []
+    run = RunResult(folder, meta, read, skipped=skipped)
     if (folder / "metrics.json").exists():
         run.server_metrics = _json_file(folder / "metrics.json")
     if (folder / "traffic.json").exists():
@@ -521,8 +535,9 @@ def _finite(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def load_runs(paths: list[Path], itl: bool = True) -> list[RunResult]:
-    """Run folders, scenario folders (all arms of the newest run) or a results root."""
+def load_runs(paths: list[Path], itl: bool = True, records: bool = True) -> list[RunResult]:
+    """Run folders, scenario folders (all arms of the newest run) or a results root (read_run's
+    `itl` and `records`)."""
     out: list[RunResult] = []
     for path in paths:
         if not path.exists():
@@ -530,7 +545,7 @@ def load_runs(paths: list[Path], itl: bool = True) -> list[RunResult]:
         folders = _run_folders(path)
         if not folders:
             raise InputError(f"{path}: no run.json here or in the folders below (is this a kvbench result folder?)")
-        out += [read_run(f, itl) for f in folders]
+        out += [read_run(f, itl, records) for f in folders]
     return out
 
 

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from harness import load
-from harness.analysis import stats
-from harness.commands.export import to_csv
+from harness.analysis import frames, stats
+from harness.commands.export import to_csv, write_table
 from harness.gate import figures
 from harness.report.build import build_context
 from harness.results import load_runs
@@ -71,6 +71,35 @@ def test_exports_read_back_equal_the_frame(fmt: str, tmp_path: Path) -> None:
         back = pd.read_json(out, lines=True, precise_float=True)
     for col in ("id", "arm", "ttft_s", "e2e_s", "ok", "cached_tokens", "itl_s"):
         assert back[col].tolist() == frame[col].tolist(), col
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "jsonl"])
+def test_a_table_streamed_in_batches_is_the_table_whatever_the_batch(fmt: str, tmp_path: Path) -> None:
+    """`export --table requests` streams records in batches (a day-long run in bounded memory):
+    any batch size writes the same file as one batch of all, down to a first batch with no gaps
+    (itl_s empty) or no server count (<NA>) that a later batch has."""
+    folder = tmp_path / "run"
+    shutil.copytree(GOLDEN / "golden-loop" / "20261130T220228Z-cached", folder)
+    lines = (folder / "requests.jsonl").read_bytes().splitlines(keepends=True)
+    first = json.loads(lines[0])
+    first.update(itl_s=[], prompt_tokens=None, cached_tokens=None)  # (what a later line has, a first lacks)
+    (folder / "requests.jsonl").write_bytes(json.dumps(first).encode() + b"\n" + b"".join(lines[1:]))
+    whole = load(folder).requests()
+    got = []
+    for size in (1, 7, 10_000):
+        runs = frames.load_meta(folder)
+        assert not runs.runs[0].records  # read back without its records: they are streamed
+        out = tmp_path / f"{size}.{fmt}"
+        write_table(frames.request_batches(runs.runs, size), fmt, out, "no rows")
+        got.append(out.read_bytes() if fmt != "parquet" else pd.read_parquet(out))
+    if fmt == "parquet":
+        for back in got:
+            back["itl_s"] = back["itl_s"].map(list)
+            pd.testing.assert_frame_equal(back, got[-1])
+        assert back["itl_s"].tolist() == whole["itl_s"].tolist() and back["prompt_tokens"].isna().tolist()[0]
+    else:
+        assert got[0] == got[1] == got[2]
+        assert len(got[0].splitlines()) == len(whole) + (fmt == "csv")
 
 
 def test_damaged_lines_are_skipped_and_counted(tmp_path: Path) -> None:

@@ -10,16 +10,16 @@ gate take theirs, so the same run gives the same numbers here. Definitions as th
 from __future__ import annotations
 
 import glob
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from harness.analysis import capacity, stats
 from harness.analysis.kinds import figures_of
 from harness.config import kinds
 from harness.core.errors import InputError
-from harness.results import RunResult, load_runs
+from harness.results import REQUESTS, RequestRecord, RunResult, iter_requests, load_runs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -62,21 +62,13 @@ class Runs:
     def requests(self) -> pd.DataFrame:
         """One row per request: the run's identity (RUN_COLUMNS), then every field of its record
         (times in seconds since the arm's start, `itl_s` a list), with `ttft_s` and `e2e_s` as the
-        statistics core defines them, `request_ttft_s` the request alone, `tpot_s` and `lag_s`."""
+        statistics core defines them, `request_ttft_s` the request alone, `tpot_s` and `lag_s`.
+        Columns have pandas' nullable types (`Int64`, `Float64`, `string`, `boolean`): a count the
+        server did not give is <NA>, not a float NaN."""
         import pandas as pd
 
-        rows = []
-        for run in self.runs:
-            ident = _identity(run)
-            for r in run.records:
-                d = r.as_dict()
-                d["request_ttft_s"] = r.ttft_s
-                for metric in stats.WITH_RESTORE:
-                    if d[metric] is not None:
-                        d[metric] += r.restore_s or 0.0
-                d["tpot_s"], d["lag_s"] = r.tpot_s, r.lag_s
-                rows.append({**ident, **d})
-        return pd.DataFrame(rows, columns=[*RUN_COLUMNS, *_record_columns()])
+        frames = [request_frame(run, run.records) for run in self.runs]
+        return pd.concat(frames, ignore_index=True) if frames else request_frame(None, [])
 
     def summary(self) -> pd.DataFrame:
         """One row per arm (and per rate): the figures of run.json's summary and the report,
@@ -121,6 +113,12 @@ def load(paths: str | Path | Iterable[str | Path]) -> Runs:
     return Runs(load_runs(_paths(paths)))
 
 
+def load_meta(paths: str | Path | Iterable[str | Path]) -> Runs:
+    """load's folders with run.json and side files read, their records not (request_batches
+    streams them)."""
+    return Runs(load_runs(_paths(paths), records=False))
+
+
 def _identity(run: RunResult) -> dict[str, Any]:
     m = run.meta
     return {
@@ -136,8 +134,68 @@ def _identity(run: RunResult) -> dict[str, Any]:
     }
 
 
-def _record_columns() -> list[str]:
-    from harness.results import RequestRecord
+def request_frame(run: RunResult | None, records: Iterable[RequestRecord]) -> pd.DataFrame:
+    """Runs.requests' rows of one run's `records` (any part of them: exports stream a long
+    run's in batches), with the same columns and types whatever the batch holds."""
+    import pandas as pd
 
-    fields = [f for f in RequestRecord.__dataclass_fields__ if f not in RUN_COLUMNS]  # (its arm is the run's)
-    return [*fields, "request_ttft_s", "tpot_s", "lag_s"]
+    ident = _identity(run) if run is not None else dict.fromkeys(RUN_COLUMNS)
+    rows = []
+    for r in records:
+        d = r.as_dict()
+        d["request_ttft_s"] = r.ttft_s
+        for metric in stats.WITH_RESTORE:
+            if d[metric] is not None:
+                d[metric] += r.restore_s or 0.0
+        d["tpot_s"], d["lag_s"] = r.tpot_s, r.lag_s
+        rows.append({**ident, **d})
+    columns = request_columns()
+    return pd.DataFrame(rows, columns=list(columns)).astype(columns)
+
+
+def request_batches(runs: Iterable[RunResult], size: int) -> Iterator[pd.DataFrame]:
+    """request_frame of each run read back without its records (read_run's `records=False`),
+    `size` records at a time from requests.jsonl: a day-long run's table in bounded memory. Lines
+    left out are added to the run's `skipped`."""
+    for run in runs:
+        if not (run.folder / REQUESTS).exists():
+            continue
+        batch: list[RequestRecord] = []
+        for record in iter_requests(run.folder, skipped=run.skipped):
+            batch.append(record)
+            if len(batch) == size:
+                yield request_frame(run, batch)
+                batch = []
+        if batch:
+            yield request_frame(run, batch)
+
+
+def request_columns() -> dict[str, str]:
+    """The requests table's columns and their pandas types: RUN_COLUMNS, the record's fields (its
+    arm is the run's), then the derived ones."""
+    out = {
+        **dict.fromkeys(("run_id", "scenario", "arm", "kind", "load", "status", "folder"), "string"),
+        "rate": "Float64",
+        "emulated": "boolean",
+    }
+    hints = get_type_hints(RequestRecord)
+    for f in fields(RequestRecord):
+        if f.name not in out:
+            out[f.name] = _PANDAS_TYPES.get(hints[f.name], "object")
+    return {
+        **{c: out[c] for c in RUN_COLUMNS},
+        **{c: t for c, t in out.items() if c not in RUN_COLUMNS},
+        **dict.fromkeys(("request_ttft_s", "tpot_s", "lag_s"), "Float64"),
+    }
+
+
+# A record field's type as a pandas nullable type (a list, `itl_s`, stays object)
+_PANDAS_TYPES: dict[Any, str] = {
+    int: "Int64",
+    int | None: "Int64",
+    float: "Float64",
+    float | None: "Float64",
+    str: "string",
+    str | None: "string",
+    bool: "boolean",
+}

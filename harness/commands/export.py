@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
-from harness.core.errors import ExitCode, InputError, replaced, write_file
+from harness.core.errors import ExitCode, InputError, replaced
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,31 +32,67 @@ def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
         raise InputError(f"--table: expected one of {', '.join(TABLES)}, got {table!r}")
     if fmt == "parquet" and output is None:
         raise InputError("--format parquet: give the file to write with -o (Parquet is binary)")
-    runs = frames.load(results)
+    if fmt == "parquet":
+        _need_pyarrow()
+    if table == "requests":  # streamed: a day-long run's table in bounded memory
+        runs = frames.load_meta(results)
+        batches = frames.request_batches(runs.runs, BATCH_RECORDS)
+    else:
+        runs = frames.load(results)
+        batches = iter([getattr(runs, table)()])
+    empty = f"--table {table}: no rows in {', '.join(map(str, results))}" + EMPTY_WHY.get(table, "")
+    write_table(batches, fmt, output, empty)
     if warning := skipped_warning(runs.runs):
         stderr_console().print(f"[yellow]warning:[/] {escape(warning)}")
-    frame = getattr(runs, table)()
-    if frame.empty:
-        raise InputError(f"--table {table}: no rows in {', '.join(map(str, results))}" + EMPTY_WHY.get(table, ""))
-    if fmt == "parquet":
-        assert output is not None
-        write_parquet(frame, output)
-    else:
-        text = to_csv(frame) if fmt == "csv" else frame.to_json(orient="records", lines=True)
-        if output is None:
-            sys.stdout.write(text)
-        else:
-            write_file(output, text)
     if output is not None:
         print(output)
     return ExitCode.OK
+
+
+# Records converted at a time by a streamed export (about 60 MB of rows in flight)
+BATCH_RECORDS = 50_000
+
+
+def write_table(batches: Iterator[pd.DataFrame], fmt: str, output: Path | None, empty: str) -> None:
+    """Write the table's batches to standard output, or to `output` whole or not at all. No rows
+    at all is an InputError (`empty`), and then no file is written."""
+    if output is None:
+        _write_to(batches, fmt, sys.stdout, None, empty)
+        return
+    with replaced(output) as tmp:
+        if fmt == "parquet":
+            _write_to(batches, fmt, None, tmp, empty)
+            return
+        with tmp.open("w", encoding="utf-8") as f:
+            _write_to(batches, fmt, f, None, empty)
+
+
+def _write_to(batches: Iterator[pd.DataFrame], fmt: str, out: IO[str] | None, parquet: Path | None, empty: str) -> None:
+    rows = 0
+    writer = None
+    try:
+        for frame in batches:
+            if frame.empty:
+                continue
+            if parquet is not None:
+                writer = writer or ParquetBatches(parquet, frame)
+                writer.write(frame)
+            else:
+                assert out is not None
+                out.write(to_csv(frame, header=rows == 0) if fmt == "csv" else to_jsonl(frame))
+            rows += len(frame)
+    finally:
+        if writer is not None:
+            writer.close()
+    if not rows:
+        raise InputError(empty)
 
 
 # A text cell that starts with one of these is a formula to a spreadsheet (OWASP's CSV injection)
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
-def to_csv(frame: pd.DataFrame) -> str:
+def to_csv(frame: pd.DataFrame, header: bool = True) -> str:
     """CSV, with list cells (a request's `itl_s`) as JSON text: one cell each. A text cell that a
     spreadsheet would take for a formula (an error text a server wrote, say) gets a leading
     apostrophe, as OWASP advises, so that it is shown, never evaluated; numbers are left alone."""
@@ -65,15 +102,42 @@ def to_csv(frame: pd.DataFrame) -> str:
             out[col] = out[col].map(json.dumps)
         if out[col].dtype.kind not in "biufcmM":  # text (object or a string dtype), not numbers or times
             out[col] = out[col].map(lambda v: "'" + v if isinstance(v, str) and v.startswith(FORMULA_STARTS) else v)
-    return str(out.to_csv(index=False))
+    return str(out.to_csv(index=False, header=header))
 
 
-def write_parquet(frame: pd.DataFrame, path: Path) -> None:
+def to_jsonl(frame: pd.DataFrame) -> str:
+    text = str(frame.to_json(orient="records", lines=True))
+    return text if text.endswith("\n") else text + "\n"
+
+
+def _need_pyarrow() -> None:
     try:
         import pyarrow  # noqa: F401
     except ImportError:
         raise InputError(
             "--format parquet needs pyarrow: pip install 'kvbench[parquet]' (or use --format csv or jsonl)"
         ) from None
-    with replaced(path) as tmp:
-        frame.to_parquet(tmp, index=False)
+
+
+class ParquetBatches:
+    """One Parquet file written a batch at a time (a row group each), its schema the first
+    batch's, with list columns (`itl_s`) typed as lists of floats whatever that batch held."""
+
+    def __init__(self, path: Path, first: pd.DataFrame) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pa.Schema.from_pandas(first, preserve_index=False)
+        for i, name in enumerate(schema.names):
+            if first[name].dtype == object and first[name].map(lambda v: isinstance(v, list)).any():
+                schema = schema.set(i, pa.field(name, pa.list_(pa.float64())))
+        self.schema = schema
+        self.writer = pq.ParquetWriter(path, schema)
+
+    def write(self, frame: pd.DataFrame) -> None:
+        import pyarrow as pa
+
+        self.writer.write_table(pa.Table.from_pandas(frame, schema=self.schema, preserve_index=False))
+
+    def close(self) -> None:
+        self.writer.close()

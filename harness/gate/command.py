@@ -37,14 +37,16 @@ def run_gate(
     json_out: Path | None,
     console: Console,
 ) -> int:
-    runs = load_runs([result])
-    scenario = runs[0].meta.get("scenario", {})
-    where = str(runs[0].meta.get("scenario_file", result))
+    meta = load_runs([result], records=False)[0].meta  # the rules first: no records read for nothing
+    scenario = meta.get("scenario", {})
+    where = str(meta.get("scenario_file", result))
     rules = parse_rules(scenario["gate"], where) if scenario.get("gate") else Rules()
     if rules_file is not None:
         rules = merge(rules, load_rules_file(rules_file))
     if not rules:
         raise InputError("no gate rules: add a [gate] table to the scenario or give --rules FILE")
+    # a token's gaps are most of a record's memory: read only when a rule judges them
+    runs = load_runs([result], itl="itl_s" in rules.metrics)
     cand_identity = baselines.identity(runs)
     base_fig = None
     if baseline is not None:

@@ -106,6 +106,10 @@ class Rules:
     def __bool__(self) -> bool:
         return bool(self.thresholds or self.regressions)
 
+    @property
+    def metrics(self) -> frozenset[str]:
+        return frozenset(t.metric for t in self.thresholds) | {r.metric for r in self.regressions}
+
 
 def parse_key(key: str, where: str) -> tuple[str, Selector]:
     m = _KEY_RE.match(key)
