@@ -307,12 +307,16 @@ def trace_inspect(
 def size(
     file: Annotated[Path, typer.Argument(help="Sizing file (SIZING.toml; docs/sizing.md).", show_default=False)],
     out: Annotated[Path, typer.Option(help="Where the result folder goes.")] = Path("results"),
+    workers: Annotated[
+        int, typer.Option(help="Processes that size a sweep's configurations side by side (one each at a time).")
+    ] = 1,
 ) -> int:
     """Size a fleet's KV tiers from a request trace, in simulation: the share of prompt tokens
-    each tier serves, the read bandwidth each must sustain, TTFT and the SLO."""
+    each tier serves, the read bandwidth each must sustain, TTFT and the SLO; lists in the file
+    are a sweep of their every combination."""
     from harness.commands import size as command
 
-    return command.main(file, out, stderr_console())
+    return command.main(file, out, stderr_console(), workers)
 
 
 @app.command()

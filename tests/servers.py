@@ -57,4 +57,3 @@ def requests_on(conn: socket.socket) -> Iterator[tuple[bytes, bytes]]:
 
 def path_of(head: bytes) -> bytes:
     return head.split(b" ", 2)[1]
-

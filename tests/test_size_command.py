@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from harness.sizing.config import read
 from harness.sizing.fleet import CAPACITY_STEPS
 from tests.conftest import ROOT, kvbench
 
@@ -60,7 +61,7 @@ def test_a_prompt_seen_before_is_served_by_the_tier_that_holds_it_worked_by_hand
     0.016 s (the first's: 0.064 s). From a G4 of 48,000 bytes/s and 0.5 s latency instead (48
     tokens x 1,000 bytes: one second to load): 0.5 + 1 + 0.016 s, at 48 KB/s while it loads."""
     g1 = size(tmp_path / "g1", sizing_file(tmp_path, '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 64000'))
-    f = g1["figures"]
+    f = g1["configurations"][0]["figures"]
     assert f["prompt_tokens"] == 128 and f["tiers"][0]["served_tokens"] == 48 and f["computed_tokens"] == 80
     assert f["tiers"][0]["share"] == pytest.approx(48 / 128)
     assert f["ttft_s"]["max"] == pytest.approx(0.064) and f["ttft_s"]["p50"] == pytest.approx((0.064 + 0.016) / 2)
@@ -71,7 +72,7 @@ def test_a_prompt_seen_before_is_served_by_the_tier_that_holds_it_worked_by_hand
 
     g4_tier = '[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = "64KB"\nread_bandwidth = 48000\nlatency_s = 0.5'
     g4 = size(tmp_path / "g4", sizing_file(tmp_path, g4_tier, "[slo]\nttft_s = 1.0"))
-    f = g4["figures"]
+    f = g4["configurations"][0]["figures"]
     assert f["tiers"][0]["served_tokens"] == 48
     assert f["ttft_s"]["max"] == pytest.approx(0.5 + 1.0 + 0.016)
     assert f["tiers"][0]["read_bytes_per_s"]["mean"] == pytest.approx(48_000)
@@ -86,7 +87,9 @@ def test_the_slo_capacity_is_the_highest_speed_up_that_holds_worked_by_hand(tmp_
     free G1 its TTFT is 0.016 s plus the wait, within 0.1 s at any speed: the search stops at the
     highest it tries."""
     tier = '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 64000'
-    slo = size(tmp_path, sizing_file(tmp_path, tier, "[slo]\nttft_s = 0.1\nshare = 1.0"))["figures"]["slo"]
+    slo = size(tmp_path, sizing_file(tmp_path, tier, "[slo]\nttft_s = 0.1\nshare = 1.0"))["configurations"][0][
+        "figures"
+    ]["slo"]
     limit = 10 / 0.028
     assert limit / 1.02 <= slo["recompute"]["capacity_speedup"] <= limit
     assert slo["recompute"]["capacity_req_per_s"] == pytest.approx(slo["recompute"]["capacity_speedup"] * 0.1)
@@ -96,7 +99,7 @@ def test_the_slo_capacity_is_the_highest_speed_up_that_holds_worked_by_hand(tmp_
 
 def test_a_tier_too_small_for_a_prompt_serves_none_of_it_and_its_curve_says_where_it_would(tmp_path: Path) -> None:
     tier = '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 48000'  # 3 blocks of 16,000 bytes: not 4
-    f = size(tmp_path, sizing_file(tmp_path, tier))["figures"]
+    f = size(tmp_path, sizing_file(tmp_path, tier))["configurations"][0]["figures"]
     assert f["tiers"][0]["served_tokens"] == 0 and f["computed_tokens"] == 128
     points = f["tiers"][0]["curve"]["points"]
     assert [p["share"] for p in points] == sorted(p["share"] for p in points)  # more capacity never serves less
@@ -110,7 +113,7 @@ def test_the_shipped_example_adds_up(tmp_path: Path) -> None:
     r = kvbench("size", str(ROOT / "scenarios" / "sizing" / "fleet.toml"), "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/*/sizing.json")]
-    f = doc["figures"]
+    f = doc["configurations"][0]["figures"]
     assert sum(t["served_tokens"] for t in f["tiers"]) + f["computed_tokens"] == f["prompt_tokens"]
     assert f["prefill_gpu_s"] <= f["recompute_prefill_gpu_s"]
     for t in f["tiers"]:
@@ -136,12 +139,93 @@ def test_the_shipped_example_adds_up(tmp_path: Path) -> None:
         ),
         ('[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = 1\nread_bandwidth = "fast"', "tiers[0].read_bandwidth"),
         ('[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 1\n[slo]\nttft_s = -1', "slo.ttft_s"),
+        # sweeps: each value named by its place in the list
+        ('[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = [1, "lots"]', "tiers[0].capacity[1]"),
+        (
+            '[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = 1\nread_bandwidth = ["1GB/s", 0]',
+            "tiers[0].read_bandwidth[1]",
+        ),
+        ('[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = []', "tiers[0].capacity"),
+        ('[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = [1, 1]', "tiers[0].capacity"),
     ],
 )
 def test_a_bad_sizing_file_names_the_file_and_the_key(tmp_path: Path, change: str, key: str) -> None:
     f = sizing_file(tmp_path, change)
     r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and f"{f}: {key}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+SWEEP = """[[tiers]]
+name = "G1"
+scope = "worker"
+capacity = [16000, 96000]
+[[tiers]]
+name = "G4"
+scope = "cluster"
+capacity = 1000000
+read_bandwidth = [48000, "free", "1GB/s"]
+latency_s = 0.5
+[slo]
+ttft_s = 0.1"""
+
+
+def test_a_sweep_is_each_of_its_configurations_sized_alone_whatever_the_processes(tmp_path: Path) -> None:
+    """Lists make a sweep of their product (2 G1 capacities x 3 G4 bandwidths: 6 configurations,
+    in the file's order): each configuration's figures equal a file of its values alone, in one
+    process or two, and configurations.csv and configurations.jsonl have a row for each."""
+    (tmp_path / "sweep").mkdir()
+    docs = [size(tmp_path / "sweep", sizing_file(tmp_path / "sweep", SWEEP))]
+    r = kvbench("size", str(sizing_file(tmp_path, SWEEP)), "--out", str(tmp_path / "two"), "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    docs.append(json.loads(next((tmp_path / "two").glob("*/*/sizing.json")).read_text()))
+    assert docs[0]["swept"] == docs[1]["swept"] == ["G1.capacity", "G4.read_bandwidth"]
+    for doc in docs:
+        assert doc["status"] == "completed"
+        got = [(c["swept"]["G1.capacity"], c["swept"]["G4.read_bandwidth"]) for c in doc["configurations"]]
+        assert got == [(g1, bw) for g1 in (16000, 96000) for bw in (48000.0, None, 1e9)]
+    assert [c["figures"] for c in docs[0]["configurations"]] == [c["figures"] for c in docs[1]["configurations"]]
+    alone = SWEEP.replace("[16000, 96000]", "96000").replace('[48000, "free", "1GB/s"]', "48000")
+    (tmp_path / "alone").mkdir()
+    one = size(tmp_path / "alone", sizing_file(tmp_path / "alone", alone))["configurations"]
+    assert len(one) == 1 and one[0]["swept"] == {} and one[0]["figures"] == docs[0]["configurations"][3]["figures"]
+    folder = next((tmp_path / "sweep" / "out").glob("*/*"))
+    rows = (folder / "configurations.csv").read_text().splitlines()
+    assert len(rows) == 7 and rows[0].startswith("workers,G1_capacity_bytes,G1_read_bandwidth,G1_share")
+    assert len((folder / "configurations.jsonl").read_text().splitlines()) == 6
+    # a G1 of 1 block holds no prefix; one of 6 holds the 3 blocks the second request can be served
+    shares = [c["figures"]["tiers"][0]["share"] for c in docs[0]["configurations"]]
+    assert shares == [0.0] * 3 + [48 / 128] * 3
+
+
+def test_a_sweep_too_large_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    many = SWEEP.replace("[16000, 96000]", str(list(range(1, 33)))).replace(
+        '[48000, "free", "1GB/s"]', str(list(range(1, 34)))
+    )
+    f = sizing_file(tmp_path, many)
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "1,056 configurations; expected at most 1,024" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_tenants_scale_the_trace_up_without_sharing_across_them(tmp_path: Path) -> None:
+    """`tenants = 3`: three times the requests, each tenant's second request served from its own
+    first (48 tokens each, none from another tenant's), so the share served is the trace's."""
+    tier = '[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = "1MB"'
+    f = sizing_file(tmp_path, tier)
+    f.write_text(f.read_text().replace("block_tokens = 16", "block_tokens = 16\ntenants = 3"))
+    doc = size(tmp_path, f)
+    got = doc["configurations"][0]["figures"]
+    assert doc["tenants"] == 3 and got["requests"] == 6 and got["prompt_tokens"] == 3 * 128
+    assert got["tiers"][0]["served_tokens"] == 3 * 48 and got["tiers"][0]["share"] == pytest.approx(48 / 128)
+
+
+def test_the_shipped_sizing_files_validate_and_the_redbooks_one_sweeps_g4_from_50_to_400_gb_s() -> None:
+    files = [ROOT / "scenarios" / "sizing-redbooks.toml", *sorted((ROOT / "scenarios" / "sizing").glob("*.toml"))]
+    r = kvbench("validate", *map(str, files))
+    assert r.returncode == 0 and r.stdout.count("ok (sizing file for `kvbench size`") == len(files), r.stderr
+    spec = read(files[0])
+    assert [c.tiers[-1].read_bandwidth for c in spec.configurations()] == [50e9, 100e9, 200e9, 400e9]
+    assert [(t.name, t.scope) for t in spec.tiers] == [("G1", "worker"), ("G2", "node"), ("G4", "cluster")]
 
 
 def test_a_sizing_file_without_tiers_is_refused(tmp_path: Path) -> None:
@@ -177,7 +261,7 @@ def test_prefix_routing_sends_a_prompt_back_to_its_workers_g1_and_needs_one(tmp_
         f.write_text(f.read_text().replace("workers = 1", f'workers = 2\nrouting = "{routing}"'))
         doc = size(tmp_path / routing, f)
         assert doc["cluster"]["routing"] == routing
-        shares[routing] = doc["figures"]["tiers"][0]["served_tokens"]
+        shares[routing] = doc["configurations"][0]["figures"]["tiers"][0]["served_tokens"]
     assert shares == {"round_robin": 0, "prefix": 48}
     (tmp_path / "g4").mkdir()
     f = sizing_file(tmp_path / "g4", '[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = "1MB"', trace=trace)

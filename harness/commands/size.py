@@ -7,7 +7,11 @@ first."""
 
 from __future__ import annotations
 
+import csv
 import json
+import multiprocessing
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,7 @@ from harness.core.units import human_bandwidth, human_size
 from harness.inputs import traces
 from harness.results import utc_stamp, versions
 from harness.sizing import config
-from harness.sizing.fleet import CAPACITY_STEPS, Plan, TierPlan, from_trace, size
+from harness.sizing.fleet import CAPACITY_STEPS, Plan, TierPlan, Workload, from_trace, size
 from harness.sizing.simulate import Cost, Tier
 from harness.sizing.tiers import Fleet
 
@@ -31,18 +35,77 @@ WHAT = (
 )
 
 
-def main(file: Path, out: Path, console: Console) -> int:
+def main(file: Path, out: Path, console: Console, processes: int = 1) -> int:
     spec = config.read(file)
+    if processes < 1:
+        raise InputError(f"--workers: expected a number of processes >= 1, got {processes}")
     cost, kv, source = _engine(spec)
     trace = traces.read(spec.workload.trace, spec.workload.format, spec.workload.block_tokens)
     if not trace.requests:
         raise InputError(f"{spec.workload.trace}: the trace has no requests")
-    block_bytes = trace.block_tokens * kv
-    plan = Plan(
-        Fleet(spec.workers, spec.workers_per_node),
+    configurations = spec.configurations()
+    plans = [_plan(spec, c, trace.block_tokens * kv, kv, cost) for c in configurations]
+    doc: dict[str, Any] = {
+        "kind": "sizing",
+        "simulated": True,
+        "what": WHAT,
+        "status": "running",
+        **versions(),
+        "created": utc_stamp(datetime.now(UTC)),
+        "file": str(file),
+        "name": spec.name,
+        "trace": {"path": str(spec.workload.trace), "format": trace.format, "block_tokens": trace.block_tokens},
+        "rate_scale": spec.workload.rate_scale,
+        "tenants": spec.workload.tenants,
+        "cluster": {"workers_per_node": spec.workers_per_node, "routing": spec.routing},
+        "model": {"kv_bytes_per_token": kv},
+        "engine": {"source": source, **vars(cost)},
+        "swept": sorted({k for c in configurations for k, _ in c.swept}),
+        "configurations": [],
+    }
+    folder = out / spec.name / f"{doc['created']}-size"
+    folder.mkdir(parents=True, exist_ok=True)
+    many = f"{len(configurations)} configurations" + (f" in {processes} processes" if processes > 1 else "")
+    console.print(
+        f"Sizing {len(trace.requests) * spec.workload.tenants:,} requests of {spec.workload.trace}"
+        + (f" ({spec.workload.tenants} tenants)" if spec.workload.tenants > 1 else "")
+        + ": "
+        + (many if len(configurations) > 1 else f"{spec.workers[0]} workers, {len(spec.tiers)} tier(s)")
+        + " ...",
+        markup=False,
+    )
+    workload = from_trace(trace.requests, trace.block_tokens, spec.workload.rate_scale, spec.workload.tenants)
+    done: dict[int, dict[str, Any]] = {}
+    try:
+        with (folder / CONFIGURATIONS_JSONL).open("w", encoding="utf-8") as f:
+            for i, figures in _sized(workload, plans, processes):
+                done[i] = _configuration(configurations[i], plans[i], figures)
+                f.write(json.dumps({"index": i, **done[i]}, default=str) + "\n")
+                f.flush()
+                if len(configurations) > 1:
+                    console.print(f"  {len(done)}/{len(configurations)}: {_label(configurations[i])}", markup=False)
+        doc["status"] = "completed"
+    except KeyboardInterrupt:
+        doc["status"] = "interrupted"
+        raise
+    finally:
+        doc["configurations"] = [done[i] for i in sorted(done)]
+        _write(folder, doc)
+    show(doc, console)
+    console.print(f"Results: {folder}", markup=False)
+    return 0
+
+
+# Each configuration's figures, one line as each is done (a long sweep interrupted keeps them)
+CONFIGURATIONS_JSONL = "configurations.jsonl"
+
+
+def _plan(spec: config.SizingSpec, c: config.Configuration, block_bytes: int, kv: int, cost: Cost) -> Plan:
+    return Plan(
+        Fleet(c.workers, spec.workers_per_node),
         tuple(
             TierPlan(t.name, t.scope, t.capacity_bytes // block_bytes, Tier(t.latency_s, t.read_bandwidth))
-            for t in spec.tiers
+            for t in c.tiers
         ),
         kv,
         cost,
@@ -51,37 +114,92 @@ def main(file: Path, out: Path, console: Console) -> int:
         spec.bandwidth_bin_s,
         spec.routing,
     )
-    console.print(
-        f"Sizing {len(trace.requests):,} requests of {spec.workload.trace} on {spec.workers} workers "
-        f"({len(spec.tiers)} tier(s)) ...",
-        markup=False,
-    )
-    figures = size(from_trace(trace.requests, trace.block_tokens, spec.workload.rate_scale), plan)
-    doc = {
-        "kind": "sizing",
-        "simulated": True,
-        "what": WHAT,
-        **versions(),
-        "created": utc_stamp(datetime.now(UTC)),
-        "file": str(file),
-        "name": spec.name,
-        "trace": {"path": str(spec.workload.trace), "format": trace.format, "block_tokens": trace.block_tokens},
-        "rate_scale": spec.workload.rate_scale,
-        "cluster": {"workers": spec.workers, "workers_per_node": spec.workers_per_node, "routing": spec.routing},
-        "model": {"kv_bytes_per_token": kv},
-        "engine": {"source": source, **vars(cost)},
-        "tiers": [
-            {**vars(t), "capacity_blocks": p.capacity_blocks} for t, p in zip(spec.tiers, plan.tiers, strict=True)
-        ],
+
+
+def _sized(workload: Workload, plans: list[Plan], processes: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Each plan's figures (its index, as each is done): in this process, or in `processes`
+    processes (spawned: nothing of this one's state is copied into them but what they are given)."""
+    if processes == 1 or len(plans) == 1:
+        for i, plan in enumerate(plans):
+            yield i, size(workload, plan)
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(processes, len(plans)), mp_context=context) as pool:
+        futures = {pool.submit(size, workload, plan): i for i, plan in enumerate(plans)}
+        try:
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def _configuration(c: config.Configuration, plan: Plan, figures: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "swept": dict(c.swept),
+        "workers": c.workers,
+        "tiers": [{**vars(t), "capacity_blocks": p.capacity_blocks} for t, p in zip(c.tiers, plan.tiers, strict=True)],
         "figures": figures,
     }
-    folder = out / spec.name / f"{doc['created']}-size"
-    folder.mkdir(parents=True, exist_ok=True)
+
+
+def _write(folder: Path, doc: dict[str, Any]) -> None:
     with replaced(folder / "sizing.json") as tmp:
         tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    show(doc, console)
-    console.print(f"Results: {folder}", markup=False)
-    return 0
+    with replaced(folder / "configurations.csv") as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
+        rows = [_row(c) for c in doc["configurations"]]
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["workers"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _row(c: dict[str, Any]) -> dict[str, Any]:
+    """A configuration as one row of configurations.csv: its values (bytes, bytes/s) and figures."""
+    f = c["figures"]
+    row: dict[str, Any] = {"workers": c["workers"]}
+    for t, got in zip(c["tiers"], f["tiers"], strict=True):
+        n = t["name"]
+        bw = got["read_bytes_per_s"]
+        row |= {
+            f"{n}_capacity_bytes": t["capacity_bytes"],
+            f"{n}_read_bandwidth": t["read_bandwidth"],
+            f"{n}_share": got["share"],
+            f"{n}_read_mean": bw["mean"],
+            f"{n}_read_p99": bw["p99"],
+            f"{n}_read_max": bw["max"],
+            f"{n}_knee_bytes": _knee_bytes(t, got),
+        }
+    for k in ("ttft_s", "recompute_ttft_s"):
+        row |= {f"{k}_{q}": f[k][q] for q in ("p50", "p90", "p99")}
+    row |= {k: f[k] for k in ("prefill_gpu_s", "recompute_prefill_gpu_s", "computed_tokens")}
+    if (slo := f["slo"]) is not None:
+        row |= {
+            "slo_within": slo["cached"]["within"],
+            "slo_within_recompute": slo["recompute"]["within"],
+            "slo_capacity_speedup": slo["cached"]["capacity_speedup"],
+            "slo_capacity_speedup_recompute": slo["recompute"]["capacity_speedup"],
+            "slo_capacity_ratio": slo["capacity_ratio"],
+        }
+    return row
+
+
+def _knee_bytes(tier: dict[str, Any], got: dict[str, Any]) -> float | None:
+    knee = got["curve"]["knee_blocks"]
+    if knee is None or not tier["capacity_blocks"]:
+        return None
+    return float(knee * tier["capacity_bytes"] / tier["capacity_blocks"])
+
+
+def _label(c: config.Configuration) -> str:
+    return ", ".join(f"{k} {_value(k, v)}" for k, v in c.swept) or "the configuration"
+
+
+def _value(key: str, v: float | None) -> str:
+    if key.endswith("read_bandwidth"):
+        return "free" if v is None else human_bandwidth(v)
+    if key.endswith("capacity"):
+        return human_size(v or 0)
+    return f"{v:g}" if v is not None else "-"
 
 
 def _engine(spec: config.SizingSpec) -> tuple[Cost, int, str]:
@@ -109,13 +227,20 @@ def _engine(spec: config.SizingSpec) -> tuple[Cost, int, str]:
 
 
 def show(doc: dict[str, Any], console: Console) -> None:
-    f = doc["figures"]
     console.print(f"[bold]{doc['name']}[/]: {doc['what']}", highlight=False)
+    configurations = doc["configurations"]
+    if len(configurations) == 1:
+        _one(configurations[0], console)
+    elif configurations:
+        _sweep(doc, console)
+
+
+def _one(c: dict[str, Any], console: Console) -> None:
+    f = c["figures"]
     t = Table("tier", "scope", "instances", "capacity", "share of prompt tokens", "read mean", "read p99", "knee")
-    for tier, spec in zip(f["tiers"], doc["tiers"], strict=True):
+    for tier, spec in zip(f["tiers"], c["tiers"], strict=True):
         bw = tier["read_bytes_per_s"]
-        knee = tier["curve"]["knee_blocks"]
-        block = spec["capacity_bytes"] / spec["capacity_blocks"] if spec["capacity_blocks"] else None
+        knee = _knee_bytes(spec, tier)
         t.add_row(
             tier["name"],
             tier["scope"],
@@ -124,12 +249,12 @@ def show(doc: dict[str, Any], console: Console) -> None:
             f"{tier['share']:.1%}",
             "free" if bw["mean"] is None else human_bandwidth(bw["mean"]),
             human_bandwidth(bw["p99"]),
-            "-" if knee is None or block is None else human_size(knee * block),
+            "-" if knee is None else human_size(knee),
         )
     console.print(t)
-    c, r = f["ttft_s"], f["recompute_ttft_s"]
+    ttft, r = f["ttft_s"], f["recompute_ttft_s"]
     console.print(
-        f"TTFT p50 {c['p50']:.3f} s, p99 {c['p99']:.3f} s (recomputing every prompt: p50 {r['p50']:.3f} s, "
+        f"TTFT p50 {ttft['p50']:.3f} s, p99 {ttft['p99']:.3f} s (recomputing every prompt: p50 {r['p50']:.3f} s, "
         f"p99 {r['p99']:.3f} s); prefill GPU-seconds {f['prefill_gpu_s']:,.0f} against "
         f"{f['recompute_prefill_gpu_s']:,.0f}",
         markup=False,
@@ -145,6 +270,43 @@ def show(doc: dict[str, Any], console: Console) -> None:
             + (" at least" if (cached["capacity_speedup"] or 0) >= 2**CAPACITY_STEPS else ""),
             markup=False,
         )
+
+
+def _sweep(doc: dict[str, Any], console: Console) -> None:
+    """One row per configuration: what was swept, each tier's share and read p99, TTFT and the SLO."""
+    configurations = doc["configurations"]
+    names = [t["name"] for t in configurations[0]["tiers"]]
+    slo = configurations[0]["figures"]["slo"] is not None
+    t = Table(
+        *doc["swept"],
+        *(f"{n} share" for n in names),
+        *(f"{n} read p99" for n in names),
+        "TTFT p50",
+        "TTFT p99",
+        *(("within SLO", "SLO capacity vs recompute") if slo else ()),
+    )
+    for c in configurations:
+        f = c["figures"]
+        cells = [_value(k, c["swept"].get(k)) for k in doc["swept"]]
+        cells += [f"{x['share']:.1%}" for x in f["tiers"]]
+        cells += [human_bandwidth(x["read_bytes_per_s"]["p99"]) for x in f["tiers"]]
+        cells += [f"{f['ttft_s']['p50']:.3f} s", f"{f['ttft_s']['p99']:.3f} s"]
+        if slo:
+            s = f["slo"]
+            ratio = s["capacity_ratio"]
+            ceiling = (s["cached"]["capacity_speedup"] or 0) >= 2**CAPACITY_STEPS  # the search's highest
+            cells += [
+                f"{s['cached']['within']:.1%}",
+                "-" if ratio is None else ("at least " if ceiling else "") + f"{ratio:.2f}x",
+            ]
+        t.add_row(*cells)
+    Console(file=console.file, width=max(160, console.width)).print(t)  # (as the gate's: a row a line)
+    r = configurations[0]["figures"]["recompute_ttft_s"]
+    console.print(
+        f"Recomputing every prompt: TTFT p50 {r['p50']:.3f} s, p99 {r['p99']:.3f} s"
+        + (" (on the first configuration's workers)" if "workers" in doc["swept"] else ""),
+        markup=False,
+    )
 
 
 def _speedup(x: float | None) -> str:

@@ -1,19 +1,32 @@
-"""`kvbench validate SCENARIO...`: check scenario files without running them."""
+"""`kvbench validate SCENARIO...`: check scenario files (and sizing files) without running them."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from harness.config.tables import read_toml
 from harness.core.errors import ExitCode
+
+
+def is_sizing_file(path: Path) -> bool:
+    """A sizing file (`kvbench size`) has [cluster] and [[tiers]]; no scenario has either."""
+    data = read_toml(path, "the scenario")
+    return "cluster" in data and "tiers" in data
 
 
 def main(scenarios: list[Path]) -> int:
     from harness.commands.context import known_context
     from harness.config.scenario import check_lengths, load
     from harness.gate.rules import check_rules
+    from harness.sizing import config as sizing
 
     for path in scenarios:
+        if is_sizing_file(path):
+            spec = sizing.read(path)
+            n = len(spec.configurations())
+            print(f"{path}: ok (sizing file for `kvbench size`, {n} configuration{'s' if n > 1 else ''})")
+            continue
         sc = load(path)
         check_rules(sc)
         # bounded as `kvbench run FILE` would bound it: by the engine it starts, or the emulator's

@@ -8,6 +8,7 @@ Pure apart from reading the file; what the engine's profile gives is the command
     [workload]
     trace = "traces/mooncake.jsonl"   # Mooncake or Qwen-Bailian JSONL, relative to this file
     rate_scale = 4.0                  # arrivals this many times faster than the trace's
+    tenants = 16                      # and replayed by 16 tenants that share no prefix
     [model]
     kv_bytes_per_token = 73728       # default: the engine profile's
     [cluster]
@@ -23,17 +24,20 @@ Pure apart from reading the file; what the engine's profile gives is the command
     name = "G4"
     scope = "cluster"
     capacity = "100TB"
-    read_bandwidth = "50GB/s"
-    latency_s = 0.001
+    read_bandwidth = ["50GB/s", "100GB/s", "200GB/s"]   # a list is a sweep (workers and capacity too):
+    latency_s = 0.001                                    # the configurations are the lists' product
     [slo]
     ttft_s = 2.0                      # and share = 0.9: a load holds it when 90 % of requests meet it
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.config.scenario import Slo
 from harness.config.tables import Table, read_toml, size
@@ -41,9 +45,17 @@ from harness.core.errors import InputError
 from harness.sizing.routing import ROUTINGS
 from harness.sizing.tiers import SCOPES
 
+T = TypeVar("T")
+
 SCHEMA_VERSION = 1
 TIER_NAMES = ("G1", "G2", "G3", "G4")  # the field's names, fastest first
 FORMATS = ("auto", "mooncake", "bailian")
+# A sweep's bounds: values of one key, and configurations in all (each is a simulation of the
+# whole trace: seconds to minutes)
+MAX_SWEPT = 64
+# A trace replayed by at most this many tenants (each a copy of its requests held in memory)
+MAX_TENANTS = 4096
+MAX_CONFIGURATIONS = 1024
 # How finely each tier's read bandwidth is sampled over time for its p99 and max (s of the
 # simulated clock).
 BANDWIDTH_BIN_S = 1.0
@@ -55,15 +67,39 @@ class WorkloadSpec:
     format: str
     block_tokens: int | None  # default: the format's (512 Mooncake, 16 Bailian)
     rate_scale: float
+    tenants: int  # the trace replayed by this many independent tenants (fleet.scaled_up)
 
 
 @dataclass(frozen=True)
 class TierSpec:
+    """One tier of one configuration."""
+
     name: str
     scope: str
     capacity_bytes: int
     read_bandwidth: float | None  # bytes/s of each instance; None: free (a GPU's own memory)
     latency_s: float
+
+
+@dataclass(frozen=True)
+class TierChoices:
+    """A [[tiers]] table: its capacity and read bandwidth one value each, or lists (a sweep)."""
+
+    name: str
+    scope: str
+    capacities: tuple[int, ...]
+    bandwidths: tuple[float | None, ...]
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One point of the sweep: a worker count and a value for each tier's capacity and bandwidth;
+    `swept` names the values that vary across the sweep (key, value: workers, G4.capacity ...)."""
+
+    workers: int
+    tiers: tuple[TierSpec, ...]
+    swept: tuple[tuple[str, float | None], ...]
 
 
 @dataclass(frozen=True)
@@ -82,14 +118,31 @@ class SizingSpec:
     name: str
     workload: WorkloadSpec
     kv_bytes_per_token: int | None  # default: the engine profile's
-    workers: int
+    workers: tuple[int, ...]  # more than one: a sweep
     workers_per_node: int
     routing: str
     engine: EngineSpec
-    tiers: tuple[TierSpec, ...]
+    tiers: tuple[TierChoices, ...]
     slo_ttft_s: float | None
     slo_share: float
     bandwidth_bin_s: float
+
+    def configurations(self) -> list[Configuration]:
+        """The sweep's points: the product of every list given, workers outermost, then each tier's
+        capacities and bandwidths in the file's order."""
+        axes: list[tuple[str, tuple[Any, ...]]] = [("workers", self.workers)]
+        for t in self.tiers:
+            axes += [(f"{t.name}.capacity", t.capacities), (f"{t.name}.read_bandwidth", t.bandwidths)]
+        out = []
+        for values in itertools.product(*(v for _, v in axes)):
+            got = dict(zip((k for k, _ in axes), values, strict=True))
+            tiers = tuple(
+                TierSpec(t.name, t.scope, got[f"{t.name}.capacity"], got[f"{t.name}.read_bandwidth"], t.latency_s)
+                for t in self.tiers
+            )
+            swept = tuple((k, got[k]) for k, v in axes if len(v) > 1)
+            out.append(Configuration(got["workers"], tiers, swept))
+        return out
 
 
 def read(path: Path) -> SizingSpec:
@@ -107,10 +160,14 @@ def read(path: Path) -> SizingSpec:
     kv = model.integer("kv_bytes_per_token", None, minimum=1, what="an integer number of bytes")
     model.done()
     cluster = top.sub("cluster")
-    workers = cluster.integer("workers", required=True, minimum=1, what="an integer number of workers (GPUs)")
+    workers = _swept(
+        cluster,
+        "workers",
+        lambda t, k: t.integer(k, required=True, minimum=1, what="an integer number of workers (GPUs)"),
+    )
     per_node = cluster.integer("workers_per_node", 1, minimum=1, what="an integer number of workers")
-    if workers % per_node:
-        cluster.fail("workers_per_node", f"expected a divisor of workers ({workers})", per_node)
+    if any(n % per_node for n in workers):
+        cluster.fail("workers_per_node", f"expected a divisor of workers ({', '.join(map(str, workers))})", per_node)
     routing = cluster.text("routing", ROUTINGS[0], ROUTINGS)
     engine = _engine(top.sub("engine"))
     tiers = _tiers(top, path)
@@ -125,7 +182,14 @@ def read(path: Path) -> SizingSpec:
     slo.done()
     bin_s = top.number("bandwidth_bin_s", BANDWIDTH_BIN_S, positive=True)
     top.done()
-    return SizingSpec(path, name, workload, kv, workers, per_node, routing, engine, tiers, ttft, share, bin_s)
+    spec = SizingSpec(path, name, workload, kv, workers, per_node, routing, engine, tiers, ttft, share, bin_s)
+    n = math.prod(len(v) for v in (workers, *(x for t in tiers for x in (t.capacities, t.bandwidths))))
+    if n > MAX_CONFIGURATIONS:
+        raise InputError(
+            f"{path}: the lists given make {n:,} configurations; expected at most {MAX_CONFIGURATIONS:,} "
+            "(size a coarse sweep first, then a finer one around what it finds)"
+        )
+    return spec
 
 
 def _workload(t: Table, path: Path) -> WorkloadSpec:
@@ -133,8 +197,12 @@ def _workload(t: Table, path: Path) -> WorkloadSpec:
     fmt = t.text("format", "auto", FORMATS)
     block = t.integer("block_tokens", None, minimum=1, what="an integer number of tokens")
     scale = t.number("rate_scale", 1.0, positive=True)
+    tenants = t.integer("tenants", 1, minimum=1, what="an integer number of tenants")
+    if tenants > MAX_TENANTS:
+        t.fail("tenants", f"expected at most {MAX_TENANTS:,} tenants", tenants)
     t.done()
-    return WorkloadSpec((path.parent / trace) if not Path(trace).is_absolute() else Path(trace), fmt, block, scale)
+    where = (path.parent / trace) if not Path(trace).is_absolute() else Path(trace)
+    return WorkloadSpec(where, fmt, block, scale, tenants)
 
 
 def _engine(t: Table) -> EngineSpec:
@@ -152,34 +220,45 @@ def _engine(t: Table) -> EngineSpec:
     return EngineSpec(profile, numbers["prefill_a"], numbers["prefill_b"], decode)
 
 
-def _tiers(top: Table, path: Path) -> tuple[TierSpec, ...]:
+def _tiers(top: Table, path: Path) -> tuple[TierChoices, ...]:
     # without any tier every prompt is recomputed: the baseline every sizing has anyway
     raw = top.required("tiers", "one or more [[tiers]] tables")
     if not isinstance(raw, list) or not raw:
         top.fail("tiers", "expected an array of one or more tables ([[tiers]])", raw)
-    out: list[TierSpec] = []
+    out: list[TierChoices] = []
     for k, item in enumerate(raw):
         t = Table(str(path), f"tiers[{k}]", item)
         name = t.text("name", required=True, choices=TIER_NAMES)
         scope = t.text("scope", required=True, choices=SCOPES)
-        capacity = _capacity(t)
-        bandwidth = _bandwidth(t)
+        if not t.has("capacity"):
+            t.required("capacity", 'a size such as "80GB" or a number of bytes, or a list of them')
+        capacities = _swept(t, "capacity", lambda t, k: size(t, k, 0))
+        bandwidths = _swept(t, "read_bandwidth", _bandwidth)
         latency = t.number("latency_s", 0.0, minimum=0.0)
         t.done()
         if out and TIER_NAMES.index(name) <= TIER_NAMES.index(out[-1].name):
             t.fail("name", f"expected a tier slower than {out[-1].name} (tiers go fastest first, each once)", name)
-        out.append(TierSpec(name, scope, capacity, bandwidth, latency))
+        out.append(TierChoices(name, scope, capacities, bandwidths, latency))
     return tuple(out)
 
 
-def _capacity(t: Table) -> int:
-    if not t.has("capacity"):
-        t.required("capacity", 'a size such as "80GB" or a number of bytes')
-    return size(t, "capacity", 0)
+def _swept(t: Table, k: str, one: Callable[[Table, str], T]) -> tuple[T, ...]:
+    """A key that takes one value, or a list of them (a sweep), each read by `one` and its error
+    naming its place in the list (`tiers[1].capacity[2]`)."""
+    v = t.data.get(k)
+    if not isinstance(v, list):
+        return (one(t, k),)
+    t.get(k)
+    if not v or len(v) > MAX_SWEPT:
+        t.fail(k, f"expected a value, or a list of 1 to {MAX_SWEPT} values (a sweep)", v)
+    out = tuple(one(Table(t.file, t.path, {f"{k}[{i}]": x}), f"{k}[{i}]") for i, x in enumerate(v))
+    if len(set(out)) < len(out):
+        t.fail(k, "expected each value of a sweep once", v)
+    return out
 
 
-def _bandwidth(t: Table) -> float | None:
-    v: Any = t.get("read_bandwidth")
+def _bandwidth(t: Table, k: str) -> float | None:
+    v: Any = t.get(k)
     if v is None or v == "free":
         return None
     if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
@@ -191,7 +270,7 @@ def _bandwidth(t: Table) -> float | None:
             raise ValueError("")
         bps = parse_bandwidth(v)
     except ValueError:
-        t.fail("read_bandwidth", 'expected a bandwidth such as "50GB/s", bytes/s, or "free"', v)
+        t.fail(k, 'expected a bandwidth such as "50GB/s", bytes/s, or "free"', v)
     if bps <= 0:
-        t.fail("read_bandwidth", "expected a bandwidth > 0", v)
+        t.fail(k, "expected a bandwidth > 0", v)
     return bps

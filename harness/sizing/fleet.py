@@ -44,9 +44,10 @@ class Workload:
     output_tokens: np.ndarray
 
 
-def from_trace(requests: Sequence[TraceRequest], block_tokens: int, rate_scale: float) -> Workload:
-    """The trace's requests (arrivals from its first, `rate_scale` times faster)."""
-    ordered = sorted(requests, key=lambda r: r.timestamp_s)  # as stack.references orders them
+def from_trace(requests: Sequence[TraceRequest], block_tokens: int, rate_scale: float, tenants: int = 1) -> Workload:
+    """The trace's requests (arrivals from its first, `rate_scale` times faster), replayed by
+    `tenants` independent tenants (scaled_up)."""
+    ordered = sorted(scaled_up(requests, tenants), key=lambda r: r.timestamp_s)  # as stack.references orders them
     t0 = ordered[0].timestamp_s if ordered else 0.0
     return Workload(
         references(ordered, block_tokens),
@@ -54,6 +55,24 @@ def from_trace(requests: Sequence[TraceRequest], block_tokens: int, rate_scale: 
         np.array([r.input_length for r in ordered], dtype=np.int64),
         np.array([r.output_length for r in ordered], dtype=np.int64),
     )
+
+
+def scaled_up(requests: Sequence[TraceRequest], tenants: int) -> Sequence[TraceRequest]:
+    """A trace made `tenants` times larger, for a fleet bigger than the one it was recorded on:
+    each tenant replays every request with block ids of its own (tenants share no prefix: their
+    users, documents and system prompts are their own), tenant k's arrivals starting k/tenants of
+    the trace's span later, so that they overlap instead of arriving in step. The load is
+    `tenants` times the trace's; each tenant's reuse is the trace's."""
+    if tenants == 1 or not requests:
+        return requests
+    ids = max((max(r.hash_ids) for r in requests if r.hash_ids), default=-1) + 1
+    t0 = min(r.timestamp_s for r in requests)
+    span = max(r.timestamp_s for r in requests) - t0
+    return [
+        replace(r, timestamp_s=r.timestamp_s + k * span / tenants, hash_ids=tuple(h + k * ids for h in r.hash_ids))
+        for k in range(tenants)
+        for r in requests
+    ]
 
 
 @dataclass(frozen=True)
