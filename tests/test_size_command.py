@@ -4,6 +4,9 @@ command, and the shipped example's figures adding up (the engines it wires: test
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +198,57 @@ def test_a_sweep_is_each_of_its_configurations_sized_alone_whatever_the_processe
     # a G1 of 1 block holds no prefix; one of 6 holds the 3 blocks the second request can be served
     shares = [c["figures"]["tiers"][0]["share"] for c in docs[0]["configurations"]]
     assert shares == [0.0] * 3 + [48 / 128] * 3
+
+
+def test_a_sweep_stopped_keeps_what_it_sized_and_leaves_no_process(tmp_path: Path) -> None:
+    """SIGTERM while a sweep runs in two processes, after its first configuration is done: exit
+    130 at once, sizing.json `interrupted` with the configurations done (as in
+    configurations.jsonl), and neither sizing process left running."""
+    f = tmp_path / "fleet.toml"
+    text = (ROOT / "scenarios" / "sizing" / "fleet.toml").read_text()
+    bandwidths = ", ".join(f'"{n}GB/s"' for n in range(1, 65))
+    f.write_text(text.replace('"../traces/', f'"{ROOT}/scenarios/traces/').replace('"10GB/s"', f"[{bandwidths}]"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "size", str(f), "--out", str(tmp_path / "out"), "--workers", "2"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("  1/64:"):
+            break
+    children = _children(proc.pid)
+    assert len(children) >= 2
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    proc.stderr.close()
+    folder = next((tmp_path / "out").glob("*/*"))
+    doc = json.loads((folder / "sizing.json").read_text())
+    done = (folder / "configurations.jsonl").read_text().splitlines()
+    assert doc["status"] == "interrupted" and 1 <= len(doc["configurations"]) == len(done) < 64
+    # the sizing processes were terminated before kvbench exited (the standard library's
+    # resource tracker, a child too, ends on its own once kvbench's end of its pipe closes)
+    assert not [pid for pid in children if _running(pid) and b"resource_tracker" not in _cmdline(pid)]
+
+
+def _children(pid: int) -> list[int]:
+    found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(p) for p in found]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def test_a_sweep_too_large_is_refused_before_anything_runs(tmp_path: Path) -> None:

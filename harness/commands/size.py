@@ -10,8 +10,8 @@ from __future__ import annotations
 import csv
 import json
 import multiprocessing
+import signal
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from harness.core.children import die_with_parent
 from harness.core.errors import InputError, replaced
 from harness.core.units import human_bandwidth, human_size
 from harness.inputs import traces
@@ -118,20 +119,33 @@ def _plan(spec: config.SizingSpec, c: config.Configuration, block_bytes: int, kv
 
 def _sized(workload: Workload, plans: list[Plan], processes: int) -> Iterator[tuple[int, dict[str, Any]]]:
     """Each plan's figures (its index, as each is done): in this process, or in `processes`
-    processes (spawned: nothing of this one's state is copied into them but what they are given)."""
+    processes (spawned: nothing of this one's state is copied into them but what they are given).
+    Stopped (Ctrl-C, SIGTERM, an error), the processes are terminated at once, not left to finish
+    their configuration; and they end with kvbench if it is killed."""
     if processes == 1 or len(plans) == 1:
         for i, plan in enumerate(plans):
             yield i, size(workload, plan)
         return
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(processes, len(plans)), mp_context=context) as pool:
-        futures = {pool.submit(size, workload, plan): i for i, plan in enumerate(plans)}
-        try:
-            for future in as_completed(futures):
-                yield futures[future], future.result()
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+    pool = context.Pool(min(processes, len(plans)), initializer=_child)
+    try:
+        yield from pool.imap_unordered(_size_one, [(i, workload, plan) for i, plan in enumerate(plans)])
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _child() -> None:
+    """A sizing process: Ctrl-C is kvbench's to handle (it stops the processes), and the process
+    ends with kvbench even when kvbench is killed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+
+
+def _size_one(task: tuple[int, Workload, Plan]) -> tuple[int, dict[str, Any]]:
+    i, workload, plan = task
+    return i, size(workload, plan)
 
 
 def _configuration(c: config.Configuration, plan: Plan, figures: dict[str, Any]) -> dict[str, Any]:
