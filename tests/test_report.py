@@ -222,3 +222,20 @@ def test_open_loop_sessions_and_trace_sections_in_a_real_browser(new_kinds: Path
     assert_clean(got, page)
     # two open-loop curves and three sessions plots, each drawn at a readable size
     assert len(got["sizes"]) >= 5 and all(w > 200 and h > 100 for w, h in got["sizes"])
+
+
+def test_a_timeline_of_many_requests_draws_one_in_k_and_says_so(tmp_path: Path) -> None:
+    """A run with more requests than a timeline can show a line each (sections.TIMELINE_REQUESTS)
+    draws every k-th, and its caption says one in k; a smaller run draws every request."""
+    from dataclasses import replace
+
+    from harness.report.sections import TIMELINE_REQUESTS, timelines
+
+    (run, *_) = load_runs([Path(__file__).parent / "golden" / "runs" / "golden-loop"])
+    many = [replace(run.records[i % len(run.records)], id=i + 1) for i in range(2 * TIMELINE_REQUESTS + 1)]
+    drawn = timelines([replace(run, records=many), run])["timelines"]
+    assert [(t["n"], t["every"]) for t in drawn] == [(len(many), 3), (len(run.records), 1)]
+    render([replace(run, records=many)], tmp_path / "many.html")
+    render([run], tmp_path / "few.html")
+    assert f"{len(many)} requests, one in 3 drawn" in (tmp_path / "many.html").read_text()
+    assert "drawn" not in (tmp_path / "few.html").read_text()

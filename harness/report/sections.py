@@ -328,13 +328,20 @@ def _nan(x: float | None) -> float:
     return np.nan if x is None else x
 
 
+# A timeline draws at most about this many requests: a run with more is drawn every k-th (in the
+# order of its records), and says so
+TIMELINE_REQUESTS = 20_000
+
+
 def timelines(runs: list[RunResult]) -> dict[str, Any]:
     have = [r for r in runs if r.records]
     out = []
     for r in have[:MAX_TIMELINES]:
         key = "phase" if kinds.get(r.kind).per_length else "arm"
         groups = []
-        for (name,), g in stats.groups(r.records, (key,)).items():
+        every = -(-len(r.records) // TIMELINE_REQUESTS)  # a line per request stops being readable
+        for (name,), all_of in stats.groups(r.records, (key,)).items():
+            g = all_of[::every]
             start = np.asarray([x.start_s for x in g], dtype=float)
             first = np.asarray([x.start_s + _nan(x.ttft_s) for x in g], dtype=float)
             end = np.asarray([_nan(x.end_s()) for x in g], dtype=float)
@@ -344,6 +351,7 @@ def timelines(runs: list[RunResult]) -> dict[str, Any]:
             {
                 "label": r.label,
                 "n": len(r.records),
+                "every": every,
                 "svg": Markup(plots.timeline(groups, traffic)),
                 "traffic": traffic is not None,
             }
