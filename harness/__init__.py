@@ -19,4 +19,3 @@ def load(paths: str | Path | list[str | Path]) -> Runs:
     from harness.analysis.frames import load as load_frames
 
     return load_frames(paths)
-

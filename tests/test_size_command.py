@@ -4,6 +4,7 @@ command, and the shipped example's figures adding up (the engines it wires: test
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 from harness.sizing.config import read
 from harness.sizing.fleet import CAPACITY_STEPS
-from tests.conftest import ROOT, kvbench
+from tests.conftest import ROOT, cli, kvbench
 
 pytest.importorskip("numba")  # the sizing extra
 
@@ -107,6 +108,10 @@ def test_a_tier_too_small_for_a_prompt_serves_none_of_it_and_its_curve_says_wher
     points = f["tiers"][0]["curve"]["points"]
     assert [p["share"] for p in points] == sorted(p["share"] for p in points)  # more capacity never serves less
     assert {p["capacity_blocks"]: p["share"] for p in points}[6] == pytest.approx(48 / 128)  # twice: it fits
+    # the tier's own share is flat (0) up to 3 blocks, rises at 6 and is flat after: the knee is
+    # where it is flat for good (6 blocks), not the first flat stretch
+    assert [p["tier_share"] for p in points] == [p["share"] for p in points]  # (the only tier)
+    assert f["tiers"][0]["curve"]["knee_blocks"] == 6
 
 
 def test_the_shipped_example_adds_up(tmp_path: Path) -> None:
@@ -322,3 +327,41 @@ def test_prefix_routing_sends_a_prompt_back_to_its_workers_g1_and_needs_one(tmp_
     f.write_text(f.read_text().replace("workers = 1", 'workers = 2\nrouting = "prefix"'))
     r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and 'cluster.routing: expected a tier of scope = "worker"' in r.stderr, r.stderr
+
+
+def test_a_sizing_report_shows_every_configuration_simulated_in_a_real_browser(tmp_path: Path, browser: str) -> None:
+    """`kvbench report` on a sizing result: labelled simulated, a table row per configuration
+    with its values, the capacity curves and the figures against the swept bandwidth, nothing
+    loaded but the page, no error in a real browser."""
+    import asyncio
+
+    from tests.browser import assert_clean, inspect_page
+
+    doc = size(tmp_path, sizing_file(tmp_path, SWEEP))
+    folder = next((tmp_path / "out").glob("*/*"))
+    r = cli("report", str(folder.parent), "-o", str(tmp_path / "s.html"))
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "s.html").read_text()
+    assert (
+        "Simulated results, not measured." in html and "<h3>Against G1.capacity</h3>" in html
+    )  # (a bandwidth list with "free" has no axis)
+    rows = [line for line in html.splitlines() if re.search(r"x (faster|slower)</td>|the same</td>", line)]
+    assert len(rows) == len(doc["configurations"]) == 6
+    assert rows[1].startswith('<tr><td class="l">16 KB</td><td class="l">free</td>')
+    got = asyncio.run(inspect_page(browser, (tmp_path / "s.html").as_uri()))
+    assert_clean(got, tmp_path / "s.html")
+    assert len(got["sizes"]) == 3 and all(w > 200 and h > 100 for w, h in got["sizes"])
+
+
+def test_a_sizing_report_refuses_runs_beside_it_and_a_damaged_sizing_json(tmp_path: Path) -> None:
+    size(tmp_path, sizing_file(tmp_path, '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 48000'))
+    folder = next((tmp_path / "out").glob("*/*"))
+    run = ROOT / "tests" / "golden" / "runs" / "smoke"
+    r = cli("report", str(folder), str(run), "-o", str(tmp_path / "x.html"))
+    assert r.returncode == 2 and "sizing results or run results, not both" in r.stderr and str(run) in r.stderr
+    doc = json.loads((folder / "sizing.json").read_text())
+    for damaged in ("{", json.dumps({**doc, "kind": "run"}), json.dumps({**doc, "configurations": [{"figures": 1}]})):
+        (folder / "sizing.json").write_text(damaged)
+        r = cli("report", str(folder), "-o", str(tmp_path / "x.html"))
+        assert r.returncode == 2 and f"{folder / 'sizing.json'}:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "x.html").exists()

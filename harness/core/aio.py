@@ -93,9 +93,7 @@ def collections_in_gaps() -> Iterator[Collections]:
         gc.set_threshold(*held.usual)
 
 
-async def until_done_or_stopped(
-    job: Awaitable[T], stop: asyncio.Event, grace_s: float = GRACE_S
-) -> asyncio.Task[T]:
+async def until_done_or_stopped(job: Awaitable[T], stop: asyncio.Event, grace_s: float = GRACE_S) -> asyncio.Task[T]:
     """Run `job` until it ends or `stop` is set; then give it `grace_s` to finish what is in
     flight and cancel it. Returns its task, done either way (the caller decides about its result)."""
     task = asyncio.ensure_future(job)

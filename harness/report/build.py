@@ -17,14 +17,21 @@ from harness.report.format import num
 from harness.results import RunResult
 
 
+def base() -> dict[str, Any]:
+    """What every report says of itself."""
+    return {
+        "generated": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "version": __version__,
+    }
+
+
 def build_context(runs: list[RunResult]) -> dict[str, Any]:
     rows = [sections.run_row(r) for r in runs]
     sweeps = [sections.sweep(r) for r in sections.feeding(runs, "by_length")]
     loops = sections.loops(runs)
     measured = sections.measured_claims(runs, sweeps, loops["loops"])
     return {
-        "generated": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-        "version": __version__,
+        **base(),
         "source": redbooks()["source"],
         "runs": rows,
         "emulated": any(x["emulated"] for x in rows),
@@ -48,7 +55,7 @@ def build_context(runs: list[RunResult]) -> dict[str, Any]:
     }
 
 
-def render(runs: list[RunResult], out: Path) -> Path:
+def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("harness.report", "templates"),
         autoescape=True,
@@ -57,7 +64,11 @@ def render(runs: list[RunResult], out: Path) -> Path:
         lstrip_blocks=True,
     )
     env.filters["num"] = num
-    html = env.get_template("report.html.j2").render(**build_context(runs))
+    return env
+
+
+def render(runs: list[RunResult], out: Path) -> Path:
+    html = environment().get_template("report.html.j2").render(**build_context(runs))
     out.parent.mkdir(parents=True, exist_ok=True)
     write_file(out, html)
     return out

@@ -271,3 +271,43 @@ def _labelled(fig: Figure, ax: Any, xlabel: str, ylabel: str, logy: bool) -> str
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
     return to_svg(fig)
+
+
+def capacity_curves(tiers: Sequence[dict[str, Any]]) -> str:
+    """tiers: {name, capacities (bytes), shares, configured (bytes), knee (bytes or None)}: the
+    share of prompt tokens each tier serves as its capacity varies (the others as configured),
+    the configured capacity marked by a larger point, the knee by a vertical line."""
+    fig = _fig("capacity")
+    ax = fig.add_subplot()
+    for i, t in enumerate(tiers):
+        st = style(i)
+        ax.plot(t["capacities"], t["shares"], label=f"{shown(t['name'])}", **st)
+        at = t["capacities"].index(t["configured"]) if t["configured"] in t["capacities"] else None
+        if at is not None:
+            ax.plot([t["configured"]], [t["shares"][at]], color=st["color"], marker=st["marker"], markersize=11)
+        if t["knee"] is not None:
+            ax.axvline(t["knee"], color=st["color"], linestyle=st["linestyle"], alpha=0.5, linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("tier capacity (bytes, all its instances alike; the others as configured)")
+    ax.set_ylabel("share of prompt tokens the tier serves")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return to_svg(fig)
+
+
+def against(
+    x: Sequence[float], series: Sequence[tuple[str, Sequence[float | None]]], xlabel: str, ylabel: str, log_x: bool
+) -> str:
+    """series: (label, y for each x; None where there is no figure) against x."""
+    fig = _fig(f"against-{ylabel}")
+    ax = fig.add_subplot()
+    for i, (label, ys) in enumerate(series):
+        pts = [(a, b) for a, b in zip(x, ys, strict=True) if b is not None]
+        ax.plot([a for a, _ in pts], [b for _, b in pts], label=shown(label), **style(i))
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return to_svg(fig)

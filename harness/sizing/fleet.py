@@ -187,20 +187,29 @@ def _bandwidth(result: Result, k: int, bin_s: float) -> dict[str, float | None]:
 
 
 def _curve(refs: References, distances: list[np.ndarray], capacities: list[int], k: int) -> dict[str, Any]:
-    """The share of prompt tokens the whole hierarchy serves with tier k at each of
-    CURVE_MULTIPLES of its capacity (the other tiers unchanged), and the knee: the smallest of
-    those capacities past which doubling adds less than KNEE_GAIN."""
+    """Tier k at each of CURVE_MULTIPLES of its capacity (the other tiers unchanged): the share
+    of prompt tokens it serves itself (`tier_share`), and the whole hierarchy's (`share`: a slower
+    tier takes over what a smaller one no longer holds). The knee: the smallest of those
+    capacities past which every doubling of tier k adds less than KNEE_GAIN to what it serves."""
     points = []
+    total = refs.prompt_tokens
     for m in CURVE_MULTIPLES:
         caps = list(capacities)
         caps[k] = int(capacities[k] * m)
         tier = served_by(distances, caps)
-        share = float(refs.serves[tier < len(caps)].sum() / refs.prompt_tokens) if refs.prompt_tokens else 0.0
-        points.append({"multiple": m, "capacity_blocks": caps[k], "share": share})
-    knee = next(
-        (a["capacity_blocks"] for a, b in itertools.pairwise(points) if b["share"] - a["share"] < KNEE_GAIN),
-        None,
-    )
+        points.append(
+            {
+                "multiple": m,
+                "capacity_blocks": caps[k],
+                "share": float(refs.serves[tier < len(caps)].sum() / total) if total else 0.0,
+                "tier_share": float(refs.serves[tier == k].sum() / total) if total else 0.0,
+            }
+        )
+    # past the last doubling that still adds KNEE_GAIN (a tier's share may be flat before it
+    # rises: the knee is where it is flat for good); None if even the last one adds that much
+    gains = [b["tier_share"] - a["tier_share"] >= KNEE_GAIN for a, b in itertools.pairwise(points)]
+    last = max((i for i, g in enumerate(gains) if g), default=-1)
+    knee = None if last == len(gains) - 1 else points[last + 1]["capacity_blocks"]
     return {"points": points, "knee_blocks": knee}
 
 
@@ -229,7 +238,7 @@ def _slo(w: Workload, plan: Plan, runs: dict[str, tuple[Requests, list[Tier], Re
 
         return at
 
-    out: dict[str, Any] = {"ttft_s": ttft_s, "share": plan.slo_share}
+    out: dict[str, Any] = {"ttft_s": ttft_s, "share": plan.slo_share, "speedup_ceiling": 2**CAPACITY_STEPS}
     span = float(w.arrival_s[-1] - w.arrival_s[0]) if len(w.arrival_s) > 1 else 0.0
     rate = (len(w.arrival_s) - 1) / span if span > 0 else None
     for name, (reqs, timing, result) in runs.items():
