@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self, get_args, get_type_hints
 
 import orjson
 
@@ -80,6 +80,9 @@ def versions() -> dict[str, Any]:
     return {"kvbench": __version__, "git_commit": git_commit()}
 
 
+Scalar = bool | int | float | str | None
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     """One finished request: one line of requests.jsonl (fields documented in results/README.md).
@@ -132,6 +135,9 @@ class RequestRecord:
     # the embedded emulator's: how late it sent the first token against its own model, beyond the
     # loop's timer granularity (model seconds); judged per figure (stats.EMULATOR_LATE_SHARE)
     emulator_late_s: float | None = None
+    # the workload kind's own fields, apart from those every kind shares: its KindRecord's
+    # (`KindSpec.record`), read back typed by `TheKindsRecord.of(record)`
+    kind_fields: dict[str, Scalar] | None = None
 
     @property
     def lag_s(self) -> float | None:
@@ -173,6 +179,7 @@ class RequestRecord:
             if values[f] is not None:
                 values[f] = sys.intern(values[f])
         values["ok"], values["retried"] = bool(d.get("ok")), bool(d.get("retried"))
+        values["kind_fields"] = _kind_fields(d.get("kind_fields"))
         return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:
@@ -207,6 +214,7 @@ _OPTIONAL = (
     "first_token_late_s",
     "first_token_shared",
     "emulator_late_s",
+    "kind_fields",
 )
 _REPEATED_TEXT = ("arm", "phase", "prompt_id", "error_kind", "warm_from", "first_token_stamp")
 _OPTIONAL_NUMBERS = ("intended_s", "held_s", "idle_s", "restore_s", "first_token_late_s", "emulator_late_s")
@@ -233,12 +241,71 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "prompt_id": (str,),
     "start_s": _NUMBER,
     **{f: _MAYBE_INT for f in ("target_tokens", "prompt_tokens", "cached_tokens", "completion_tokens", "http_status")},
-    **{f: _MAYBE_INT for f in _OPTIONAL if f not in _OPTIONAL_NUMBERS + _OPTIONAL_TEXT},
+    **{f: _MAYBE_INT for f in _OPTIONAL if f not in (*_OPTIONAL_NUMBERS, *_OPTIONAL_TEXT, "kind_fields")},
     **{f: _MAYBE_NUMBER for f in ("ttft_s", "first_byte_s", "first_content_s", "headers_s", "e2e_s")},
     **{f: _MAYBE_NUMBER for f in _OPTIONAL_NUMBERS},
     **{f: _MAYBE_TEXT for f in ("error", "error_kind", *_OPTIONAL_TEXT)},
     **{f: (bool, type(None)) for f in ("ok", "retried")},
 }
+
+
+# A kind's own fields: at most this many, each a JSON scalar
+KIND_FIELDS_MAX = 64
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _kind_fields(v: Any) -> dict[str, Scalar] | None:
+    if v is None:
+        return None
+    if (
+        not isinstance(v, dict)
+        or len(v) > KIND_FIELDS_MAX
+        or not all(isinstance(x, _SCALARS) and not (isinstance(x, float) and not math.isfinite(x)) for x in v.values())
+    ):
+        raise ValueError(
+            f"kind_fields: expected an object of at most {KIND_FIELDS_MAX} numbers, texts, booleans or nulls"
+        )
+    return {str(k): sys.intern(x) if isinstance(x, str) else x for k, x in v.items()}
+
+
+class KindRecord:
+    """Base of a workload kind's own per-request fields (its `KindSpec.record`): a frozen
+    dataclass of scalars (int, float, str, bool, each may be None). A request's record carries
+    them as `kind_fields`, apart from the fields every kind shares; `of` gives them back typed.
+
+        @dataclass(frozen=True)
+        class RungRecord(KindRecord):
+            rung: int
+            rung_tokens: int
+    """
+
+    def fields(self) -> dict[str, Scalar]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def of(cls, record: RequestRecord) -> Self | None:
+        """The record's kind fields as this type; None when it has none, or they do not fit (a
+        record of another kind, or a line written by hand)."""
+        got = record.kind_fields
+        if got is None:
+            return None
+        hints = get_type_hints(cls)
+        values = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            v = got.get(f.name)
+            if not _fits(v, hints[f.name]):
+                return None
+            values[f.name] = v
+        return cls(**values)
+
+
+def _fits(v: Any, hint: Any) -> bool:
+    allowed = get_args(hint) or (hint,)
+    if isinstance(v, bool):
+        return bool in allowed
+    if isinstance(v, int):
+        return int in allowed or float in allowed
+    return isinstance(v, tuple(a for a in allowed if isinstance(a, type)))
 
 
 class RunWriter:

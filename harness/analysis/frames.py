@@ -67,8 +67,9 @@ class Runs:
         server did not give is <NA>, not a float NaN."""
         import pandas as pd
 
-        frames = [request_frame(run, run.records) for run in self.runs]
-        return pd.concat(frames, ignore_index=True) if frames else request_frame(None, [])
+        columns = request_columns(run.kind for run in self.runs)
+        frames = [request_frame(run, run.records, columns) for run in self.runs]
+        return pd.concat(frames, ignore_index=True) if frames else request_frame(None, [], columns)
 
     def summary(self) -> pd.DataFrame:
         """One row per arm (and per rate): the figures of run.json's summary and the report,
@@ -134,22 +135,25 @@ def _identity(run: RunResult) -> dict[str, Any]:
     }
 
 
-def request_frame(run: RunResult | None, records: Iterable[RequestRecord]) -> pd.DataFrame:
+def request_frame(run: RunResult | None, records: Iterable[RequestRecord], columns: dict[str, str]) -> pd.DataFrame:
     """Runs.requests' rows of one run's `records` (any part of them: exports stream a long
-    run's in batches), with the same columns and types whatever the batch holds."""
+    run's in batches), with `columns` (request_columns) whatever the batch holds: a kind's own
+    fields as `<kind>.<field>`."""
     import pandas as pd
 
     ident = _identity(run) if run is not None else dict.fromkeys(RUN_COLUMNS)
     rows = []
     for r in records:
         d = r.as_dict()
+        for k, v in (d.pop("kind_fields") or {}).items():
+            if run is not None and (column := f"{run.kind}.{k}") in columns:
+                d[column] = v
         d["request_ttft_s"] = r.ttft_s
         for metric in stats.WITH_RESTORE:
             if d[metric] is not None:
                 d[metric] += r.restore_s or 0.0
         d["tpot_s"], d["lag_s"] = r.tpot_s, r.lag_s
         rows.append({**ident, **d})
-    columns = request_columns()
     return pd.DataFrame(rows, columns=list(columns)).astype(columns)
 
 
@@ -157,6 +161,8 @@ def request_batches(runs: Iterable[RunResult], size: int) -> Iterator[pd.DataFra
     """request_frame of each run read back without its records (read_run's `records=False`),
     `size` records at a time from requests.jsonl: a day-long run's table in bounded memory. Lines
     left out are added to the run's `skipped`."""
+    runs = list(runs)
+    columns = request_columns(run.kind for run in runs)
     for run in runs:
         if not (run.folder / REQUESTS).exists():
             continue
@@ -164,15 +170,16 @@ def request_batches(runs: Iterable[RunResult], size: int) -> Iterator[pd.DataFra
         for record in iter_requests(run.folder, skipped=run.skipped):
             batch.append(record)
             if len(batch) == size:
-                yield request_frame(run, batch)
+                yield request_frame(run, batch, columns)
                 batch = []
         if batch:
-            yield request_frame(run, batch)
+            yield request_frame(run, batch, columns)
 
 
-def request_columns() -> dict[str, str]:
+def request_columns(kind_names: Iterable[str] = ()) -> dict[str, str]:
     """The requests table's columns and their pandas types: RUN_COLUMNS, the record's fields (its
-    arm is the run's), then the derived ones."""
+    arm is the run's), the derived ones, then each of these kinds' own fields (its KindSpec's
+    `record`) as `<kind>.<field>`."""
     out = {
         **dict.fromkeys(("run_id", "scenario", "arm", "kind", "load", "status", "folder"), "string"),
         "rate": "Float64",
@@ -180,13 +187,29 @@ def request_columns() -> dict[str, str]:
     }
     hints = get_type_hints(RequestRecord)
     for f in fields(RequestRecord):
-        if f.name not in out:
+        if f.name not in out and f.name != "kind_fields":
             out[f.name] = _PANDAS_TYPES.get(hints[f.name], "object")
+    own = {}
+    for name in dict.fromkeys(kind_names):
+        record = _record_type(name)
+        if record is not None:
+            record_hints = get_type_hints(record)
+            for f in fields(record):
+                own[f"{name}.{f.name}"] = _PANDAS_TYPES.get(record_hints[f.name], "object")
     return {
         **{c: out[c] for c in RUN_COLUMNS},
         **{c: t for c, t in out.items() if c not in RUN_COLUMNS},
         **dict.fromkeys(("request_ttft_s", "tpot_s", "lag_s"), "Float64"),
+        **own,
     }
+
+
+def _record_type(kind: str) -> type | None:
+    """The kind's own record fields' type; None for a kind without any, or not installed here."""
+    try:
+        return kinds.get(kind).record
+    except InputError:
+        return None
 
 
 # A record field's type as a pandas nullable type (a list, `itl_s`, stays object)
@@ -198,4 +221,5 @@ _PANDAS_TYPES: dict[Any, str] = {
     str: "string",
     str | None: "string",
     bool: "boolean",
+    bool | None: "boolean",
 }

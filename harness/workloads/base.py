@@ -23,7 +23,7 @@ from harness.core.clock import ModelClock
 from harness.inputs import prompts
 from harness.inputs.prompts import Prompt, PromptBuilder
 from harness.monitor.progress import RunProgress
-from harness.results import RequestRecord
+from harness.results import KindRecord, RequestRecord
 from harness.server import checks, endpoint
 from harness.server.scrape import Scraper
 from harness.wire.client import Exchange, StreamingClient
@@ -231,10 +231,14 @@ class Sender:
         lead_text: str,
         answer: list[str] | None = None,
         engine_fields: dict[str, Any] | None = None,
+        kind: KindRecord | None = None,
         **extra: Any,
     ) -> RequestRecord:
         """One request, recorded; `answer` (a list) gets the response's text; `engine_fields` go
-        into its body (tiers.py: the engine slot it is pinned to)."""
+        into its body (tiers.py: the engine slot it is pinned to); `kind`: the workload kind's own
+        fields of the record (its KindSpec.record)."""
+        if kind is not None:
+            extra["kind_fields"] = kind.fields()
         spec = self.spec
         self.seq += 1
         seq = self.seq

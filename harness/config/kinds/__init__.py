@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from harness.config.tables import Table
 from harness.core.errors import InputError
+from harness.results import KindRecord
 
 if TYPE_CHECKING:
     from harness.config.scenario import Context, Scenario
@@ -112,6 +113,9 @@ class KindSpec:
     report_sections: tuple[str, ...] = ()
     # per-run figures its figures' `gate_figures` adds to the gate's own (gate/rules.py PER_RUN)
     gate_metrics: tuple[str, ...] = ()
+    # its own per-request fields (results.KindRecord), kept in each record's `kind_fields`: exports
+    # give them as columns `<kind>.<field>`
+    record: type[KindRecord] | None = None
 
 
 def register(spec: KindSpec) -> None:
