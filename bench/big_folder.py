@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-
 from common import ROOT
 
 GOLDEN = ROOT / "tests" / "golden" / "runs" / "golden-loop"

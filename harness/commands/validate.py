@@ -11,7 +11,7 @@ from harness.core.errors import ExitCode
 
 def is_sizing_file(path: Path) -> bool:
     """A sizing file (`kvbench size`) has [cluster] and [[tiers]]; no scenario has either."""
-    data = read_toml(path, "the scenario")
+    data = read_toml(path, "scenario file")
     return "cluster" in data and "tiers" in data
 
 
