@@ -365,3 +365,46 @@ def test_a_sizing_report_refuses_runs_beside_it_and_a_damaged_sizing_json(tmp_pa
         r = cli("report", str(folder), "-o", str(tmp_path / "x.html"))
         assert r.returncode == 2 and f"{folder / 'sizing.json'}:" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "x.html").exists()
+
+
+def test_the_gate_checks_each_configuration_of_a_sizing(tmp_path: Path) -> None:
+    """`kvbench gate` on a sizing result: a threshold per configuration (its swept values as its
+    arm), exit 1 when one fails; the rules from the sizing file's [gate] or --rules; regressions
+    and baselines refused (a sizing has no runs to compare), an unknown metric named."""
+    rules = '[gate.thresholds]\nsized_ttft_p99_s = ["value < 0.1"]\nsized_g1_share = ["value > 0.1"]\n'
+    f = sizing_file(tmp_path, SWEEP, extra=rules)
+    doc = size(tmp_path, f)
+    folder = next((tmp_path / "out").glob("*/*"))
+    out = tmp_path / "gate.json"
+    r = cli("gate", str(folder), "--json", str(out))
+    verdicts = json.loads(out.read_text())["verdicts"]
+    assert len(verdicts) == 2 * len(doc["configurations"]) == 12
+    g1 = {v["selector"]: v["verdict"] for v in verdicts if v["metric"] == "sized_g1_share"}
+    # the G1 of one block serves nothing; the one of six blocks serves 48 of 128 tokens
+    assert g1["{arm=G1.capacity:16KB;G4.read_bandwidth:48KB/s}"] == "fail"
+    assert g1["{arm=G1.capacity:96KB;G4.read_bandwidth:free}"] == "pass"
+    assert r.returncode == 1 and "kvbench gate: hand" in r.stdout, r.stdout
+    loose = tmp_path / "loose.toml"
+    loose.write_text('[gate.thresholds]\nsized_ttft_p99_s = ["value < 10"]\n')
+    f.write_text(f.read_text().replace(rules, ""))
+    (tmp_path / "out2").mkdir()
+    kvbench("size", str(f), "--out", str(tmp_path / "out2"))
+    plain = next((tmp_path / "out2").glob("*/*"))
+    assert cli("gate", str(plain)).returncode == 2  # no rules
+    assert cli("gate", str(plain), "--rules", str(loose)).returncode == 0
+    for bad, says in (
+        ('[gate.regression]\nsized_ttft_p99_s = { value = "+10%" }\n', "a sizing takes thresholds only"),
+        ('[gate.thresholds]\nsized_g5_share = ["value > 0"]\n', "unknown metric 'sized_g5_share'"),
+    ):
+        loose.write_text(bad)
+        r = cli("gate", str(plain), "--rules", str(loose))
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+    r = cli(
+        "gate",
+        str(plain),
+        "--rules",
+        str(loose),
+        "--baseline",
+        str(ROOT / "baselines" / "smoke.json"),
+    )
+    assert r.returncode == 2 and "not against a baseline" in r.stderr, r.stderr

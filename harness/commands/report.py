@@ -12,9 +12,10 @@ def main(results: list[Path], output: Path | None) -> int:
     from rich.markup import escape
 
     from harness.monitor.progress import stderr_console
-    from harness.report import sizing
+    from harness.report import sizing as sizing_report
     from harness.report.build import render
     from harness.results import load_runs, skipped_warning
+    from harness.sizing import result as sizing
 
     sized = {p: sizing.folders(p) for p in results if p.exists()}
     if any(sized.values()):
@@ -28,7 +29,7 @@ def main(results: list[Path], output: Path | None) -> int:
         if output is None:
             names = sorted({str(s.doc.get("name", "sizing")) for s in read})
             output = Path("reports") / f"{'+'.join(names)}-{read[-1].folder.name}.html"
-        print(sizing.render(read, output))
+        print(sizing_report.render(read, output))
         return ExitCode.OK
     runs = load_runs(results)
     if warning := skipped_warning(runs):

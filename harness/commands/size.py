@@ -22,6 +22,7 @@ from rich.table import Table
 from harness.core.children import die_with_parent
 from harness.core.errors import InputError, replaced
 from harness.core.units import human_bandwidth, human_size
+from harness.gate.rules import parse_rules
 from harness.inputs import traces
 from harness.results import utc_stamp, versions
 from harness.sizing import config
@@ -38,6 +39,8 @@ WHAT = (
 
 def main(file: Path, out: Path, console: Console, processes: int = 1) -> int:
     spec = config.read(file)
+    if spec.gate is not None:
+        parse_rules(spec.gate, str(file))  # refused now, not after the sizing
     if processes < 1:
         raise InputError(f"--workers: expected a number of processes >= 1, got {processes}")
     cost, kv, source = _engine(spec)
@@ -62,6 +65,7 @@ def main(file: Path, out: Path, console: Console, processes: int = 1) -> int:
         "model": {"kv_bytes_per_token": kv},
         "engine": {"source": source, **vars(cost)},
         "swept": sorted({k for c in configurations for k, _ in c.swept}),
+        "gate": spec.gate,
         "configurations": [],
     }
     folder = out / spec.name / f"{doc['created']}-size"

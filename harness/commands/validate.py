@@ -18,12 +18,14 @@ def is_sizing_file(path: Path) -> bool:
 def main(scenarios: list[Path]) -> int:
     from harness.commands.context import known_context
     from harness.config.scenario import check_lengths, load
-    from harness.gate.rules import check_rules
+    from harness.gate.rules import check_rules, parse_rules
     from harness.sizing import config as sizing
 
     for path in scenarios:
         if is_sizing_file(path):
             spec = sizing.read(path)
+            if spec.gate is not None:
+                parse_rules(spec.gate, str(path))
             n = len(spec.configurations())
             print(f"{path}: ok (sizing file for `kvbench size`, {n} configuration{'s' if n > 1 else ''})")
             continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -13,9 +14,10 @@ from harness.config.tables import read_toml
 from harness.core.errors import ExitCode, InputError, write_file
 from harness.gate import baselines, figures, output
 from harness.gate.rules import Rules, merge, parse_rules
-from harness.gate.verdicts import evaluate
+from harness.gate.verdicts import Verdict, evaluate
 from harness.monitor.progress import stderr_console
 from harness.results import load_runs, skipped_warning
+from harness.sizing import result as sizing
 
 STEP_SUMMARY_LIMIT = 1 << 20
 
@@ -37,28 +39,11 @@ def run_gate(
     json_out: Path | None,
     console: Console,
 ) -> int:
-    meta = load_runs([result], records=False)[0].meta  # the rules first: no records read for nothing
-    scenario = meta.get("scenario", {})
-    where = str(meta.get("scenario_file", result))
-    rules = parse_rules(scenario["gate"], where) if scenario.get("gate") else Rules()
-    if rules_file is not None:
-        rules = merge(rules, load_rules_file(rules_file))
-    if not rules:
-        raise InputError("no gate rules: add a [gate] table to the scenario or give --rules FILE")
-    # a token's gaps are most of a record's memory: read only when a rule judges them
-    runs = load_runs([result], itl="itl_s" in rules.metrics)
-    cand_identity = baselines.identity(runs)
-    base_fig = None
-    if baseline is not None:
-        doc, base_fig = baselines.load(baseline)
-        baselines.check_compatible(doc["identity"], cand_identity)
-    verdicts = evaluate(rules, figures.of_runs(runs), base_fig)
-    incomplete = [r.label for r in runs if r.meta.get("status") != "completed"]
-    if incomplete:
-        console.print(f"[yellow]warning:[/] not completed: {escape(', '.join(incomplete))}; judging partial results")
-    if skipped := skipped_warning(runs):
-        incomplete.append("skipped lines")  # damaged data is missing data: never a silent pass
-        console.print(f"[yellow]warning:[/] {escape(skipped)}")
+    sized = sizing.folders(result) if result.is_dir() else []
+    if sized:
+        name, verdicts, incomplete = _sizing_verdicts(result, sized, baseline, rules_file, console)
+    else:
+        name, verdicts, incomplete = _run_verdicts(result, baseline, rules_file, console)
     if any(v.verdict == "fail" for v in verdicts):
         code = ExitCode.GATE_FAILED
     elif any(v.verdict == "missing" for v in verdicts) or incomplete:
@@ -66,7 +51,7 @@ def run_gate(
     else:
         code = ExitCode.OK
 
-    title = f"kvbench gate: {cand_identity['scenario_name']}" + (f" vs {baseline}" if baseline else "")
+    title = f"kvbench gate: {name}" + (f" vs {baseline}" if baseline else "")
     table = Table(title=escape(title))
     for col in (*output.COLUMNS, "detail"):
         table.add_column(col, overflow="fold")
@@ -89,15 +74,69 @@ def run_gate(
     if summary:
         _append_capped(Path(summary), md)
     if junit:
-        write_file(junit, output.junit(verdicts, str(cand_identity["scenario_name"])))
+        write_file(junit, output.junit(verdicts, name))
     if json_out:
         meta = {
-            "scenario": cand_identity["scenario_name"],
+            "scenario": name,
             "result": str(result),
             "baseline": str(baseline) if baseline else None,
         }
         write_file(json_out, output.as_json(verdicts, meta, int(code)))
     return code
+
+
+def _rules(table: Any, where: str, rules_file: Path | None) -> Rules:
+    rules = parse_rules(table, where) if table else Rules()
+    if rules_file is not None:
+        rules = merge(rules, load_rules_file(rules_file))
+    if not rules:
+        raise InputError("no gate rules: add a [gate] table to the scenario or give --rules FILE")
+    return rules
+
+
+def _run_verdicts(
+    result: Path, baseline: Path | None, rules_file: Path | None, console: Console
+) -> tuple[str, list[Verdict], list[str]]:
+    """A run's result judged: its name, the verdicts, and what is incomplete of it."""
+    meta = load_runs([result], records=False)[0].meta  # the rules first: no records read for nothing
+    scenario = meta.get("scenario", {})
+    rules = _rules(scenario.get("gate"), str(meta.get("scenario_file", result)), rules_file)
+    # a token's gaps are most of a record's memory: read only when a rule judges them
+    runs = load_runs([result], itl="itl_s" in rules.metrics)
+    cand_identity = baselines.identity(runs)
+    base_fig = None
+    if baseline is not None:
+        doc, base_fig = baselines.load(baseline)
+        baselines.check_compatible(doc["identity"], cand_identity)
+    verdicts = evaluate(rules, figures.of_runs(runs), base_fig)
+    incomplete = [r.label for r in runs if r.meta.get("status") != "completed"]
+    if incomplete:
+        console.print(f"[yellow]warning:[/] not completed: {escape(', '.join(incomplete))}; judging partial results")
+    if skipped := skipped_warning(runs):
+        incomplete.append("skipped lines")  # damaged data is missing data: never a silent pass
+        console.print(f"[yellow]warning:[/] {escape(skipped)}")
+    return str(cand_identity["scenario_name"]), verdicts, incomplete
+
+
+def _sizing_verdicts(
+    result: Path, folders: list[Path], baseline: Path | None, rules_file: Path | None, console: Console
+) -> tuple[str, list[Verdict], list[str]]:
+    """A sizing result judged by thresholds on each configuration's simulated figures (sizing.result
+    METRICS; a configuration is a rule's `arm`)."""
+    if len(folders) > 1:
+        raise InputError(f"{result}: holds {len(folders)} sizings; give one's folder")
+    if baseline is not None:
+        raise InputError("--baseline: a sizing result is gated by thresholds on its figures, not against a baseline")
+    s = sizing.read(folders[0])
+    rules = _rules(s.doc.get("gate"), str(s.doc.get("file", folders[0])), rules_file)
+    if rules.regressions:
+        raise InputError(f"{folders[0]}: regression rules need runs and a baseline; a sizing takes thresholds only")
+    verdicts = evaluate(rules, figures.of_sizing(s), None)
+    incomplete = []
+    if s.doc.get("status") != "completed":
+        incomplete.append(f"{s.doc.get('status')} sizing")
+        console.print(f"[yellow]warning:[/] the sizing was {escape(str(s.doc.get('status')))}: judging what it sized")
+    return str(s.doc.get("name", "sizing")), verdicts, incomplete
 
 
 def _append_capped(path: Path, text: str) -> None:

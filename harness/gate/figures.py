@@ -15,6 +15,8 @@ from harness.analysis import capacity, stats
 from harness.analysis.kinds import figures_of
 from harness.gate.rules import Selector
 from harness.results import RunResult
+from harness.sizing import result as sizing
+from harness.sizing.result import Sizing
 
 Key = tuple[str, str, int | None, float | None]
 RATE_MATCH = 5e-4  # a rule's rate= picks the folder whose offered rate is within this share of it
@@ -85,6 +87,15 @@ def of_runs(runs: list[RunResult]) -> Figures:
     for curve in capacity.curves(runs):
         if curve.capacity.req_per_s is not None:
             fig.run_values.setdefault((curve.arm, "capacity_at_slo", None, None), []).append(curve.capacity.req_per_s)
+    return fig
+
+
+def of_sizing(s: Sizing) -> Figures:
+    """A sizing result's figures, one value per configuration (its label as the arm)."""
+    fig = Figures()
+    for arm, values in sizing.gate_values(s).items():
+        for metric, value in values.items():
+            fig.run_values.setdefault((arm, metric, None, None), []).append(value)
     return fig
 
 

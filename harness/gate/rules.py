@@ -9,6 +9,7 @@ Grammar of a rule (documented in docs/ci.md):
                  | "req_per_s" | "steady_req_per_s" | "output_tokens_per_s" | "speedup" | "error_rate"
                  | "goodput_req_per_s" | "slo_share_met"                    (per run; open loop: per rate)
                  | "capacity_at_slo"                                        (per open-loop arm)
+                 | "sized_ttft_p99_s" | "sized_g4_share" | ...   (per configuration of a sizing: docs/ci.md)
     selector   ::= ( "arm" | "phase" ) "=" name | "length" "=" integer | "rate" "=" number
     threshold  ::= aggregate op number          e.g. "p99 < 1.0"
     aggregate  ::= "mean" | "p50" | "p90" | "p95" | "p99" | "min" | "max" | "count"   (per-request metrics)
@@ -34,6 +35,7 @@ from harness.analysis.stats import PER_REQUEST
 from harness.config import kinds
 from harness.config.scenario import Scenario
 from harness.core.errors import InputError
+from harness.sizing.result import METRICS as SIZED
 
 PER_RUN = (
     "req_per_s",
@@ -116,8 +118,8 @@ def parse_key(key: str, where: str) -> tuple[str, Selector]:
     if not m:
         raise InputError(f"{where}: rule {key!r}: expected metric or metric{{name=value,...}}")
     metric, sel_text = m.group(1), m.group(2)
-    if metric not in PER_REQUEST + PER_RUN and metric not in (known := kinds.gate_metrics()):
-        names = ", ".join(PER_REQUEST + PER_RUN + known)
+    if metric not in PER_REQUEST + PER_RUN + SIZED and metric not in (known := kinds.gate_metrics()):
+        names = ", ".join(PER_REQUEST + PER_RUN + known + SIZED)
         raise InputError(f"{where}: rule {key!r}: unknown metric {metric!r} (known: {names})")
     found: dict[str, Any] = {}
     for part in (sel_text or "").split(","):

@@ -7,51 +7,16 @@ sizing.json holds (sizing/fleet.py computed them); nothing is simulated again he
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from markupsafe import Markup
 
-from harness.core.errors import InputError, read_input, write_file
+from harness.core.errors import InputError, write_file
 from harness.core.units import human_bandwidth, human_size
 from harness.report import plots
 from harness.report.build import base, environment
-
-SIZING = "sizing.json"
-# The same bound as a run's run.json (results.RESULT_JSON_MAX_BYTES)
-SIZING_MAX_BYTES = 256 << 20
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """A sizing result folder as read back."""
-
-    folder: Path
-    doc: dict[str, Any]
-
-
-def folders(path: Path) -> list[Path]:
-    """A sizing result folder, or a folder of them (the newest, by name: they are named by their
-    time), or a results root (the newest of each sizing); [] when there is none."""
-    if (path / SIZING).is_file():
-        return [path]
-    below = sorted(p.parent for p in path.glob(f"*/{SIZING}"))
-    if below:
-        return [below[-1]]
-    return [f for name in sorted({p.parent.parent for p in path.glob(f"*/*/{SIZING}")}) for f in folders(name)]
-
-
-def read(folder: Path) -> Sizing:
-    text = read_input(folder / SIZING, "sizing result", SIZING_MAX_BYTES)
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):
-        raise InputError(f"{folder / SIZING}: unreadable: not JSON") from None
-    if not isinstance(doc, dict) or doc.get("kind") != "sizing" or not isinstance(doc.get("configurations"), list):
-        raise InputError(f"{folder / SIZING}: not a sizing result kvbench wrote (kind, configurations)")
-    return Sizing(folder, doc)
+from harness.sizing.result import SIZING, Sizing, value
 
 
 def context(results: list[Sizing]) -> dict[str, Any]:
@@ -212,12 +177,3 @@ def render(results: list[Sizing], out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_file(out, html)
     return out
-
-
-def value(key: str, v: Any) -> str:
-    """A swept value as people write it."""
-    if key.endswith("read_bandwidth"):
-        return "free" if v is None else human_bandwidth(float(v))
-    if key.endswith("capacity"):
-        return human_size(float(v or 0))
-    return "-" if v is None else f"{v:g}"

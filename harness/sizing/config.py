@@ -126,6 +126,7 @@ class SizingSpec:
     slo_ttft_s: float | None
     slo_share: float
     bandwidth_bin_s: float
+    gate: dict[str, Any] | None = None  # [gate]: thresholds on sizing.result.METRICS (gate/rules.py reads it)
 
     def configurations(self) -> list[Configuration]:
         """The sweep's points: the product of every list given, workers outermost, then each tier's
@@ -181,8 +182,11 @@ def read(path: Path) -> SizingSpec:
     share = slo.number("share", Slo.share, positive=True, maximum=1.0)
     slo.done()
     bin_s = top.number("bandwidth_bin_s", BANDWIDTH_BIN_S, positive=True)
+    gate = top.get("gate")
+    if gate is not None and not isinstance(gate, dict):
+        top.fail("gate", "expected a table of rules ([gate.thresholds])", gate)
     top.done()
-    spec = SizingSpec(path, name, workload, kv, workers, per_node, routing, engine, tiers, ttft, share, bin_s)
+    spec = SizingSpec(path, name, workload, kv, workers, per_node, routing, engine, tiers, ttft, share, bin_s, gate)
     n = math.prod(len(v) for v in (workers, *(x for t in tiers for x in (t.capacities, t.bandwidths))))
     if n > MAX_CONFIGURATIONS:
         raise InputError(

@@ -1,0 +1,99 @@
+"""A `kvbench size` result folder read back (sizing.json): found, read bounded and checked, and the
+figures `kvbench gate` checks of each configuration (pure apart from reading the file)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.core.errors import InputError, read_input
+from harness.core.units import human_bandwidth, human_size
+
+SIZING = "sizing.json"
+# The same bound as a run's run.json (results.RESULT_JSON_MAX_BYTES)
+SIZING_MAX_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """A sizing result folder as read back."""
+
+    folder: Path
+    doc: dict[str, Any]
+
+
+def folders(path: Path) -> list[Path]:
+    """A sizing result folder, or a folder of them (the newest, by name: they are named by their
+    time), or a results root (the newest of each sizing); [] when there is none."""
+    if (path / SIZING).is_file():
+        return [path]
+    below = sorted(p.parent for p in path.glob(f"*/{SIZING}"))
+    if below:
+        return [below[-1]]
+    return [f for name in sorted({p.parent.parent for p in path.glob(f"*/*/{SIZING}")}) for f in folders(name)]
+
+
+def read(folder: Path) -> Sizing:
+    text = read_input(folder / SIZING, "sizing result", SIZING_MAX_BYTES)
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        raise InputError(f"{folder / SIZING}: unreadable: not JSON") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "sizing" or not isinstance(doc.get("configurations"), list):
+        raise InputError(f"{folder / SIZING}: not a sizing result kvbench wrote (kind, configurations)")
+    return Sizing(folder, doc)
+
+
+# What `kvbench gate` checks of each configuration of a sizing result, one value each (aggregate
+# `value`); `sized_` says they are simulated. Per tier: `sized_g1_share` ... `sized_g4_share` (the
+# share of prompt tokens it serves), `sized_g1_read_p99` ... (bytes/s).
+TIER_METRICS = tuple(f"sized_{t}_{what}" for t in ("g1", "g2", "g3", "g4") for what in ("share", "read_p99"))
+METRICS = (
+    "sized_ttft_p50_s",
+    "sized_ttft_p99_s",
+    *TIER_METRICS,
+    "sized_prefill_saved_share",
+    "sized_slo_within",
+    "sized_slo_capacity_ratio",
+)
+
+
+def label(swept: dict[str, Any]) -> str:
+    """A configuration as the gate names it (its `arm`): its swept values, with no space, comma or
+    equals sign, so that a rule's `{arm=...}` can pick it; "sizing" when nothing was swept."""
+    parts = [f"{k}:{value(k, v)}".replace(" ", "") for k, v in swept.items()]
+    return ";".join(parts) or "sizing"
+
+
+def gate_values(s: Sizing) -> dict[str, dict[str, float]]:
+    """Each configuration's figures by its label, as METRICS names them (a figure it does not
+    have, such as the SLO's without an SLO, is absent: the gate says missing)."""
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for c in s.doc["configurations"]:
+            f = c["figures"]
+            got: dict[str, float] = {"sized_ttft_p50_s": f["ttft_s"]["p50"], "sized_ttft_p99_s": f["ttft_s"]["p99"]}
+            for t in f["tiers"]:
+                got[f"sized_{str(t['name']).lower()}_share"] = t["share"]
+                got[f"sized_{str(t['name']).lower()}_read_p99"] = t["read_bytes_per_s"]["p99"]
+            if f["recompute_prefill_gpu_s"]:
+                got["sized_prefill_saved_share"] = 1 - f["prefill_gpu_s"] / f["recompute_prefill_gpu_s"]
+            if (slo := f["slo"]) is not None:
+                got["sized_slo_within"] = slo["cached"]["within"]
+                if slo["capacity_ratio"] is not None:
+                    got["sized_slo_capacity_ratio"] = slo["capacity_ratio"]
+            out[label(c["swept"])] = {k: float(v) for k, v in got.items() if v is not None}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InputError(f"{s.folder / SIZING}: a field is missing or not what kvbench writes ({e!r})") from None
+    return out
+
+
+def value(key: str, v: Any) -> str:
+    """A swept value as people write it."""
+    if key.endswith("read_bandwidth"):
+        return "free" if v is None else human_bandwidth(float(v))
+    if key.endswith("capacity"):
+        return human_size(float(v or 0))
+    return "-" if v is None else f"{v:g}"
