@@ -274,3 +274,29 @@ def test_validate_bounds_prompts_by_what_run_would_start(tmp_path: Path, engine:
     r = cli("validate", str(sc))
     assert r.returncode == 2 and "workload.lengths[1]: prompts up to 200," in r.stderr, r.stderr
     assert bound in r.stderr and "Traceback" not in r.stderr
+
+
+def test_every_sections_first_mistake_is_told_at_once(tmp_path: Path) -> None:
+    """A scenario with mistakes in four sections and a mistyped one: one run of `validate` names
+    all five (each section's first), with the file and key of each, exit 2; one mistake alone is
+    told as before."""
+    f = tmp_path / "bad.toml"
+    f.write_text(
+        'schema_version = 1\nname = "bad"\n[endpoint]\nmax_tokns = 8\n[workload]\nkind = "sweep"\n'
+        'lengths = [1000, "x"]\n[emulator]\ntime_scale = -1\n[metrics]\nenabled = "yes"\n[trafic]\nx = 1\n'
+    )
+    r = cli("validate", str(f))
+    assert r.returncode == 2 and f"{f}: 5 errors:" in r.stderr, r.stderr
+    for key in ("endpoint.max_tokns", "workload.lengths[1]", "emulator.time_scale", "metrics.enabled"):
+        assert f"{f}: {key}:" in r.stderr, key
+    assert "trafic: unknown key (did you mean 'traffic'?" in r.stderr
+    f.write_text(
+        'schema_version = 1\nname = "bad"\n[workload]\nkind = "sweep"\nlengths = [1000]\n[emulator]\ntime_scale = -1\n'
+    )
+    r = cli("validate", str(f))
+    assert r.returncode == 2 and "errors:" not in r.stderr and f"{f}: emulator.time_scale:" in r.stderr
+
+
+def test_the_known_sections_are_the_scenarios_fields() -> None:
+    fields = {f.name for f in dataclasses.fields(scenario.Scenario)} - {"path", "raw"}
+    assert set(scenario.SECTIONS) == fields

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 
 from harness.config import kinds, reference
 from harness.config.kinds import WorkloadConfig
-from harness.config.tables import Table, read_toml, size
+from harness.config.tables import Collect, Table, read_toml, size
 from harness.core.clock import MAX_TIME_SCALE
 from harness.core.errors import InputError
 
@@ -284,38 +284,86 @@ def load(path: str | Path) -> Scenario:
 
 
 def parse(data: dict[str, Any], file: str) -> Scenario:
+    """The scenario, or an InputError naming every section's first mistake (each section is read
+    on its own, so that one bad section does not hide another's)."""
     top = Table(file, "", data)
+    # every top-level key a scenario may have (read below, skipped after an error, or absent): a
+    # mistyped section is then named with its likely meaning
+    top.known(*SECTIONS)
+    read = Collect(file)
+    head = read(_head, top)
+    engine = read(_engine, top.sub("engine")) if top.has("engine") else None
+    endpoint = read(_endpoint, top.sub("endpoint"))
+    prompts = read(_prompts, top.sub("prompts"))
+    workload = read(kinds.parse, top.sub("workload"))
+    # an arm's engine keys are read against the [engine]: not when that failed
+    arms = read(_arms, top, file, engine) if not (top.has("engine") and engine is None) else None
+    emulator = read(_emulator, top.sub("emulator"))
+    model = read(_model, top.sub("model"))
+    reference = read(_reference, top.sub("reference")) if top.has("reference") else None
+    traffic = read(_traffic, top.sub("traffic")) if top.has("traffic") else None
+    metrics = read(_metrics, top.sub("metrics"))
+    slo = read(_slo, top.sub("slo")) if top.has("slo") else None
+    distributed = read(_distributed, top.sub("distributed")) if top.has("distributed") else None
+    gate = read(_gate, top, file)
+    read(top.done)
+    read.check()
+    # (read.check raised for any that failed)
+    assert head is not None and endpoint is not None and prompts is not None and workload is not None
+    assert arms is not None and emulator is not None and model is not None and metrics is not None
+    scenario = Scenario(
+        schema_version=head[0],
+        name=head[1],
+        description=head[2],
+        endpoint=endpoint,
+        prompts=prompts,
+        workload=workload,
+        arms=arms,
+        emulator=emulator,
+        model=model,
+        reference=reference,
+        traffic=traffic,
+        metrics=metrics,
+        slo=slo,
+        engine=engine,
+        distributed=distributed,
+        gate=gate,
+        path=file,
+        raw=data,
+    )
+    check_lengths(scenario, Context.of(scenario))
+    scenario.workload.check(scenario)
+    return scenario
+
+
+SECTIONS = (
+    "schema_version",
+    "name",
+    "description",
+    "endpoint",
+    "prompts",
+    "workload",
+    "arms",
+    "emulator",
+    "model",
+    "reference",
+    "traffic",
+    "metrics",
+    "slo",
+    "engine",
+    "distributed",
+    "gate",
+)
+
+
+def _head(top: Table) -> tuple[int, str, str]:
     version = top.integer("schema_version", required=True, what=f"the schema version ({SCHEMA_VERSION})")
     if version != SCHEMA_VERSION:
         top.fail("schema_version", f"expected {SCHEMA_VERSION} (the only version this kvbench reads)", version)
     name = top.text("name", required=True)
     if not _NAME_RE.match(name):
         top.fail("name", "expected letters, digits, '.', '_' or '-' (it names the results folder)", name)
-    engine = _engine(top.sub("engine")) if top.has("engine") else None
-    scenario = Scenario(
-        schema_version=version,
-        name=name,
-        description=top.text("description", ""),
-        endpoint=_endpoint(top.sub("endpoint")),
-        prompts=_prompts(top.sub("prompts")),
-        workload=kinds.parse(top.sub("workload")),
-        arms=_arms(top, file, engine),
-        emulator=_emulator(top.sub("emulator")),
-        model=_model(top.sub("model")),
-        reference=_reference(top.sub("reference")) if top.has("reference") else None,
-        traffic=_traffic(top.sub("traffic")) if top.has("traffic") else None,
-        metrics=_metrics(top.sub("metrics")),
-        slo=_slo(top.sub("slo")) if top.has("slo") else None,
-        engine=engine,
-        distributed=_distributed(top.sub("distributed")) if top.has("distributed") else None,
-        gate=_gate(top, file),
-        path=file,
-        raw=data,
-    )
-    top.done()
-    check_lengths(scenario, Context.of(scenario))
-    scenario.workload.check(scenario)
-    return scenario
+    return version, name, top.text("description", "")
 
 
 def _endpoint(t: Table) -> EndpointCfg:

@@ -12,10 +12,13 @@ import difflib
 import json
 import math
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from harness.core.errors import InputError, read_input
+
+T = TypeVar("T")
 
 
 def describe(value: Any) -> str:
@@ -54,6 +57,11 @@ class Table:
 
     def has(self, k: str) -> bool:
         return k in self.data
+
+    def known(self, *keys: str) -> None:
+        """These keys are this table's, read or not (a section skipped after an error elsewhere):
+        `done` does not call them unknown."""
+        self.used.update(keys)
 
     def required(self, k: str, what: str) -> Any:
         if k not in self.data:
@@ -131,6 +139,30 @@ class Table:
             hint = f"did you mean {close[0]!r}? " if close else ""
             known = ", ".join(sorted(self.used))
             raise InputError(f"{self.file}: {self.key(unknown[0])}: unknown key ({hint}known here: {known})")
+
+
+class Collect:
+    """Reads a file's sections one by one, keeping each one's first error and going on to the
+    next, so that a file with several mistakes is told of all its sections' at once."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.errors: list[str] = []
+
+    def __call__(self, read: Callable[..., T], *args: Any) -> T | None:
+        """`read(*args)`, or None with its InputError kept."""
+        try:
+            return read(*args)
+        except InputError as e:
+            self.errors.append(str(e))
+            return None
+
+    def check(self) -> None:
+        """Raise the errors kept: one as it was, several as one InputError listing each."""
+        if len(self.errors) == 1:
+            raise InputError(self.errors[0])
+        if self.errors:
+            raise InputError(f"{self.file}: {len(self.errors)} errors:\n" + "\n".join(f"  {e}" for e in self.errors))
 
 
 def size(t: Table, k: str, default: int) -> int:
