@@ -287,6 +287,20 @@ def test_the_shipped_sizing_files_validate_and_the_redbooks_one_sweeps_g4_from_5
     assert [(t.name, t.scope) for t in spec.tiers] == [("G1", "worker"), ("G2", "node"), ("G4", "cluster")]
 
 
+def test_a_sizing_files_mistakes_are_all_told_at_once(tmp_path: Path) -> None:
+    f = sizing_file(tmp_path, '[[tiers]]\nname = "G9"\nscope = "worker"\ncapacity = 1\n[clustre]\nx = 1')
+    f.write_text(f.read_text().replace("workers = 1", "workers = 0").replace("block_tokens = 16", "block_tokens = 0"))
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and f"{f}: 4 errors:" in r.stderr, r.stderr
+    for key in (
+        "workload.block_tokens",
+        "cluster.workers",
+        "tiers[0].name",
+        "clustre: unknown key (did you mean 'cluster'?",
+    ):
+        assert f"{f}: {key}" in r.stderr, key
+
+
 def test_a_sizing_file_without_tiers_is_refused(tmp_path: Path) -> None:
     f = sizing_file(tmp_path, "")
     r = kvbench("size", str(f), "--out", str(tmp_path / "out"))

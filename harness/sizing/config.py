@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harness.config.scenario import Slo
-from harness.config.tables import Table, read_toml, size
+from harness.config.tables import Collect, Table, read_toml, size
 from harness.core.errors import InputError
 from harness.sizing.routing import ROUTINGS
 from harness.sizing.tiers import SCOPES
@@ -147,46 +147,32 @@ class SizingSpec:
 
 
 def read(path: Path) -> SizingSpec:
-    """SIZING.toml, or an InputError naming the file and key."""
+    """SIZING.toml, or an InputError naming the file and key (each section's first mistake, all
+    sections at once: config/tables.Collect)."""
     data = read_toml(path, "the sizing file")
     top = Table(str(path), "", data)
-    version = top.integer("schema_version", required=True, what=f"the schema version ({SCHEMA_VERSION})")
-    if version != SCHEMA_VERSION:
-        top.fail("schema_version", f"expected {SCHEMA_VERSION}", version)
-    name = top.text("name", required=True)
-    if not name.strip() or "/" in name or name.startswith("."):
-        top.fail("name", "expected a name for the result folder (no '/', not starting with '.')", name)
-    workload = _workload(top.sub("workload"), path)
-    model = top.sub("model")
-    kv = model.integer("kv_bytes_per_token", None, minimum=1, what="an integer number of bytes")
-    model.done()
+    top.known(*SECTIONS)
+    read = Collect(str(path))
+    name = read(_head, top)
+    workload = read(_workload, top.sub("workload"), path)
+    kv = read(_model, top.sub("model"))
     cluster = top.sub("cluster")
-    workers = _swept(
-        cluster,
-        "workers",
-        lambda t, k: t.integer(k, required=True, minimum=1, what="an integer number of workers (GPUs)"),
-    )
-    per_node = cluster.integer("workers_per_node", 1, minimum=1, what="an integer number of workers")
-    if any(n % per_node for n in workers):
-        cluster.fail("workers_per_node", f"expected a divisor of workers ({', '.join(map(str, workers))})", per_node)
-    routing = cluster.text("routing", ROUTINGS[0], ROUTINGS)
-    engine = _engine(top.sub("engine"))
-    tiers = _tiers(top, path)
+    nodes = read(_cluster, cluster)
+    engine = read(_engine, top.sub("engine"))
+    tiers = read(_tiers, top, path)
+    slo = read(_slo, top.sub("slo"))
+    bin_s = read(top.number, "bandwidth_bin_s", BANDWIDTH_BIN_S, None, True)
+    gate = read(_gate, top)
+    read(top.done)
+    read.check()
+    assert name is not None and workload is not None and nodes is not None and engine is not None
+    assert tiers is not None and slo is not None and bin_s is not None  # (read.check)
+    workers, per_node, routing = nodes
     if routing == "prefix" and not any(t.scope == "worker" for t in tiers):
         cluster.fail(
             "routing", 'expected a tier of scope = "worker" with it (the router matches the device cache)', routing
         )
-    cluster.done()
-    slo = top.sub("slo")
-    ttft = slo.number("ttft_s", 0.0, positive=True) if slo.has("ttft_s") else None
-    share = slo.number("share", Slo.share, positive=True, maximum=1.0)
-    slo.done()
-    bin_s = top.number("bandwidth_bin_s", BANDWIDTH_BIN_S, positive=True)
-    gate = top.get("gate")
-    if gate is not None and not isinstance(gate, dict):
-        top.fail("gate", "expected a table of rules ([gate.thresholds])", gate)
-    top.done()
-    spec = SizingSpec(path, name, workload, kv, workers, per_node, routing, engine, tiers, ttft, share, bin_s, gate)
+    spec = SizingSpec(path, name, workload, kv, workers, per_node, routing, engine, tiers, *slo, bin_s, gate)
     n = math.prod(len(v) for v in (workers, *(x for t in tiers for x in (t.capacities, t.bandwidths))))
     if n > MAX_CONFIGURATIONS:
         raise InputError(
@@ -194,6 +180,65 @@ def read(path: Path) -> SizingSpec:
             "(size a coarse sweep first, then a finer one around what it finds)"
         )
     return spec
+
+
+# Every top-level key of a sizing file
+SECTIONS = (
+    "schema_version",
+    "name",
+    "workload",
+    "model",
+    "cluster",
+    "engine",
+    "tiers",
+    "slo",
+    "bandwidth_bin_s",
+    "gate",
+)
+
+
+def _head(top: Table) -> str:
+    version = top.integer("schema_version", required=True, what=f"the schema version ({SCHEMA_VERSION})")
+    if version != SCHEMA_VERSION:
+        top.fail("schema_version", f"expected {SCHEMA_VERSION}", version)
+    name: str = top.text("name", required=True)
+    if not name.strip() or "/" in name or name.startswith("."):
+        top.fail("name", "expected a name for the result folder (no '/', not starting with '.')", name)
+    return name
+
+
+def _model(t: Table) -> int | None:
+    kv = t.integer("kv_bytes_per_token", None, minimum=1, what="an integer number of bytes")
+    t.done()
+    return kv
+
+
+def _cluster(t: Table) -> tuple[tuple[int, ...], int, str]:
+    """workers (a sweep maybe), workers per node, routing; `done` is the caller's (routing is
+    checked against the tiers)."""
+    workers = _swept(
+        t, "workers", lambda t, k: t.integer(k, required=True, minimum=1, what="an integer number of workers (GPUs)")
+    )
+    per_node = t.integer("workers_per_node", 1, minimum=1, what="an integer number of workers")
+    if any(n % per_node for n in workers):
+        t.fail("workers_per_node", f"expected a divisor of workers ({', '.join(map(str, workers))})", per_node)
+    routing = t.text("routing", ROUTINGS[0], ROUTINGS)
+    t.done()
+    return workers, per_node, routing
+
+
+def _slo(t: Table) -> tuple[float | None, float]:
+    ttft = t.number("ttft_s", 0.0, positive=True) if t.has("ttft_s") else None
+    share = t.number("share", Slo.share, positive=True, maximum=1.0)
+    t.done()
+    return ttft, share
+
+
+def _gate(top: Table) -> dict[str, Any] | None:
+    gate = top.get("gate")
+    if gate is not None and not isinstance(gate, dict):
+        top.fail("gate", "expected a table of rules ([gate.thresholds])", gate)
+    return gate
 
 
 def _workload(t: Table, path: Path) -> WorkloadSpec:
