@@ -269,7 +269,7 @@ def _one(c: dict[str, Any], console: Console) -> None:
             human_bandwidth(bw["p99"]),
             "-" if knee is None else human_size(knee),
         )
-    console.print(t)
+    Console(file=console.file, width=max(120, console.width)).print(t)  # (a row a line)
     ttft, r = f["ttft_s"], f["recompute_ttft_s"]
     console.print(
         f"TTFT p50 {ttft['p50']:.3f} s, p99 {ttft['p99']:.3f} s (recomputing every prompt: p50 {r['p50']:.3f} s, "
