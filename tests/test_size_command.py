@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -432,16 +433,16 @@ max_tokens = 2
 [workload]
 kind = "trace"
 path = "{trace}"
-concurrency = 1
 [[arms]]
 name = "cached"
 [emulator]
 profile = "tiered"
-time_scale = 50.0
+time_scale = 10.0
 capacity_blocks = {{ G1 = 2000, G2 = 8000 }}
 """
 # The emulator's tiered profile as a sizing file sees it: its G1 and G2 of the live run (2,000 and
-# 8,000 blocks of 16 tokens at 73,728 bytes a token), its G4 that holds everything
+# 8,000 blocks of 16 tokens at 73,728 bytes a token) and their timing, its G4 that holds
+# everything at the paper-fitted bandwidth and latency, its engine's cost model
 SIZED_LIVE = """
 [[tiers]]
 name = "G1"
@@ -451,25 +452,33 @@ capacity = 2359296000
 name = "G2"
 scope = "worker"
 capacity = 9437184000
-read_bandwidth = "50GB/s"
+read_bandwidth = {g2_bw}
+latency_s = {g2_latency}
 [[tiers]]
 name = "G4"
 scope = "cluster"
 capacity = "500TB"
-read_bandwidth = "20GB/s"
+read_bandwidth = {g4_bw}
+latency_s = {g4_latency}
 """
 # How far a tier's predicted share may be from the live one: measured 2.4 points at most (G1
 # 45.7 % predicted against 43.3 % live, G2 20.8 % against 22.8 %, G4 0.1 % against 0.5 %; the
 # emulator keeps 16-token blocks where the trace's are 512)
 LIVE_TOLERANCE = 0.03
+# The predicted TTFT median against the live one (the issue's bound): measured 0.045 s against
+# 0.043 s, 4 % (the p99, 0.188 s against 0.232 s, is not held to it: the live tail has the
+# client's and the emulator's own delays)
+LIVE_TTFT_TOLERANCE = 0.10
 
 
 @pytest.mark.slow
 def test_predicted_tier_shares_match_the_emulators_tiered_profile_live(tmp_path: Path) -> None:
-    """The shipped Mooncake sample replayed live, one request at a time, against the emulator's
-    `tiered` profile with a small G1 and G2, then sized with the same tiers on one worker: the
-    tokens served from cache are the same in all, and each tier's share is within LIVE_TOLERANCE
-    of what the emulator's own counters say it served."""
+    """The shipped Mooncake sample replayed live at its timestamps against the emulator's
+    `tiered` profile with a small G1 and G2, then sized with the same tiers and timing on one
+    worker: the tokens served from cache are the same, each tier's share is within
+    LIVE_TOLERANCE of what the emulator's own counters say it served, and the TTFT median within
+    LIVE_TTFT_TOLERANCE of the one measured."""
+    from harness.emulator.profiles import profiles
     from tests.conftest import arm_folders, write_scenario
 
     trace = ROOT / "scenarios" / "traces" / "mooncake-sample.jsonl"
@@ -480,15 +489,23 @@ def test_predicted_tier_shares_match_the_emulators_tiered_profile_live(tmp_path:
     live = json.loads((folder / "metrics.json").read_text())["phases"]["run"]["mapped"]["tier_hit_tokens"]
     prompt = sum(json.loads(x)["prompt_tokens"] for x in (folder / "requests.jsonl").read_text().splitlines())
 
-    f = sizing_file(tmp_path, SIZED_LIVE, trace=trace.read_text())
-    f.write_text(
-        f.read_text()
-        .replace("block_tokens = 16\n", "")
-        .replace("kv_bytes_per_token = 1000", "kv_bytes_per_token = 73728")
+    g2, g4 = profiles()["tiered"].tiers[1:]
+    tiers = SIZED_LIVE.format(
+        g2_bw=g2.read_bytes_per_s, g2_latency=g2.latency_s, g4_bw=g4.read_bytes_per_s, g4_latency=g4.latency_s
     )
+    text = sizing_file(tmp_path, tiers, trace=trace.read_text()).read_text()
+    text = text.replace("block_tokens = 16\n", "").replace("kv_bytes_per_token = 1000", "kv_bytes_per_token = 73728")
+    engine = text[text.index("[engine]") : text.index("[[tiers]]")]  # the emulator's cost model instead
+    f = tmp_path / "s.toml"
+    f.write_text(text.replace(engine, '[engine]\nprofile = "tiered"\n'))
     got = size(tmp_path, f)["configurations"][0]["figures"]
     assert got["prompt_tokens"] == prompt
     predicted = {t["name"]: t["served_tokens"] for t in got["tiers"]}
     assert sum(predicted.values()) == sum(live.values())  # what any cache could serve: the same
     for tier in ("G1", "G2", "G4"):
         assert abs(predicted[tier] - live[tier]) / prompt <= LIVE_TOLERANCE, (tier, predicted, live)
+    # the live TTFTs less what the emulator says it ran late against its own model (a busy machine
+    # delays it; what is compared is the model the emulator served, with the client's own time)
+    records = [json.loads(x) for x in (folder / "requests.jsonl").read_text().splitlines()]
+    measured = statistics.median(r["ttft_s"] - (r.get("emulator_late_s") or 0.0) for r in records)
+    assert abs(got["ttft_s"]["p50"] / measured - 1) <= LIVE_TTFT_TOLERANCE, (got["ttft_s"], measured)
