@@ -191,7 +191,11 @@ def export(
     ],
     fmt: Annotated[str, typer.Option("--format", help="csv, parquet (kvbench[parquet]) or jsonl.")] = "csv",
     table: Annotated[
-        str, typer.Option(help="requests (one row each), summary (one per arm and rate) or by_length (sweeps).")
+        str,
+        typer.Option(
+            help="requests (one row each), summary (one per arm and rate), by_length (sweeps), "
+            "or configurations (a `kvbench size` result's, one row each)."
+        ),
     ] = "requests",
     output: Annotated[Path | None, typer.Option("-o", "--output", help="File to write (default: stdout).")] = None,
 ) -> int:

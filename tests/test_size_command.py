@@ -509,3 +509,22 @@ def test_predicted_tier_shares_match_the_emulators_tiered_profile_live(tmp_path:
     records = [json.loads(x) for x in (folder / "requests.jsonl").read_text().splitlines()]
     measured = statistics.median(r["ttft_s"] - (r.get("emulator_late_s") or 0.0) for r in records)
     assert abs(got["ttft_s"]["p50"] / measured - 1) <= LIVE_TTFT_TOLERANCE, (got["ttft_s"], measured)
+
+
+def test_export_gives_a_sizings_configurations_as_a_table(tmp_path: Path) -> None:
+    """`kvbench export SIZING --table configurations`: a row per configuration, as
+    configurations.csv has them, in any format; a run's folder has none (exit 2)."""
+    import pandas as pd
+
+    size(tmp_path, sizing_file(tmp_path, SWEEP))
+    folder = next((tmp_path / "out").glob("*/*"))
+    for fmt in ("csv", "jsonl"):
+        out = tmp_path / f"c.{fmt}"
+        r = cli("export", str(folder.parent), "--table", "configurations", "--format", fmt, "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        got = pd.read_csv(out) if fmt == "csv" else pd.read_json(out, lines=True)
+        assert len(got) == 6 and bool(got["simulated"].all()) and set(got["sizing"]) == {"hand"}
+    written = pd.read_csv(folder / "configurations.csv")
+    assert got["G1_share"].tolist() == written["G1_share"].tolist()
+    r = cli("export", str(ROOT / "tests" / "golden" / "runs" / "smoke"), "--table", "configurations")
+    assert r.returncode == 2 and "only `kvbench size` results have them" in r.stderr, r.stderr

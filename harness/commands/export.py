@@ -15,8 +15,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FORMATS = ("csv", "parquet", "jsonl")
-TABLES = ("requests", "summary", "by_length")
-EMPTY_WHY = {"by_length": " (per prompt length: only runs of a kind that sweeps lengths, such as `sweep`, have them)"}
+TABLES = ("requests", "summary", "by_length", "configurations")
+EMPTY_WHY = {
+    "by_length": " (per prompt length: only runs of a kind that sweeps lengths, such as `sweep`, have them)",
+    "configurations": " (only `kvbench size` results have them)",
+}
 
 
 def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
@@ -34,16 +37,19 @@ def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
         raise InputError("--format parquet: give the file to write with -o (Parquet is binary)")
     if fmt == "parquet":
         _need_pyarrow()
-    if table == "requests":  # streamed: a day-long run's table in bounded memory
-        runs = frames.load_meta(results)
-        batches = frames.request_batches(runs.runs, BATCH_RECORDS)
-    else:
-        runs = frames.load(results)
-        batches = iter([getattr(runs, table)()])
     empty = f"--table {table}: no rows in {', '.join(map(str, results))}" + EMPTY_WHY.get(table, "")
-    write_table(batches, fmt, output, empty)
-    if warning := skipped_warning(runs.runs):
-        stderr_console().print(f"[yellow]warning:[/] {escape(warning)}")
+    if table == "configurations":  # a sizing's
+        write_table(iter([configurations(results)]), fmt, output, empty)
+    else:
+        if table == "requests":  # streamed: a day-long run's table in bounded memory
+            runs = frames.load_meta(results)
+            batches = frames.request_batches(runs.runs, BATCH_RECORDS)
+        else:
+            runs = frames.load(results)
+            batches = iter([getattr(runs, table)()])
+        write_table(batches, fmt, output, empty)
+        if warning := skipped_warning(runs.runs):
+            stderr_console().print(f"[yellow]warning:[/] {escape(warning)}")
     if output is not None:
         print(output)
     return ExitCode.OK
@@ -86,6 +92,26 @@ def _write_to(batches: Iterator[pd.DataFrame], fmt: str, out: IO[str] | None, pa
             writer.close()
     if not rows:
         raise InputError(empty)
+
+
+def configurations(results: list[Path]) -> pd.DataFrame:
+    """`kvbench size` results: a row per configuration (as configurations.csv: its values in bytes
+    and bytes/s, each tier's share, read bandwidth and knee, TTFT both ways, the SLO figures),
+    after the sizing's name and folder; every figure simulated."""
+    import pandas as pd
+
+    from harness.sizing import result as sizing
+
+    out = []
+    for path in results:
+        if not path.exists():
+            raise InputError(f"{path}: no such result folder")
+        for folder in sizing.folders(path):
+            s = sizing.read(folder)
+            out += [
+                {"sizing": s.doc.get("name"), "folder": str(folder), "simulated": True, **r} for r in sizing.rows(s)
+            ]
+    return pd.DataFrame(out)
 
 
 # A text cell that starts with one of these is a formula to a spreadsheet (OWASP's CSV injection)

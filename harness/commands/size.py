@@ -25,7 +25,7 @@ from harness.core.units import human_bandwidth, human_size
 from harness.gate.rules import parse_rules
 from harness.inputs import traces
 from harness.results import utc_stamp, versions
-from harness.sizing import config
+from harness.sizing import config, result
 from harness.sizing.fleet import CAPACITY_STEPS, Plan, TierPlan, Workload, from_trace, size
 from harness.sizing.simulate import Cost, Tier
 from harness.sizing.tiers import Fleet
@@ -165,59 +165,14 @@ def _write(folder: Path, doc: dict[str, Any]) -> None:
     with replaced(folder / "sizing.json") as tmp:
         tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     with replaced(folder / "configurations.csv") as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
-        rows = [_row(c) for c in doc["configurations"]]
+        rows = [result.row(c) for c in doc["configurations"]]
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["workers"])
         writer.writeheader()
         writer.writerows(rows)
 
 
-def _row(c: dict[str, Any]) -> dict[str, Any]:
-    """A configuration as one row of configurations.csv: its values (bytes, bytes/s) and figures."""
-    f = c["figures"]
-    row: dict[str, Any] = {"workers": c["workers"]}
-    for t, got in zip(c["tiers"], f["tiers"], strict=True):
-        n = t["name"]
-        bw = got["read_bytes_per_s"]
-        row |= {
-            f"{n}_capacity_bytes": t["capacity_bytes"],
-            f"{n}_read_bandwidth": t["read_bandwidth"],
-            f"{n}_share": got["share"],
-            f"{n}_read_mean": bw["mean"],
-            f"{n}_read_p99": bw["p99"],
-            f"{n}_read_max": bw["max"],
-            f"{n}_knee_bytes": _knee_bytes(t, got),
-        }
-    for k in ("ttft_s", "recompute_ttft_s"):
-        row |= {f"{k}_{q}": f[k][q] for q in ("p50", "p90", "p99")}
-    row |= {k: f[k] for k in ("prefill_gpu_s", "recompute_prefill_gpu_s", "computed_tokens")}
-    if (slo := f["slo"]) is not None:
-        row |= {
-            "slo_within": slo["cached"]["within"],
-            "slo_within_recompute": slo["recompute"]["within"],
-            "slo_capacity_speedup": slo["cached"]["capacity_speedup"],
-            "slo_capacity_speedup_recompute": slo["recompute"]["capacity_speedup"],
-            "slo_capacity_ratio": slo["capacity_ratio"],
-        }
-    return row
-
-
-def _knee_bytes(tier: dict[str, Any], got: dict[str, Any]) -> float | None:
-    knee = got["curve"]["knee_blocks"]
-    if knee is None or not tier["capacity_blocks"]:
-        return None
-    return float(knee * tier["capacity_bytes"] / tier["capacity_blocks"])
-
-
 def _label(c: config.Configuration) -> str:
-    return ", ".join(f"{k} {_value(k, v)}" for k, v in c.swept) or "the configuration"
-
-
-def _value(key: str, v: float | None) -> str:
-    if key.endswith("read_bandwidth"):
-        return "free" if v is None else human_bandwidth(v)
-    if key.endswith("capacity"):
-        return human_size(v or 0)
-    return f"{v:g}" if v is not None else "-"
+    return ", ".join(f"{k} {result.value(k, v)}" for k, v in c.swept) or "the configuration"
 
 
 def _engine(spec: config.SizingSpec) -> tuple[Cost, int, str]:
@@ -258,7 +213,7 @@ def _one(c: dict[str, Any], console: Console) -> None:
     t = Table("tier", "scope", "instances", "capacity", "share of prompt tokens", "read mean", "read p99", "knee")
     for tier, spec in zip(f["tiers"], c["tiers"], strict=True):
         bw = tier["read_bytes_per_s"]
-        knee = _knee_bytes(spec, tier)
+        knee = result.knee_bytes(spec, tier)
         t.add_row(
             tier["name"],
             tier["scope"],
@@ -305,7 +260,7 @@ def _sweep(doc: dict[str, Any], console: Console) -> None:
     )
     for c in configurations:
         f = c["figures"]
-        cells = [_value(k, c["swept"].get(k)) for k in doc["swept"]]
+        cells = [result.value(k, c["swept"].get(k)) for k in doc["swept"]]
         cells += [f"{x['share']:.1%}" for x in f["tiers"]]
         cells += [human_bandwidth(x["read_bytes_per_s"]["p99"]) for x in f["tiers"]]
         cells += [f"{f['ttft_s']['p50']:.3f} s", f"{f['ttft_s']['p99']:.3f} s"]

@@ -16,7 +16,7 @@ from harness.core.errors import InputError, write_file
 from harness.core.units import human_bandwidth, human_size
 from harness.report import plots
 from harness.report.build import base, environment
-from harness.sizing.result import SIZING, Sizing, value
+from harness.sizing.result import SIZING, Sizing, knee_bytes, value
 
 
 def context(results: list[Sizing]) -> dict[str, Any]:
@@ -121,15 +121,14 @@ def _curves(c: dict[str, Any]) -> str:
 def _knees(c: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for spec, t in zip(c["tiers"], c["figures"]["tiers"], strict=True):
-        knee = t["curve"]["knee_blocks"]
-        per_block = spec["capacity_bytes"] / spec["capacity_blocks"] if spec["capacity_blocks"] else None
+        knee = knee_bytes(spec, t)
         out.append(
             {
                 "name": spec["name"],
                 "scope": spec["scope"],
                 "capacity": human_size(spec["capacity_bytes"]),
-                "knee": "-" if knee is None or per_block is None else human_size(knee * per_block),
-                "beyond": knee is not None and per_block is not None and knee < spec["capacity_blocks"],
+                "knee": "-" if knee is None else human_size(knee),
+                "beyond": knee is not None and knee < spec["capacity_bytes"],
             }
         )
     return out

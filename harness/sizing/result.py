@@ -90,6 +90,54 @@ def gate_values(s: Sizing) -> dict[str, dict[str, float]]:
     return out
 
 
+def rows(s: Sizing) -> list[dict[str, Any]]:
+    """Each configuration of a sizing result as `row` makes it."""
+    try:
+        return [row(c) for c in s.doc["configurations"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InputError(f"{s.folder / SIZING}: a field is missing or not what kvbench writes ({e!r})") from None
+
+
+def row(c: dict[str, Any]) -> dict[str, Any]:
+    """A configuration as one row (configurations.csv, `kvbench export --table configurations`):
+    its values (bytes, bytes/s) and figures."""
+    f = c["figures"]
+    row: dict[str, Any] = {"workers": c["workers"]}
+    for t, got in zip(c["tiers"], f["tiers"], strict=True):
+        n = t["name"]
+        bw = got["read_bytes_per_s"]
+        row |= {
+            f"{n}_capacity_bytes": t["capacity_bytes"],
+            f"{n}_read_bandwidth": t["read_bandwidth"],
+            f"{n}_share": got["share"],
+            f"{n}_read_mean": bw["mean"],
+            f"{n}_read_p99": bw["p99"],
+            f"{n}_read_max": bw["max"],
+            f"{n}_knee_bytes": knee_bytes(t, got),
+        }
+    for k in ("ttft_s", "recompute_ttft_s"):
+        row |= {f"{k}_{q}": f[k][q] for q in ("p50", "p90", "p99")}
+    row |= {k: f[k] for k in ("prefill_gpu_s", "recompute_prefill_gpu_s", "computed_tokens")}
+    if (slo := f["slo"]) is not None:
+        row |= {
+            "slo_within": slo["cached"]["within"],
+            "slo_within_recompute": slo["recompute"]["within"],
+            "slo_capacity_speedup": slo["cached"]["capacity_speedup"],
+            "slo_capacity_speedup_recompute": slo["recompute"]["capacity_speedup"],
+            "slo_capacity_ratio": slo["capacity_ratio"],
+        }
+    return row
+
+
+def knee_bytes(tier: dict[str, Any], got: dict[str, Any]) -> float | None:
+    """Where a tier's own share stops growing for good, in bytes of each instance (None: past the
+    curve's 16x)."""
+    knee = got["curve"]["knee_blocks"]
+    if knee is None or not tier["capacity_blocks"]:
+        return None
+    return float(knee * tier["capacity_bytes"] / tier["capacity_blocks"])
+
+
 def value(key: str, v: Any) -> str:
     """A swept value as people write it."""
     if key.endswith("read_bandwidth"):
