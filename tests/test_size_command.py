@@ -437,7 +437,7 @@ path = "{trace}"
 name = "cached"
 [emulator]
 profile = "tiered"
-time_scale = 10.0
+time_scale = 4.0
 capacity_blocks = {{ G1 = 2000, G2 = 8000 }}
 """
 # The emulator's tiered profile as a sizing file sees it: its G1 and G2 of the live run (2,000 and
@@ -467,7 +467,9 @@ latency_s = {g4_latency}
 LIVE_TOLERANCE = 0.03
 # The predicted TTFT median against the live one (the issue's bound): measured 0.045 s against
 # 0.043 s, 4 % (the p99, 0.188 s against 0.232 s, is not held to it: the live tail has the
-# client's and the emulator's own delays)
+# client's and the emulator's own delays). The emulator runs at time scale 4, not faster: a
+# millisecond the busy machine adds is that many model milliseconds (at 10, 11 % under the whole
+# suite; at 4, within 10 % beside two busy loops on this 2-core VM)
 LIVE_TTFT_TOLERANCE = 0.10
 
 

@@ -90,8 +90,8 @@ def main(file: Path, out: Path, console: Console, processes: int = 1) -> int:
                 if len(configurations) > 1:
                     console.print(f"  {len(done)}/{len(configurations)}: {_label(configurations[i])}", markup=False)
         doc["status"] = "completed"
-    except KeyboardInterrupt:
-        doc["status"] = "interrupted"
+    except BaseException as e:  # what was sized is kept, and said to be all there is
+        doc["status"] = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
         raise
     finally:
         doc["configurations"] = [done[i] for i in sorted(done)]

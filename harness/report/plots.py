@@ -296,13 +296,13 @@ def capacity_curves(tiers: Sequence[dict[str, Any]]) -> str:
 
 
 def against(
-    x: Sequence[float], series: Sequence[tuple[str, Sequence[float | None]]], xlabel: str, ylabel: str, log_x: bool
+    series: Sequence[tuple[str, Sequence[tuple[float, float | None]]]], xlabel: str, ylabel: str, log_x: bool
 ) -> str:
-    """series: (label, y for each x; None where there is no figure) against x."""
+    """series: (label, its (x, y) points; y None where there is no figure)."""
     fig = _fig(f"against-{ylabel}")
     ax = fig.add_subplot()
-    for i, (label, ys) in enumerate(series):
-        pts = [(a, b) for a, b in zip(x, ys, strict=True) if b is not None]
+    for i, (label, points) in enumerate(series):
+        pts = [(a, b) for a, b in points if b is not None]
         ax.plot([a for a, _ in pts], [b for _, b in pts], label=shown(label), **style(i))
     if log_x:
         ax.set_xscale("log")

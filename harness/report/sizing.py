@@ -138,7 +138,7 @@ def _against(configurations: list[dict[str, Any]], swept: list[str]) -> dict[str
     """TTFT and the SLO capacity ratio against the swept key that matters most (a shared tier's
     read bandwidth, else the first swept), a line per combination of the other swept values."""
     numeric = [k for k in swept if all(c["swept"].get(k) is not None for c in configurations)]
-    if not numeric:
+    if not numeric or len(configurations) < 2:
         return None
     x_key = next((k for k in numeric if k.endswith("read_bandwidth")), numeric[0])
     others = [k for k in swept if k != x_key]
@@ -148,26 +148,22 @@ def _against(configurations: list[dict[str, Any]], swept: list[str]) -> dict[str
         lines.setdefault(label, []).append(c)
     scale = 1e9 if x_key.endswith(("read_bandwidth", "capacity")) else 1.0
     unit = {"read_bandwidth": " (GB/s)", "capacity": " (GB)"}.get(x_key.rsplit(".", 1)[-1], "")
-    ttft_series: list[tuple[str, list[float | None]]] = []
-    ratio_series: list[tuple[str, list[float | None]]] = []
-    xs: list[float] = []
-    for label, cs in lines.items():
+    ttft: list[tuple[str, list[tuple[float, float | None]]]] = []
+    ratio: list[tuple[str, list[tuple[float, float | None]]]] = []
+    for label, cs in lines.items():  # (an interrupted sweep's lines may have fewer points)
         cs = sorted(cs, key=lambda c: c["swept"][x_key])
         xs = [c["swept"][x_key] / scale for c in cs]
         for q in ("p50", "p99"):
-            ttft_series.append((f"{label} {q}" if others else f"TTFT {q}", [c["figures"]["ttft_s"][q] for c in cs]))
+            points = list(zip(xs, [c["figures"]["ttft_s"][q] for c in cs], strict=True))
+            ttft.append((f"{label} {q}" if others else f"TTFT {q}", points))
         if cs[0]["figures"]["slo"] is not None:
             name = label if others else "SLO capacity vs recomputing"
-            ratio_series.append((name, [c["figures"]["slo"]["capacity_ratio"] for c in cs]))
-    if len(lines) > 1:  # the x values differ per line only when the file's lists do: they do not
-        xs = sorted({c["swept"][x_key] / scale for c in configurations})
+            ratio.append((name, list(zip(xs, [c["figures"]["slo"]["capacity_ratio"] for c in cs], strict=True))))
     xlabel = x_key + unit
     return {
         "key": x_key,
-        "ttft": Markup(plots.against(xs, ttft_series, xlabel, "simulated TTFT (s)", log_x=True)),
-        "ratio": Markup(plots.against(xs, ratio_series, xlabel, "SLO capacity / recomputing's", log_x=True))
-        if ratio_series
-        else None,
+        "ttft": Markup(plots.against(ttft, xlabel, "simulated TTFT (s)", log_x=True)),
+        "ratio": Markup(plots.against(ratio, xlabel, "SLO capacity / recomputing's", log_x=True)) if ratio else None,
     }
 
 
