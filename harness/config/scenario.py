@@ -525,7 +525,7 @@ def _emulator(t: Table) -> EmulatorCfg:
     return cfg
 
 
-TIER_NAMES = ("G1", "G2", "G3", "G4")
+TIER_NAMES = ("G1", "G2", "G3", "G4")  # the KV tiers by the field's names, fastest first
 
 
 def _capacities(t: Table) -> dict[str, int]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from harness.config.scenario import Slo
+from harness.config.scenario import TIER_NAMES, Slo
 from harness.config.tables import Collect, Table, read_toml, size
 from harness.core.errors import InputError
 from harness.sizing.routing import ROUTINGS
@@ -48,7 +48,6 @@ from harness.sizing.tiers import SCOPES
 T = TypeVar("T")
 
 SCHEMA_VERSION = 1
-TIER_NAMES = ("G1", "G2", "G3", "G4")  # the field's names, fastest first
 FORMATS = ("auto", "mooncake", "bailian")
 # A sweep's bounds: values of one key, and configurations in all (each is a simulation of the
 # whole trace: seconds to minutes)

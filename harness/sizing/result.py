@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.config.scenario import TIER_NAMES
 from harness.core.errors import InputError, read_input
 from harness.core.units import human_bandwidth, human_size
 
@@ -49,7 +50,7 @@ def read(folder: Path) -> Sizing:
 # What `kvbench gate` checks of each configuration of a sizing result, one value each (aggregate
 # `value`); `sized_` says they are simulated. Per tier: `sized_g1_share` ... `sized_g4_share` (the
 # share of prompt tokens it serves), `sized_g1_read_p99` ... (bytes/s).
-TIER_METRICS = tuple(f"sized_{t}_{what}" for t in ("g1", "g2", "g3", "g4") for what in ("share", "read_p99"))
+TIER_METRICS = tuple(f"sized_{t.lower()}_{what}" for t in TIER_NAMES for what in ("share", "read_p99"))
 METRICS = (
     "sized_ttft_p50_s",
     "sized_ttft_p99_s",
