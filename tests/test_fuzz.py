@@ -178,3 +178,35 @@ def test_random_cli_values_for_export_and_trace(fmt: str, table: str, value: str
         cli("export", str(GOLDEN / "smoke"), "--format", fmt, "--table", table, "-o", str(Path(tmp) / "x"))
         cli("trace", "inspect", "scenarios/traces/mooncake-sample.jsonl", "--block-tokens", value)
         cli("trace", "inspect", "scenarios/traces/mooncake-sample.jsonl", "--lru-blocks", value)
+
+
+SIZING_KEYS = ["kind", "status", "swept", "configurations", "name", "tenants", "cluster", "engine", "trace", "gate"]
+FIGURE_KEYS = ["tiers", "ttft_s", "recompute_ttft_s", "slo", "prefill_gpu_s", "recompute_prefill_gpu_s", "requests"]
+
+
+@FUZZ
+@given(
+    st.dictionaries(st.sampled_from(SIZING_KEYS), values, max_size=3),
+    st.dictionaries(st.sampled_from(["swept", "workers", "tiers", "figures"]), values, max_size=2),
+    st.dictionaries(st.sampled_from(FIGURE_KEYS), values, max_size=3),
+    st.dictionaries(st.sampled_from(["name", "share", "read_bytes_per_s", "curve", "capacity_blocks"]), values),
+)
+def test_random_sizing_results(
+    top: dict[str, Any], configuration: dict[str, Any], figures: dict[str, Any], tier: dict[str, Any]
+) -> None:
+    """A `kvbench size` result (tests/golden/sizing) with random values at its top, in a
+    configuration, its figures and a tier's: the report, the gate and the export of it end in a
+    documented exit code, never a traceback."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "s"
+        shutil.copytree(next((GOLDEN.parent / "sizing" / "hand").iterdir()), folder)
+        doc = json.loads((folder / "sizing.json").read_text())
+        c = doc["configurations"][0]
+        c["figures"]["tiers"][0].update(tier)
+        c["figures"].update(figures)
+        c.update(configuration)
+        doc.update(top)
+        (folder / "sizing.json").write_text(json.dumps(doc))
+        cli("report", str(folder), "-o", str(Path(tmp) / "r.html"))
+        cli("gate", str(folder))
+        cli("export", str(folder), "--table", "configurations", "-o", str(Path(tmp) / "c.csv"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,8 @@ def run_gate(
 
 
 def _rules(table: Any, where: str, rules_file: Path | None) -> Rules:
+    if table is not None and not isinstance(table, dict):
+        raise InputError(f"{where}: gate: expected a table of rules, got {json.dumps(table)[:40]}")
     rules = parse_rules(table, where) if table else Rules()
     if rules_file is not None:
         rules = merge(rules, load_rules_file(rules_file))
