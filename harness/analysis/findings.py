@@ -39,8 +39,8 @@ def length_bin(tokens: int | None) -> tuple[int, int] | None:
 
 
 def group_stats(records: Records, by: Sequence[str] = ("arm", "phase", "target_tokens")) -> list[dict[str, Any]]:
-    """Per group: count, errors, mean/p50/p90/p99 of each metric, and bootstrap intervals of the
-    TTFT median and mean. With more than MAX_LENGTH_GROUPS distinct lengths, `target_tokens`
+    """Per group: count, errors, mean/p50/p90/p99 of each metric, and intervals of the TTFT
+    median and mean (stats.interval). With more than MAX_LENGTH_GROUPS distinct lengths, `target_tokens`
     groups are power-of-two bins (`tokens_bin` [lo, hi], `target_tokens` None); `tokens` says
     which, as text."""
     binned = "target_tokens" in by and len({r.target_tokens for r in records}) > MAX_LENGTH_GROUPS
@@ -68,8 +68,8 @@ def group_stats(records: Records, by: Sequence[str] = ("arm", "phase", "target_t
             for name in ("mean", "p50", "p90", "p99"):
                 row[f"{m}_{name}"] = d[name]
         ttft = stats.values(g, "ttft_s")
-        for name, fn in stats.STATISTICS.items():
-            ci = stats.bootstrap_ci((ttft,), fn)
+        for name in stats.STATISTICS:
+            ci = stats.interval(ttft, name)
             row[f"ttft_s_{name}_ci_lo"], row[f"ttft_s_{name}_ci_hi"] = ci if ci else (None, None)
         rows.append(row)
     return rows

@@ -15,6 +15,10 @@ Definitions:
   that span: ramp-up and drain left out.
 - speedup at a length: median cold TTFT / median warm TTFT; its 95 % interval is a percentile
   bootstrap resampling cold and warm requests independently.
+- a group's TTFT median and mean intervals (interval): a percentile bootstrap up to
+  LARGE_SAMPLE values; above it the median's distribution-free interval from order statistics
+  (the ranks a binomial(n, 1/2) puts the 95 % bounds at) and the mean's Student's t interval,
+  which the bootstrap's converge to there, in one pass instead of 2,000 resamples.
 - steady-state req/s's 95 % interval (steady_rate_ci): batch means of the gaps between those
   completions (STEADY_BATCHES consecutive batches, Student's t over the batches' mean gaps),
   which allows for completions that come in waves, as a closed loop's do.
@@ -496,6 +500,29 @@ def _mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 STATISTICS: dict[str, Callable[..., np.ndarray]] = {"p50": _median, "mean": _mean}
+# Above this many values a group's median and mean intervals are computed, not resampled
+# (`interval`): at 2x10^5 TTFTs the bootstrap took 18 of a report's 39 s
+LARGE_SAMPLE = 20_000
+
+
+def interval(x: np.ndarray, name: str) -> tuple[float, float] | None:
+    """The CI_LEVEL interval of STATISTICS[name] ("p50" or "mean") of one sample (see the
+    module's definitions): bootstrapped up to LARGE_SAMPLE values, computed above."""
+    if len(x) <= LARGE_SAMPLE:
+        return bootstrap_ci((x,), STATISTICS[name])
+    from scipy.stats import binom, t
+
+    n = len(x)
+    if name == "mean":
+        half = float(t.ppf((1 + CI_LEVEL) / 2, n - 1) * np.std(x, ddof=1) / np.sqrt(n))
+        m = float(np.mean(x))
+        return m - half, m + half
+    # the median: [X(r), X(n - r + 1)] (ranks from 1), r the binomial(n, 1/2)'s (1 - level)/2
+    # quantile, covers it with probability at least CI_LEVEL
+    r = int(binom.ppf((1 - CI_LEVEL) / 2, n, 0.5))
+    lo, hi = max(0, r - 1), min(n - 1, n - r)
+    part = np.partition(x, (lo, hi))
+    return float(part[lo]), float(part[hi])
 
 
 def bootstrap_ci(
