@@ -135,6 +135,9 @@ class RequestRecord:
     # the embedded emulator's: how late it sent the first token against its own model, beyond the
     # loop's timer granularity (model seconds); judged per figure (stats.EMULATOR_LATE_SHARE)
     emulator_late_s: float | None = None
+    # the X-Request-Id the request was sent with (`id` is renumbered across processes; this joins
+    # a record with the server's own logs)
+    request_id: str | None = None
     # the workload kind's own fields, apart from those every kind shares: its KindRecord's
     # (`KindSpec.record`), read back typed by `TheKindsRecord.of(record)`
     kind_fields: dict[str, Scalar] | None = None
@@ -214,11 +217,12 @@ _OPTIONAL = (
     "first_token_late_s",
     "first_token_shared",
     "emulator_late_s",
+    "request_id",
     "kind_fields",
 )
 _REPEATED_TEXT = ("arm", "phase", "prompt_id", "error_kind", "warm_from", "first_token_stamp")
 _OPTIONAL_NUMBERS = ("intended_s", "held_s", "idle_s", "restore_s", "first_token_late_s", "emulator_late_s")
-_OPTIONAL_TEXT = ("warm_from", "first_token_stamp")
+_OPTIONAL_TEXT = ("warm_from", "first_token_stamp", "request_id")
 _NUMBER, _MAYBE_NUMBER, _MAYBE_INT, _MAYBE_TEXT = (
     (int, float),
     (int, float, type(None)),

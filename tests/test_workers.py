@@ -151,7 +151,11 @@ def _sending(tmp_path: Path, requests: int, emu: EmbeddedEmulator) -> tuple[subp
 
 @pytest.mark.slow
 def test_sigterm_with_workers_stops_them_and_keeps_every_answered_request(tmp_path: Path) -> None:
-    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+    """SIGTERM to a run over two worker processes: exit 130, and every request the server
+    answered (its own log of the X-Request-Ids it served to the end) is recorded once, as a
+    success, under the id it was sent with."""
+    log = tmp_path / "served.jsonl"
+    with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=log) as emu:
         proc, out = _sending(tmp_path, 400, emu)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
@@ -163,6 +167,9 @@ def test_sigterm_with_workers_stops_them_and_keeps_every_answered_request(tmp_pa
     recs = read_requests(folder)
     assert 6 <= len(recs) < 400 and len({x.schedule_index for x in recs}) == len(recs)
     assert sum(x.ok for x in recs) == served  # every answer recorded, nothing recorded twice
+    received = [json.loads(line)["request_id"] for line in log.read_text().splitlines()]
+    sent = [x.request_id for x in recs if x.ok]
+    assert len(set(sent)) == len(sent) and sorted(sent) == sorted(received) and len(received) == served
 
 
 @pytest.mark.slow

@@ -257,7 +257,7 @@ class Sender:
                 ex.resent = True
         finally:
             self.in_flight -= 1
-        record = spec.record(seq, ex, prompt, phase, **extra)
+        record = spec.record(seq, ex, prompt, phase, request_id=request_id, **extra)
         if self.scraper is not None:
             self.scraper.record(phase, before, await self.scraper.snapshot(), [record])
         self._check_length(record)
