@@ -523,9 +523,10 @@ def _dispatch_pids() -> list[int]:
     return processes_with(b"ray::Dispatch")
 
 
-def _all_answered_once(folder: Path, served: int, requests: int) -> None:
+def _all_answered_once(folder: Path, served: int, requests: int, log: Path) -> None:
     """Nothing lost, nothing twice: every scheduled request recorded once and answered, as many
-    as the server answered, and the arm's count balanced with no fault."""
+    as the server answered, each id in the server's log of what it served (`log`) a record's
+    `request_id` once, and the arm's count balanced with no fault."""
     meta = _run_json(folder)
     assert meta["status"] == "completed" and not meta["distributed"]["faults"], meta["distributed"]["faults"]
     assert meta["distributed"]["accounting"] == {
@@ -538,6 +539,8 @@ def _all_answered_once(folder: Path, served: int, requests: int) -> None:
     recs = read_requests(folder)
     assert len({(x.schedule_index, x.session, x.turn) for x in recs}) == len(recs) == requests == served
     assert all(x.ok for x in recs)
+    received = sorted(json.loads(line)["request_id"] for line in log.read_text().splitlines())
+    assert sorted(str(x.request_id) for x in recs) == received and len(set(received)) == served
 
 
 # Single-turn sessions: a session is the unit a worker asks the Dispatch for (batch_limit 1), so
@@ -569,7 +572,7 @@ def test_connection_resets_are_retried_and_lose_nothing(tmp_path: Path, cluster:
     body = loop(name, requests, 1.0) if between == "coordinator" else ASKING.format(name=name, requests=requests)
     sc = write_scenario(tmp_path / f"{name}.toml", body)
     out = tmp_path / "out"
-    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+    with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=tmp_path / "served.jsonl") as emu:
         args = ["run", str(sc), "--ray", cluster, "--endpoint", emu.base_url, "--out", str(out)]
         proc = _popen(args + (["--arm", "reuse"] if between == "coordinator" else []))
         _wait(lambda: result_lines(out) >= 6 and {0, 1, 2} <= _reported(out), proc)
@@ -587,7 +590,7 @@ def test_connection_resets_are_retried_and_lose_nothing(tmp_path: Path, cluster:
     assert resets > 0  # connections were cut
     assert proc.returncode == 0, err
     (folder,) = (out / name).iterdir()
-    _all_answered_once(folder, served, requests)
+    _all_answered_once(folder, served, requests, tmp_path / "served.jsonl")
 
 
 def test_a_paused_coordinator_blames_no_ray_worker(tmp_path: Path, cluster: str) -> None:
@@ -596,7 +599,7 @@ def test_a_paused_coordinator_blames_no_ray_worker(tmp_path: Path, cluster: str)
     meanwhile are fetched, none is declared lost, and the run completes."""
     sc = write_scenario(tmp_path / "rp.toml", loop("rp", 300, 1.0))
     out = tmp_path / "out"
-    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+    with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=tmp_path / "served.jsonl") as emu:
         proc = _run_on(cluster, sc, out, emu.base_url)
         _wait(lambda: {0, 1, 2} <= _reported(out), proc)
         pause_past_the_bound(proc, out, 300, emu.base_url)
@@ -604,7 +607,7 @@ def test_a_paused_coordinator_blames_no_ray_worker(tmp_path: Path, cluster: str)
         served = answered(emu.base_url)
     assert proc.returncode == 0, err
     (folder,) = (out / "rp").iterdir()
-    _all_answered_once(folder, served, 300)
+    _all_answered_once(folder, served, 300, tmp_path / "served.jsonl")
 
 
 def test_ctrl_c_pressed_again_and_again_through_the_teardown_exits_130_without_a_traceback(
