@@ -4,32 +4,33 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness.config.tables import read_toml
 from harness.core.errors import ExitCode
 
 
-def is_sizing_file(path: Path) -> bool:
+def is_sizing(data: dict[str, Any]) -> bool:
     """A sizing file (`kvbench size`) has [cluster] and [[tiers]]; no scenario has either."""
-    data = read_toml(path, "scenario file")
     return "cluster" in data and "tiers" in data
 
 
 def main(scenarios: list[Path]) -> int:
     from harness.commands.context import known_context
-    from harness.config.scenario import check_lengths, load
+    from harness.config.scenario import check_lengths, parse
     from harness.gate.rules import check_rules, parse_rules
     from harness.sizing import config as sizing
 
     for path in scenarios:
-        if is_sizing_file(path):
-            spec = sizing.read(path)
+        data = read_toml(path, "scenario file")  # read once, as a sizing file or a scenario
+        if is_sizing(data):
+            spec = sizing.parse(data, path)
             if spec.gate is not None:
                 parse_rules(spec.gate, str(path))
             n = len(spec.configurations())
             print(f"{path}: ok (sizing file for `kvbench size`, {n} configuration{'s' if n > 1 else ''})")
             continue
-        sc = load(path)
+        sc = parse(data, str(path))
         check_rules(sc)
         # bounded as `kvbench run FILE` would bound it: by the engine it starts, or the emulator's
         # profile, when the file names no endpoint

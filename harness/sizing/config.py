@@ -148,7 +148,11 @@ class SizingSpec:
 def read(path: Path) -> SizingSpec:
     """SIZING.toml, or an InputError naming the file and key (each section's first mistake, all
     sections at once: config/tables.Collect)."""
-    data = read_toml(path, "the sizing file")
+    return parse(read_toml(path, "the sizing file"), path)
+
+
+def parse(data: dict[str, Any], path: Path) -> SizingSpec:
+    """A sizing file's TOML as read (`path`: where it came from, for errors and relative paths)."""
     top = Table(str(path), "", data)
     top.known(*SECTIONS)
     read = Collect(str(path))
