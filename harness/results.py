@@ -14,6 +14,7 @@ The format is documented in results/README.md; `SCHEMA_VERSION` changes when it 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -293,14 +294,20 @@ class KindRecord:
         got = record.kind_fields
         if got is None:
             return None
-        hints = get_type_hints(cls)
         values = {}
-        for f in fields(cls):  # type: ignore[arg-type]
-            v = got.get(f.name)
-            if not _fits(v, hints[f.name]):
+        for name, hint in _declared(cls):  # type: ignore[arg-type]  # (a class is hashable)
+            v = got.get(name)
+            if not _fits(v, hint):
                 return None
-            values[f.name] = v
+            values[name] = v
         return cls(**values)
+
+
+@functools.cache
+def _declared(cls: type) -> tuple[tuple[str, Any], ...]:
+    """A KindRecord type's fields and their types, worked out once per type (not per record)."""
+    hints = get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in fields(cls))
 
 
 def _fits(v: Any, hint: Any) -> bool:
