@@ -15,7 +15,14 @@ from rich.markup import escape
 
 from harness import __version__
 from harness.config.scenario import EmulatorCfg
-from harness.core.errors import EXIT_CODE_TABLE, ExitCode, KvbenchError, files_error, signals_interrupt
+from harness.core.errors import (
+    EXIT_CODE_TABLE,
+    ExitCode,
+    KvbenchError,
+    files_error,
+    signals_exit_at_once,
+    signals_interrupt,
+)
 from harness.monitor.progress import stderr_console
 
 
@@ -379,4 +386,9 @@ def with_ray_value(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
-    app(args=with_ray_value(sys.argv[1:]))
+    try:
+        app(args=with_ray_value(sys.argv[1:]))
+    finally:
+        # the command is over: a Ctrl-C while Python shuts down (joining --workers' processes)
+        # ended in a KeyboardInterrupt and death by SIGINT instead of exit 130
+        signals_exit_at_once()

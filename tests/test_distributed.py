@@ -38,6 +38,7 @@ from harness.distributed.dispatch import (
 )
 from harness.distributed.messages import Alive, Ask, Ended, Go, Lost, ReadyAt, Records, Shipment, Stop, Up, Want
 from harness.distributed.raypool import RAY_BATCH_S, RayWorker, ration
+from harness.distributed.worker import HEARTBEAT_S, hold_after_s
 from harness.inputs.prompts import Prompt
 from harness.results import RequestRecord, RunWriter
 from harness.workloads.base import Plan, Sender
@@ -539,6 +540,35 @@ def test_a_worker_that_hears_nothing_from_the_coordinator_sends_nothing_new() ->
         assert await nxt == (1, 1)
 
     asyncio.run(hold())
+
+
+def test_a_stop_hands_out_nothing_more_not_even_to_a_held_worker() -> None:
+    """A stop wakes a worker the switch holds (a thawed worker, stopped by its actor when the
+    Dispatch was gone): it ends, and what it held is not sent."""
+
+    async def stopped() -> None:
+        now = [0]
+        order = FedOrder(lambda _: None, 0, [], "closed_loop", 1, 0, clock=lambda: now[0], quiet_ns=100)
+        order.arrive([(0, 0), (1, 1), (2, 2)])
+        assert await anext(order) == (0, 0)
+        now[0] = 150
+        nxt = asyncio.ensure_future(anext(order))
+        await asyncio.sleep(0)
+        order.end()
+        with pytest.raises(StopAsyncIteration):
+            await nxt
+        order.hear()
+        with pytest.raises(StopAsyncIteration):
+            await anext(order)
+
+    asyncio.run(stopped())
+
+
+@pytest.mark.parametrize("lost_after_s", [2.0, 3.0, 5.0, 60.0])
+def test_a_worker_holds_before_the_coordinator_could_declare_it_lost(lost_after_s: float) -> None:
+    """The switch trips before the coordinator's silence bound ends (a thawed worker declared
+    lost finds itself holding), and not before a heartbeat has gone by without a word."""
+    assert HEARTBEAT_S < hold_after_s(lost_after_s) < lost_after_s
 
 
 def test_a_fetch_older_than_the_bound_does_not_wake_a_lost_worker(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,7 +32,7 @@ from tests.conftest import (
     user_env,
     write_scenario,
 )
-from tests.test_workers import LOOP, answered, pause_past_the_bound
+from tests.test_workers import LOOP, accounted, answered, pause_past_the_bound, received
 
 ray = pytest.importorskip("ray")
 # A local cluster per module: the file runs on one worker (--dist loadfile), one cluster at a time
@@ -300,11 +300,11 @@ def _worker(k: int, run: subprocess.Popen[str]) -> Any:
     return ray.get_actor(f"worker-{k}", namespace=victim["namespace"])
 
 
-def _lost_with(folder: Path) -> set[int]:
+def _lost_with(folder: Path, requests: int = 150) -> set[int]:
     """Every scheduled request is in the file once, sent by a worker or lost with a worker one of
     run.json's faults names (only with it), as many as that fault says: those workers."""
     recs = read_requests(folder)
-    assert sorted(x.schedule_index for x in recs) == list(range(150))
+    assert sorted(x.schedule_index for x in recs) == list(range(requests))
     faults = {f["worker"]: f for f in _run_json(folder)["distributed"]["faults"]}
     lost = [x for x in recs if not x.ok]
     # (none when the worker had taken nothing yet: beside other work it may start last)
@@ -383,36 +383,56 @@ def test_a_node_that_dies_takes_only_its_worker_with_it(tmp_path: Path, nodes: A
     assert [w["node_id"] for w in _run_json(folder)["distributed"]["workers"] if w["worker"] == 0] == [node.node_id]
 
 
-def test_a_frozen_node_is_declared_lost_by_its_silence(tmp_path: Path, nodes: Any) -> None:
+def _lost_records(out: Path, k: int) -> bool:
+    """Whether worker k has been declared lost: its lost records are in the run's file."""
+    return any(
+        x.error_kind == "lost" and x.process == k for folder in (out / "rf").iterdir() for x in read_requests(folder)
+    )
+
+
+@pytest.mark.parametrize("thawed", ["while the run goes on", "once it has ended"])
+def test_a_frozen_node_is_declared_lost_by_its_silence(tmp_path: Path, nodes: Any, thawed: str) -> None:
     """SIGSTOP of a node (its raylet and every process under it): no error comes from Ray for a
     long while, but the worker there stops sending records and heartbeats, and is declared lost
-    after the scenario's lost_after_s; the others finish the schedule. Thawed once the run is
-    over, the lost worker sends nothing more: nobody tells it the coordinator is there."""
+    after the scenario's lost_after_s; the others finish the schedule. Thawed, while the run goes
+    on or once it is over, the lost worker sends nothing more (the server's log of what it
+    received says so): nobody tells it the coordinator is there, and what its actor was asked
+    while frozen is too old to count. Every request the server received is recorded, or was held
+    by the lost worker and is counted lost."""
     extra = '\n[distributed]\nengine = "ray"\nlost_after_s = 3\n'
-    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
-        proc, out = _sending(tmp_path, "rf", str(nodes.address), extra, workers=(1,), endpoint=emu.base_url)
+    log = tmp_path / "received.jsonl"
+    with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=log) as emu:
+        requests = 400 if thawed == "while the run goes on" else 150
+        sc = write_scenario(tmp_path / "rf.toml", loop("rf", requests, 2.0) + extra)
+        out = tmp_path / "out"
+        proc = _run_on(str(nodes.address), sc, out, emu.base_url)
+        _wait(lambda: 1 in _reported(out), proc)
         node = _node_of(nodes, 1, proc)
         frozen = _tree(node.all_processes["raylet"][0].process.pid)
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         try:
-            _, err = proc.communicate(timeout=300)
-            after_run = answered(emu.base_url)
+            if thawed == "while the run goes on":
+                _wait(lambda: _lost_records(out, 1), proc)
+            else:
+                proc.wait(timeout=300)
+            lost_by_ns = time.perf_counter_ns()
         finally:
             for pid in frozen:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
         try:
+            _, err = proc.communicate(timeout=300)
             time.sleep(3 + HEARTBEAT_S + 2)  # thawed past its bound: the switch, not a timing
-            assert answered(emu.base_url) == after_run
         finally:
             nodes.remove_node(node)
             nodes.add_node(num_cpus=1)
             nodes.wait_for_nodes()
     (folder,) = (out / "rf").iterdir()
-    assert _lost_with(folder) == {1}
+    assert _lost_with(folder, requests) == {1}
     (fault,) = _run_json(folder)["distributed"]["faults"]
     assert "neither records nor a heartbeat for 3 s" in fault["reason"], fault
+    accounted(folder, log, lost_by_ns)
     lost = [x for x in read_requests(folder) if not x.ok]
     assert proc.returncode == (4 if lost else 0), err
 
@@ -617,18 +637,21 @@ def test_ctrl_c_pressed_again_and_again_through_the_teardown_exits_130_without_a
     of the stop and of Ray's teardown each lands in, exit 130, no traceback, and what was
     recorded is readable and marked interrupted."""
     sc = write_scenario(tmp_path / "cc.toml", loop("cc", 400, 1.0))
-    out = tmp_path / "out"
-    proc = _popen(["run", str(sc), "--arm", "reuse", "--ray", cluster, "--out", str(out)])
-    _wait(lambda: result_lines(out) >= 6, proc)
-    while proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        time.sleep(0.1)
-    _, err = proc.communicate(timeout=120)
+    out, log = tmp_path / "out", tmp_path / "received.jsonl"
+    with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=log) as emu:
+        proc = _run_on(cluster, sc, out, emu.base_url)
+        while proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.1)
+        _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err, err
     (folder,) = (out / "cc").iterdir()
     assert _run_json(folder)["status"] == "interrupted"
     recs = read_requests(folder)
     assert len({x.schedule_index for x in recs}) == len(recs) >= 6
+    assert accounted(folder, log) == {}  # every request the server received is recorded, once
+    count = _run_json(folder)["distributed"]["accounting"]
+    assert count["balanced"] and count["recorded"] == len(recs), count  # stopped at once or not
 
 
 def test_joining_an_address_where_nothing_answers_fails_in_seconds_and_a_signal_stops_the_join(
@@ -691,12 +714,12 @@ def test_workers_stop_sending_once_a_ray_client_coordinator_is_killed(tmp_path: 
     recorded. With no word from the coordinator for the liveness bound and a heartbeat, each
     worker sends nothing new (the dead-man's switch): the server's count stands still."""
     sc = write_scenario(tmp_path / "rk.toml", loop("rk", 3000, 1.0))
-    out = tmp_path / "out"
-    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+    out, log = tmp_path / "out", tmp_path / "received.jsonl"
+    with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=log) as emu:
         proc = _run_on(client_address, sc, out, emu.base_url)
         proc.kill()
         proc.communicate(timeout=60)
         time.sleep(DistributedCfg.lost_after_s + HEARTBEAT_S + 1)  # the silence, not a timing
-        held = answered(emu.base_url)
+        held = received(log)
         time.sleep(2)
-        assert answered(emu.base_url) == held
+        assert received(log) == held  # the server receives nothing more

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.config.scenario import DistributedCfg
-from harness.distributed.worker import HEARTBEAT_S, deal
+from harness.distributed.worker import HEARTBEAT_S, ID_STRIDE, deal
 from harness.emulator.serve import EmbeddedEmulator
 from harness.results import read_requests
 from tests.conftest import (
@@ -112,6 +113,43 @@ def answered(base_url: str) -> int:
         text = r.read().decode()
     (value,) = [line.split()[-1] for line in text.splitlines() if line.startswith("vllm:request_success_total")]
     return int(float(value))
+
+
+def received(log: Path) -> list[tuple[str, int]]:
+    """The emulator's log of every request it received (its timing log, a line as each ended,
+    answered or not): each one's X-Request-Id and when it came (ns, the machine's monotonic
+    clock, which time.perf_counter_ns reads too)."""
+    return [(x["request_id"], x["recv_ns"]) for x in map(json.loads, log.read_text().splitlines())]
+
+
+def sender_of(request_id: str) -> int:
+    """The worker that sent a request, from its X-Request-Id (worker k numbers its requests from
+    k x ID_STRIDE)."""
+    return int(request_id.rsplit("-", 1)[1]) // ID_STRIDE
+
+
+def accounted(folder: Path, log: Path, lost_by_ns: int | None = None) -> dict[int, int]:
+    """Nothing the server received is unaccounted for: each request in its log (`log`) is a
+    record's `request_id` once, or was sent by a worker run.json names lost, and then no more of
+    those than the requests that worker's fault says it held; with `lost_by_ns` (a time by which
+    those workers had been declared lost), none of theirs came after it. Returns each lost
+    worker's requests the server received and nobody recorded."""
+    recorded = [x.request_id for x in read_requests(folder) if x.request_id is not None]
+    assert len(set(recorded)) == len(recorded)  # none recorded twice
+    meta = json.loads((folder / "run.json").read_text())
+    faults = {f["worker"]: f["lost_requests"] for f in meta["distributed"]["faults"]}
+    got = received(log)
+    assert len({r for r, _ in got}) == len(got)  # nothing sent twice
+    unrecorded: dict[int, int] = {}
+    for rid, _ in got:
+        if rid not in recorded:
+            unrecorded[sender_of(rid)] = unrecorded.get(sender_of(rid), 0) + 1
+    assert set(unrecorded) <= set(faults), unrecorded
+    assert all(n <= faults[k] for k, n in unrecorded.items()), (unrecorded, faults)
+    if lost_by_ns is not None:
+        late = [(rid, ns) for rid, ns in got if sender_of(rid) in faults and ns > lost_by_ns]
+        assert not late, late  # a worker declared lost sent again
+    return unrecorded
 
 
 def pause_past_the_bound(proc: subprocess.Popen[str], out: Path, requests: int, base_url: str) -> None:
@@ -232,3 +270,86 @@ def test_a_paused_coordinator_blames_no_worker(tmp_path: Path) -> None:
     recs = read_requests(folder)
     assert sorted(x.schedule_index for x in recs) == list(range(150)) and all(x.ok for x in recs)
     assert len(recs) == served
+
+
+@pytest.mark.slow
+def test_a_frozen_worker_process_is_lost_and_never_sends_again(tmp_path: Path) -> None:
+    """A worker process stopped (SIGSTOP) past the silence bound is declared lost, and continued
+    (SIGCONT) at once: it sends nothing more (the server's log of what it received says so), the
+    other finishes the schedule, and every request the server received is recorded or was held
+    by the lost worker and is counted lost."""
+    log = tmp_path / "received.jsonl"
+    with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=log) as emu:
+        proc, out = _sending(tmp_path, 400, emu)
+        first, _ = _workers_of(proc.pid)
+        os.kill(first, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 120
+            while not any(not x.ok for f in (out / "w").iterdir() for x in read_requests(f)):
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+            lost_by_ns = time.perf_counter_ns()
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # killed as lost, as it should be
+                os.kill(first, signal.SIGCONT)
+        _, err = proc.communicate(timeout=300)
+    (folder,) = (out / "w").iterdir()
+    recs = read_requests(folder)
+    assert sorted(x.schedule_index for x in recs) == list(range(400))  # each once: sent or lost
+    (fault,) = json.loads((folder / "run.json").read_text())["distributed"]["faults"]
+    assert "neither records nor a heartbeat" in fault["reason"], fault
+    accounted(folder, log, lost_by_ns)
+    assert proc.returncode == 4, err
+
+
+@pytest.mark.slow
+def test_ctrl_c_again_and_again_with_workers_exits_130_and_keeps_every_answer(tmp_path: Path) -> None:
+    """Ctrl-C, then again every tenth of a second until kvbench has exited: exit 130, no
+    traceback, and each request the server received is recorded once (none was lost: nothing
+    is in flight when it ends), marked interrupted."""
+    log = tmp_path / "received.jsonl"
+    with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=log) as emu:
+        proc, out = _sending(tmp_path, 400, emu)
+        while proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.1)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    (folder,) = (out / "w").iterdir()
+    assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
+    recs = read_requests(folder)
+    assert len({x.schedule_index for x in recs}) == len(recs) >= 6
+    assert accounted(folder, log) == {}
+    count = json.loads((folder / "run.json").read_text())["distributed"]["accounting"]
+    assert count["balanced"] and count["recorded"] == len(recs), count  # stopped at once or not
+
+
+@pytest.mark.slow
+def test_a_killed_coordinator_takes_its_worker_processes_with_it(tmp_path: Path) -> None:
+    """SIGKILL of kvbench running two worker processes: they end (their pipe closes: a stop, and
+    their dead-man's switch besides), each connection starting at most the one request it was
+    about to when the coordinator died, and once they have ended the server receives nothing."""
+    log = tmp_path / "received.jsonl"
+    with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=log) as emu:
+        proc, _ = _sending(tmp_path, 3000, emu)
+        workers = _workers_of(proc.pid)
+        assert len(workers) == 2
+        proc.kill()
+        killed_ns = time.perf_counter_ns()
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 60
+        while any(_is_worker(p) for p in workers):
+            assert time.monotonic() < deadline, "a worker process outlived its coordinator"
+            time.sleep(0.1)
+        time.sleep(1)  # what was on its way when they ended has been logged
+        ended = received(log)
+        time.sleep(2)
+        assert received(log) == ended  # nothing after their end
+    assert sum(ns > killed_ns for _, ns in ended) <= 7  # LOOP's concurrency: one per connection
+
+
+def _is_worker(pid: int) -> bool:
+    """Whether process `pid` is still a running worker process (not gone, nor a zombie)."""
+    with contextlib.suppress(OSError):
+        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return False

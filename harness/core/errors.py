@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import stat
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -73,6 +74,25 @@ def signals_interrupt() -> None:
 
 def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def exit_at_once(_signum: int, _frame: object) -> None:
+    """A signal handler for when everything is written: end the process now with exit 130 (what
+    the streams hold flushed first), not through a KeyboardInterrupt that Python's shutdown or a
+    library's teardown would turn into a traceback or a death by SIGINT."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # interrupted mid-write: what is there is there
+            stream.flush()
+    os._exit(ExitCode.INTERRUPTED)
+
+
+def signals_exit_at_once() -> None:
+    """From here to the process's end, SIGINT and SIGTERM end it at once (`exit_at_once`): a
+    command is over and its outputs written, and the interpreter's shutdown (which joins
+    `--workers` processes) is no place for a KeyboardInterrupt."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, exit_at_once)
 
 
 def write_file(path: Path, text: str) -> Path:

@@ -157,7 +157,11 @@ class Pool(ABC):
                 await self._next_event(until_stop=not self.stopping)
                 self._watch()
         finally:
-            await self._end()
+            try:
+                await self._end()
+            except asyncio.CancelledError:
+                self._cut_short()
+                raise
         healths = [self.healths[k] for k in sorted(self.healths)]
         out = combine_health(healths, len(self.shares)) if healths else {"processes": len(self.shares)}
         return {**out, "engine": self.engine}
@@ -301,6 +305,23 @@ class Pool(ABC):
             process=k,
             **extra,
         )
+
+    def _cut_short(self) -> None:
+        """Stopped at once (Ctrl-C pressed again) before the workers' last records came: run.json
+        still says who sent, what was lost and how the count stands, with what was neither
+        recorded nor lost counted unsent though some of it may have been in flight and answered
+        (`cut_short`), and a warning says so."""
+        count = self.ledger.close(stopped=True)
+        workers = [{"worker": k, **self.where(k), "lost": self.lost.get(k)} for k in sorted(self.shares)]
+        accounting = {**count.meta(), "cut_short": True}
+        self.sink.meta.setdefault(
+            "distributed", {"engine": self.engine, "workers": workers, "faults": self.faults, "accounting": accounting}
+        )
+        if count.unsent:
+            self.sender.warn(
+                f"stopped at once before the workers' last records came: {count.unsent} request(s) have no record "
+                "and are counted unsent, though those in flight may have been answered"
+            )
 
     async def _end(self) -> None:
         """Stopped early or done: every worker stops, and what they send is kept (bounded)."""

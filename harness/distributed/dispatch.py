@@ -214,12 +214,22 @@ class FedOrder(Schedule):
         self.handed = 0
         self.quiet_ns, self.heard_ns = quiet_ns, clock()
         self.word = asyncio.Event()
+        self.ended = False
 
     def hear(self) -> None:
-        """A word from the coordinator itself (`Alive`, `Go`, `Stop`; the Dispatch, an actor of
-        its own under Ray, may outlive it)."""
+        """A word from the coordinator itself (`Alive`, `Go`; the Dispatch, an actor of its own
+        under Ray, may outlive it)."""
         self.heard_ns = self.clock()
         self.word.set()
+
+    def end(self) -> None:
+        """Stopped: nothing more is handed out, what it holds included (taken and not sent: the
+        coordinator counts it). A stop wakes a worker the switch holds, and that must not send
+        what it held: a thawed worker stopped by its actor once the Dispatch was gone sent it."""
+        self.ended = self.done = True
+        self.buf.clear()
+        self.word.set()
+        self.came.set()
 
     def arrive(self, got: list[Item]) -> None:
         self.asked, self.done = False, not got
@@ -233,17 +243,23 @@ class FedOrder(Schedule):
             self.line.set_result(ns + self.offset_ns)
 
     async def __anext__(self) -> Item:
-        while self.quiet_ns is not None and self.clock() - self.heard_ns > self.quiet_ns:
-            # no word from the coordinator for the liveness bound: it may be dead, cut off or
-            # paused; nothing new is sent until it speaks again
-            self.word.clear()
-            await self.word.wait()
-        while not self.buf:
-            if self.done:
+        while not self.ended:
+            if self.quiet_ns is not None and self.clock() - self.heard_ns > self.quiet_ns:
+                # no word from the coordinator for the liveness bound: it may be dead, cut off
+                # or paused; nothing new is sent until it speaks again (checked again after
+                # every wait: items may come from the Dispatch while it is silent)
+                self.word.clear()
+                await self.word.wait()
+            elif self.buf:
+                break
+            elif self.done:
                 raise StopAsyncIteration
-            self._ask()
-            self.came.clear()
-            await self.came.wait()
+            else:
+                self._ask()
+                self.came.clear()
+                await self.came.wait()
+        if self.ended:
+            raise StopAsyncIteration
         item = self.buf.popleft()
         self.handed += 1
         if not self.done and self._low(item[0]):

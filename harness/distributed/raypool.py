@@ -57,7 +57,7 @@ from typing import Any, cast
 
 from harness.core import aio
 from harness.core.clock import CLOCK_WARN_NS, Offset
-from harness.core.errors import EndpointError, ExitCode, InputError
+from harness.core.errors import EndpointError, InputError, exit_at_once
 from harness.distributed.coordinator import Pool
 from harness.distributed.dispatch import Dispatch
 from harness.distributed.messages import (
@@ -78,7 +78,7 @@ from harness.distributed.messages import (
     Up,
     Want,
 )
-from harness.distributed.worker import HEARTBEAT_S, Outbox, Outgoing
+from harness.distributed.worker import HEARTBEAT_S, Outbox, Outgoing, hold_after_s
 from harness.results import RunWriter, versions
 from harness.workloads.base import Plan, Sender
 
@@ -263,11 +263,13 @@ class RayWorker:
         again) is sent again.
 
         The call is the coordinator's word: its worker process is told `Alive`, unless the call
-        was made (`sent_ns`, coordinator ns) longer ago than the liveness bound, as one queued
-        in a frozen node's actor is once thawed: its worker, declared lost meanwhile, stays
-        quiet."""
-        if self.bound is not None and time.perf_counter_ns() - (sent_ns + self.bound[0]) < self.bound[1] * 1e9:
-            self._send(Alive())
+        was made (`sent_ns`, coordinator ns) longer ago than a worker holds without a word
+        (worker.hold_after_s), as one queued in a frozen node's actor is once thawed: its
+        worker, declared lost meanwhile, stays quiet."""
+        if self.bound is not None:
+            age_ns = time.perf_counter_ns() - (sent_ns + self.bound[0])
+            if age_ns < hold_after_s(self.bound[1]) * 1e9:
+                self._send(Alive())
         with self.fetching:
             if self.sent is not None:
                 if self.sent.seq != ack:
@@ -498,16 +500,12 @@ def _signals_end_at_once() -> Iterator[None]:
         return
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in before:
-        signal.signal(sig, _exit_interrupted)
+        signal.signal(sig, exit_at_once)
     try:
         yield
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
-
-
-def _exit_interrupted(_sig: int, _frame: object) -> None:
-    os._exit(ExitCode.INTERRUPTED)
 
 
 async def start(

@@ -55,6 +55,18 @@ FLUSH_S = 0.1
 # A worker with nothing to send says it is alive this often (s): an empty batch of records.
 HEARTBEAT_S = 1.0
 
+
+def hold_after_s(lost_after_s: float) -> float:
+    """How long a worker goes without a word from the coordinator before it hands out no new
+    request (the dead-man's switch), and how old a word may be when it comes: less than the
+    silence after which the coordinator declares it lost. That silence counts from the worker's
+    last message, which came no earlier than the coordinator's last word (a fetch under Ray), so
+    a worker frozen and thawed once it has been declared lost finds itself holding, whatever
+    word from before its freeze is still on its way. Half a heartbeat is the margin for that
+    word's trip; the coordinator's word comes at least once a heartbeat."""
+    return lost_after_s - HEARTBEAT_S / 2
+
+
 # What a worker hands its shipping thread (messages.py): `Up` once it can send; its asks of the
 # Dispatch (`Want`, `ReadyAt`: its launcher carries them there); `Records`, empty as a heartbeat;
 # last `Ended` or `Failed`.
@@ -74,7 +86,7 @@ class WorkerSide:
         self.stop = asyncio.Event()
         self.go_at: asyncio.Future[int] = self.loop.create_future()
         times = [share.spec.clock.wall_s(t) for t in share.plan.times]
-        quiet_ns = round((share.lost_after_s + HEARTBEAT_S) * 1e9)  # Alive comes at least every heartbeat
+        quiet_ns = round(hold_after_s(share.lost_after_s) * 1e9)
         self.order = FedOrder(
             out.put,
             share.index,
@@ -89,7 +101,7 @@ class WorkerSide:
         self.shipped_ns = time.perf_counter_ns()
 
     def hear(self, said: Told) -> None:
-        if isinstance(said, Alive | Go | Stop):  # the coordinator's own word
+        if isinstance(said, Alive | Go):  # the coordinator's own word
             self.order.hear()
         match said:
             case Items(items):
@@ -101,7 +113,7 @@ class WorkerSide:
             case Stop():
                 self.stop.set()
                 _resolve(self.go_at, time.perf_counter_ns())
-                self.order.arrive([])  # nothing more comes
+                self.order.end()
 
     def hear_threadsafe(self, said: Told) -> None:
         if not self.loop.is_closed():
