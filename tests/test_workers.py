@@ -250,8 +250,10 @@ def test_records_larger_than_a_pipe_buffer_reach_the_coordinator(tmp_path: Path)
 def test_a_paused_coordinator_blames_no_worker(tmp_path: Path) -> None:
     """kvbench stopped (SIGSTOP) for longer than the silence after which a worker is lost, then
     continued (a VM pause, swap, a laptop lid): its own pause is nobody's silence. No worker is
-    declared lost, every request is recorded once and answered, and the run completes."""
-    with EmbeddedEmulator("redbooks-g4", 5.0) as emu:
+    declared lost, every request the server received is recorded once and answered, and the run
+    completes."""
+    log = tmp_path / "received.jsonl"
+    with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=log) as emu:
         proc, out = _sending(tmp_path, 150, emu)
         pause_past_the_bound(proc, out, 150, emu.base_url)
         _, err = proc.communicate(timeout=300)
@@ -270,6 +272,7 @@ def test_a_paused_coordinator_blames_no_worker(tmp_path: Path) -> None:
     recs = read_requests(folder)
     assert sorted(x.schedule_index for x in recs) == list(range(150)) and all(x.ok for x in recs)
     assert len(recs) == served
+    assert accounted(folder, log) == {} and len(received(log)) == 150
 
 
 @pytest.mark.slow
