@@ -4,6 +4,7 @@ code (see harness/core/errors.py), never a traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import sys
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from harness.core.errors import (
     ExitCode,
     KvbenchError,
     files_error,
-    signals_exit_at_once,
+    signals_ignored,
     signals_interrupt,
 )
 from harness.monitor.progress import stderr_console
@@ -38,7 +39,7 @@ def _handled(fn: Callable[..., int]) -> Callable[..., int]:
         except KvbenchError as e:
             stderr_console().print(f"[red]error:[/] {escape(str(e))}", highlight=False)
             raise typer.Exit(int(e.exit_code)) from None
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, asyncio.CancelledError):  # a run's task cancelled by Ctrl-C pressed again
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
         except OSError as e:  # a file kvbench writes or reads: full disk, size limit, permissions
             message = escape(str(files_error(e, "a file")))
@@ -389,6 +390,4 @@ def main() -> None:
     try:
         app(args=with_ray_value(sys.argv[1:]))
     finally:
-        # the command is over: a Ctrl-C while Python shuts down (joining --workers' processes)
-        # ended in a KeyboardInterrupt and death by SIGINT instead of exit 130
-        signals_exit_at_once()
+        signals_ignored()  # the command is over: its exit code stands

@@ -31,9 +31,7 @@ from harness.core import aio
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError, ExitCode, FilesError
 from harness.core.units import human_bandwidth
-from harness.distributed import raypool
-from harness.distributed.coordinator import Pool
-from harness.distributed.local import LocalPool
+from harness.distributed.launch import Interrupted, Launcher, launcher_for
 from harness.engines import Started
 from harness.inputs import hf_tokenizer, prompts
 from harness.inputs.prompts import PromptBuilder
@@ -105,7 +103,7 @@ class RunState:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stamp: str = ""
     plans: dict[str, Plan] = field(default_factory=dict)  # by load: settled once, shared by the arms
-    cluster: raypool.Cluster | None = None  # --ray: the workers, started once for every arm
+    launcher: Launcher | None = None  # --workers or --ray: where each arm's workers run
     writer: RunWriter | None = None  # the arm's whose run.json says `running` now
 
     def prior(self) -> Plan | None:
@@ -157,18 +155,12 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
                 "prompt_tokens is the server's own count",
                 markup=False,
             )
-        if (d := t.distributed) is not None:
-            console.print(f"Joining the Ray cluster at {d.address} ...", markup=False)
-            if not await stack.enter_async_context(raypool.joined(d.address, state.stop)):
-                console.print("Interrupted while joining the Ray cluster: nothing was sent.")
-                return ExitCode.INTERRUPTED, []
-            say = functools.partial(console.print, markup=False)
-            state.cluster = await raypool.start(d.address, d.workers, t.base_url, d.lost_after_s, state.stop, say)
-            if state.cluster is None:
-                console.print("Interrupted while Ray started the workers: nothing was sent.")
-                return ExitCode.INTERRUPTED, []
-            hosts = {m.info["hostname"] for m in state.cluster.members}
-            console.print(f"{len(state.cluster.members)} Ray workers on {len(hosts)} host(s)", markup=False)
+        say = functools.partial(console.print, markup=False)
+        try:
+            state.launcher = await launcher_for(stack, t.distributed, t.workers, t.base_url, state.stop, say)
+        except Interrupted as e:
+            console.print(str(e), markup=False)
+            return ExitCode.INTERRUPTED, []
         kind = driver(t.scenario.workload.kind)
         for arm in t.arms:
             try:
@@ -192,7 +184,8 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
 
 def _on_sigint(state: RunState, console: Console) -> None:
     """First Ctrl-C (or SIGTERM, as `timeout`, CI cancellation and `docker stop` send): no new
-    requests, in-flight ones get aio.GRACE_S. Second: stop at once. Either way the results are
+    requests, in-flight ones get aio.GRACE_S. Second: stop at once; later ones change nothing
+    (the stop is under way, and is not itself cut short). Either way the results are
     kept and marked interrupted: run.json says so at once, before the grace period (`docker stop`
     sends SIGKILL 10 s after SIGTERM), and again with the figures once the arm has drained."""
     main_task = asyncio.current_task()
@@ -210,7 +203,9 @@ def _on_sigint(state: RunState, console: Console) -> None:
                 "[yellow]Interrupted:[/] no new requests; in-flight ones get a few seconds "
                 "(Ctrl-C again to stop at once)."
             )
-        elif main_task:
+        elif presses == 2 and main_task:
+            # once: a cancellation of the stop itself (a third press while the client closes,
+            # the arm's end is written) escaped as a traceback with exit 1
             main_task.cancel()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -362,11 +357,8 @@ class ArmLifecycle:
         self.before = await self.scraper.snapshot() if self.scraper is not None and sender.scraper is None else None
         if t.emulated:
             await self._emulator_lateness("POST")  # a new count for this arm
-        pool: Pool | None = None
-        if self.state.cluster is not None:
-            pool = raypool.RayPool(self.state.cluster, sender, self.spec.name, plan, writer, t.emulated)
-        elif t.workers > 1:
-            pool = LocalPool(sender, self.spec.name, plan, t.workers, writer, t.emulated, DistributedCfg.lost_after_s)
+        launcher = self.state.launcher
+        pool = launcher.pool(sender, self.spec.name, plan, writer, t.emulated) if launcher is not None else None
         if pool is not None:
             await pool.ready()  # processes started before the clock: an open loop's time 0 is theirs too
         aio.freeze_heap()

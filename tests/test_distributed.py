@@ -110,7 +110,7 @@ def test_a_workers_actor_does_not_preempt_its_worker_process() -> None:
     script = """
 import os, threading
 from harness.distributed.raypool import RayWorker
-from harness.distributed.worker import process_main
+from harness.distributed.ray_entry import main
 before = threading.Thread(target=threading.Event().wait, daemon=True)
 before.start()
 RayWorker()
@@ -119,7 +119,7 @@ after.start()
 print(*(os.sched_getscheduler(t.native_id) for t in (threading.main_thread(), before, after)))
 r, w = os.pipe()
 os.close(w)
-process_main(r)  # the pipe's other end is gone: it returns at once
+main(r)  # the pipe's other end is gone: it returns at once
 print(os.sched_getscheduler(0))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)

@@ -322,7 +322,7 @@ def test_workers_whose_actor_or_process_dies_lose_only_what_they_held(tmp_path: 
     proc, out = _sending(tmp_path, "rk", cluster, workers=(1, 2))
     actor = ray.get(_worker(1, proc).info.remote())["pid"]
     holder = ray.get(_worker(2, proc).info.remote())["pid"]
-    (sender,) = [p for p in processes_with(b"process_main") if parent_of(p) == holder]
+    (sender,) = [p for p in processes_with(b"ray_entry") if parent_of(p) == holder]
     assert b"_raylet" not in Path(f"/proc/{sender}/maps").read_bytes()  # a worker process without Ray in it
     (folder,) = (out / "rk").iterdir()
     before = {(x.process, x.schedule_index) for x in read_requests(folder) if x.ok}

@@ -86,13 +86,14 @@ def exit_at_once(_signum: int, _frame: object) -> None:
     os._exit(ExitCode.INTERRUPTED)
 
 
-def signals_exit_at_once() -> None:
-    """From here to the process's end, SIGINT and SIGTERM end it at once (`exit_at_once`): a
-    command is over and its outputs written, and the interpreter's shutdown (which joins
-    `--workers` processes) is no place for a KeyboardInterrupt."""
+def signals_ignored() -> None:
+    """From here to the process's end, SIGINT and SIGTERM are ignored: the command is over, its
+    outputs written and its exit code decided. Python's shutdown puts the default action back in
+    place of any handler of its own (a Ctrl-C there killed kvbench by SIGINT, exit -2), but not
+    in place of SIG_IGN."""
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, exit_at_once)
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def write_file(path: Path, text: str) -> Path:

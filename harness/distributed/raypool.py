@@ -92,10 +92,10 @@ PLACE_TIMEOUT_S = 10.0
 # its own: Ray bounds a worker process's start (worker_register_timeout_seconds, retried) and says
 # when it gives up; Ctrl-C and SIGTERM stop the wait.
 START_NOTE_S = 10.0
-# How a Ray worker starts its worker process: a plain interpreter, so that the process imports
-# neither Ray (multiprocessing's spawn would: it imports the actor's __main__, Ray's worker) nor
-# anything else the actor has loaded; its pipe's end follows.
-WORKER_ENTRY = "import sys; from harness.distributed.worker import process_main; process_main(int(sys.argv[1]))"
+# How a Ray worker starts its worker process: a plain interpreter running this module (`-m`), so
+# that the process imports neither Ray (multiprocessing's spawn would: it imports the actor's
+# __main__, Ray's worker) nor anything else the actor has loaded; its pipe's end follows.
+WORKER_ENTRY = "harness.distributed.ray_entry"
 # Ray's inline limit for a call's result (max_direct_call_object_size, 100 KiB by default), raised
 # for the worker actors (their runtime_env, RAY_<name> being how Ray reads a setting): a larger
 # result goes through the object store and the raylets (at 2,000 req/s, about 280 KB per 0.1 s,
@@ -193,7 +193,7 @@ class RayWorker:
             return self.proc.pid
         mine, theirs = multiprocessing.Pipe(duplex=True)
         proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER_ENTRY, str(theirs.fileno())],
+            [sys.executable, "-m", WORKER_ENTRY, str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))},  # as this process has it
@@ -341,7 +341,7 @@ def batch_threads() -> None:
     wake, but run when it waits or at the scheduler's tick, with the same fair share of the core
     as before. Measured at the worker's ceiling: the worker process preempted 0.14 times a request
     instead of 0.20, the actor 2.2 % of the core instead of 2.45 % (docs/performance.md). The
-    worker process it starts goes back to the usual policy (worker.process_main)."""
+    worker process it starts goes back to the usual policy where it is started (ray_entry)."""
     if not hasattr(os, "SCHED_BATCH"):
         return
     with contextlib.suppress(OSError):  # no /proc: nothing changes

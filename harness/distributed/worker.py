@@ -164,16 +164,11 @@ async def serve(side: WorkerSide) -> None:
         side.out.put(end)
 
 
-def process_main(conn: Connection | int) -> None:
+def process_main(conn: Connection) -> None:
     """A worker process (of `--workers`, or one a Ray worker starts): its share and clock offset
     come first over `conn` (a pipe to the coordinator, or to its Ray actor), then what the
     coordinator says; what it says goes back from a thread of its own, so that a full pipe never
     stalls its sends. No Ray in it: Ray's threads taking Python's lock would hold its loop."""
-    if isinstance(conn, int):  # a pipe end inherited from a Ray actor (RayWorker.run)
-        conn = Connection(conn)
-        if hasattr(os, "SCHED_OTHER"):  # the actor's SCHED_BATCH (raypool.batch_threads) is not for sending
-            with contextlib.suppress(OSError):
-                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     # The coordinator stops it (a Ctrl-C reaches the whole process group): it finishes what is in
     # flight when told, and ends by itself when the coordinator is gone (the pipe closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
