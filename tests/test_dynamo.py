@@ -327,18 +327,23 @@ def test_sigterm_stops_the_dynamo_deployment_kvbench_started(tmp_path: Path) -> 
 
 
 # Dynamo's offline replay (dynamo.replay.run_trace_replay, its mocker engines in virtual time) of
-# a Mooncake trace on `workers` workers with `blocks` device blocks of 512 tokens each: the share
-# of input tokens its prefix caches reused, and the input tokens it counted.
+# a Mooncake trace on `workers` workers with `blocks` device blocks of 512 tokens each, `runs`
+# times (its KV router's replays differ by a point or so from run to run): the mean share of
+# input tokens its prefix caches reused, and the input tokens it counted.
 REPLAY = """
-import json, sys
+import json, statistics, sys
 from dynamo.replay import run_trace_replay
-trace, workers, router, blocks = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+trace, workers, router, blocks, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 engine = {"block_size": 512, "num_gpu_blocks": blocks, "enable_prefix_caching": True}
-r = run_trace_replay(
-    trace, num_workers=workers, router_mode=router, trace_format="mooncake", trace_block_size=512,
-    extra_engine_args={"engine": engine},
-)
-print(json.dumps({"reused": r.summary["prefix_cache_reused_ratio"], "input_tokens": r.summary["total_input_tokens"]}))
+got = [
+    run_trace_replay(
+        trace, num_workers=workers, router_mode=router, trace_format="mooncake", trace_block_size=512,
+        extra_engine_args={"engine": engine},
+    ).summary
+    for _ in range(runs)
+]
+reused = statistics.mean(s["prefix_cache_reused_ratio"] for s in got)
+print(json.dumps({"reused": reused, "input_tokens": got[0]["total_input_tokens"]}))
 """
 
 SIZED = """
@@ -351,7 +356,7 @@ kv_bytes_per_token = 1000
 [cluster]
 workers = 4
 workers_per_node = 1
-routing = "round_robin"
+routing = "{routing}"
 [engine]
 profile = "redbooks-g4"
 [[tiers]]
@@ -361,25 +366,28 @@ capacity = [{capacities}]
 """
 
 
-def test_sized_device_cache_shares_agree_with_dynamos_offline_replay() -> None:
-    """The shipped Mooncake sample on four workers, round-robin, each with a device cache of 64
-    or 256 blocks of 512 tokens: the share of prompt tokens `kvbench size` says G1 serves is
-    within 2 points of what Dynamo's own offline replay reuses (measured: 41.9 % against 40.7 %,
-    and 53.4 % both). docs/sizing.md says where the two part (a cache of 16 blocks, prefix
-    routing against Dynamo's KV router)."""
+@pytest.mark.parametrize(("router", "within"), [("round_robin", 0.02), ("kv_router", 0.04)])
+def test_sized_device_cache_shares_agree_with_dynamos_offline_replay(router: str, within: float) -> None:
+    """The shipped Mooncake sample on four workers, each with a device cache of 64 or 256 blocks
+    of 512 tokens: the share of prompt tokens `kvbench size` says G1 serves against what
+    Dynamo's own offline replay reuses (the mean of five replays). Round-robin within 2 points
+    (measured: 41.9 % against 40.7 %, 53.4 % both); kvbench's `kv_router` against Dynamo's KV
+    router within 4 (51.0 % against 52.8-54.4 % over six replays, 56.1 % against 58.3-59.6 %).
+    docs/sizing.md says where the two part (a cache of 16 blocks)."""
     assert PYTHON is not None
     trace = ROOT / "scenarios" / "traces" / "mooncake-sample.jsonl"
     blocks = (64, 256)
     with tempfile.TemporaryDirectory() as tmp:
         f = Path(tmp) / "against-replay.toml"
-        f.write_text(SIZED.format(trace=trace, capacities=", ".join(str(b * 512 * 1000) for b in blocks)))
+        capacities = ", ".join(str(b * 512 * 1000) for b in blocks)
+        f.write_text(SIZED.format(trace=trace, capacities=capacities, routing=router))
         r = kvbench("size", str(f), "--out", str(Path(tmp) / "out"))
         assert r.returncode == 0, r.stderr
         (doc,) = [json.loads(p.read_text()) for p in (Path(tmp) / "out").glob("*/*/sizing.json")]
     sized = [c["figures"]["tiers"][0]["share"] for c in doc["configurations"]]
     for b, share in zip(blocks, sized, strict=True):
         out = subprocess.run(
-            [str(PYTHON), "-c", REPLAY, str(trace), "4", "round_robin", str(b)],
+            [str(PYTHON), "-c", REPLAY, str(trace), "4", router, str(b), "5"],
             capture_output=True,
             text=True,
             timeout=300,
@@ -387,4 +395,4 @@ def test_sized_device_cache_shares_agree_with_dynamos_offline_replay() -> None:
         )
         replay = json.loads(out.stdout.strip().splitlines()[-1])
         assert replay["input_tokens"] == doc["configurations"][0]["figures"]["prompt_tokens"]
-        assert abs(share - replay["reused"]) <= 0.02, (b, share, replay)
+        assert abs(share - replay["reused"]) <= within, (b, share, replay)

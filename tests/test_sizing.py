@@ -262,3 +262,19 @@ def test_the_prefix_routers_cache_forgets_what_its_capacity_cannot_hold() -> Non
     requests = [TraceRequest(i + 1, t, 160, 2, ids) for i, (t, ids) in enumerate(timeline)]
     assert routes(requests, 2, capacity=30) == [0, 1, 0, 0]
     assert routes(requests, 2, capacity=10) == [0, 1, 0, 1]
+
+
+def test_the_kv_router_weighs_blocks_to_prefill_against_blocks_active_worked_by_hand() -> None:
+    """Dynamo's cost in blocks (16 tokens each; prompts of 64 tokens, 2 output tokens: 5 blocks
+    active a request): A, B and C at 0 go to workers 0, 1, 0 (the least active, then the lower
+    index). A again at 1 ms: worker 0 holds 48 of its tokens, 1 block to prefill but 10 active
+    (16 in all), worker 1 none held, 4 to prefill and 5 active (14): worker 1. At 1 s every
+    request has ended (prefills of 64 ms, decodes of 20 ms): both hold A, both cost 6, worker 0."""
+    a, b, c = (1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12)
+    timeline = [(0.0, a), (0.0, b), (0.0, c), (0.001, a), (1.0, a)]
+    requests = [TraceRequest(i + 1, t, 64, 2, ids) for i, (t, ids) in enumerate(timeline)]
+    refs = stack.references(requests, 16)
+    arrival = np.array([r.timestamp_s for r in requests])
+    tokens, out = np.array([r.input_length for r in requests]), np.array([r.output_length for r in requests])
+    cost = simulate.Cost(0.001, 0.0, 0.01)
+    assert routing.kv_router(refs, arrival, tokens, out, 16, 2, 100, cost).tolist() == [0, 1, 0, 1, 0]

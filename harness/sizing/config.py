@@ -171,7 +171,7 @@ def parse(data: dict[str, Any], path: Path) -> SizingSpec:
     assert name is not None and workload is not None and nodes is not None and engine is not None
     assert tiers is not None and slo is not None and bin_s is not None  # (read.check)
     workers, per_node, routing = nodes
-    if routing == "prefix" and not any(t.scope == "worker" for t in tiers):
+    if routing != "round_robin" and not any(t.scope == "worker" for t in tiers):
         cluster.fail(
             "routing", 'expected a tier of scope = "worker" with it (the router matches the device cache)', routing
         )

@@ -42,6 +42,7 @@ class Workload:
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
+    block_tokens: int
 
 
 def from_trace(requests: Sequence[TraceRequest], block_tokens: int, rate_scale: float, tenants: int = 1) -> Workload:
@@ -54,6 +55,7 @@ def from_trace(requests: Sequence[TraceRequest], block_tokens: int, rate_scale: 
         np.array([(r.timestamp_s - t0) / rate_scale for r in ordered], dtype=np.float64),
         np.array([r.input_length for r in ordered], dtype=np.int64),
         np.array([r.output_length for r in ordered], dtype=np.int64),
+        block_tokens,
     )
 
 
@@ -98,12 +100,16 @@ class Plan:
 
 
 def _routes(w: Workload, plan: Plan, cached: bool = True) -> np.ndarray:
-    """Each request's worker, by the plan's routing. The prefix router matches the fastest
+    """Each request's worker, by the plan's routing. The prefix-aware routers match the fastest
     per-worker tier (which the file must have); without a cache (`cached` False: the recompute
-    baseline) it holds nothing, and routes by load alone, as the KV router would."""
+    baseline) it holds nothing, and they route by load alone."""
     if plan.routing == "round_robin":
         return routing.round_robin(w.refs.requests, plan.fleet.workers)
     device = next(t for t in plan.tiers if t.scope == "worker").capacity_blocks if cached else 0
+    if plan.routing == "kv_router":
+        return routing.kv_router(
+            w.refs, w.arrival_s, w.prompt_tokens, w.output_tokens, w.block_tokens, plan.fleet.workers, device, plan.cost
+        )
     return routing.prefix(w.refs, w.arrival_s, w.prompt_tokens, plan.fleet.workers, device, plan.cost)
 
 
