@@ -100,17 +100,27 @@ class Plan:
 
 
 def _routes(w: Workload, plan: Plan, cached: bool = True) -> np.ndarray:
-    """Each request's worker, by the plan's routing. The prefix-aware routers match the fastest
-    per-worker tier (which the file must have); without a cache (`cached` False: the recompute
-    baseline) it holds nothing, and they route by load alone."""
+    """Each request's worker, by the plan's routing. `prefix` matches the fastest per-worker
+    tier (which the file must have); `kv_router` every block a worker holds in a tier of its own
+    (with inclusive tiers, the largest's), as Dynamo's router hears of the blocks its workers
+    offload to host memory too (its replay with a G2 reuses as much as with a G1 that large:
+    docs/sizing.md). Without a cache (`cached` False: the recompute baseline) they hold nothing,
+    and route by load alone."""
     if plan.routing == "round_robin":
         return routing.round_robin(w.refs.requests, plan.fleet.workers)
-    device = next(t for t in plan.tiers if t.scope == "worker").capacity_blocks if cached else 0
+    own = [t.capacity_blocks for t in plan.tiers if t.scope == "worker"]
     if plan.routing == "kv_router":
         return routing.kv_router(
-            w.refs, w.arrival_s, w.prompt_tokens, w.output_tokens, w.block_tokens, plan.fleet.workers, device, plan.cost
+            w.refs,
+            w.arrival_s,
+            w.prompt_tokens,
+            w.output_tokens,
+            w.block_tokens,
+            plan.fleet.workers,
+            max(own) if cached else 0,
+            plan.cost,
         )
-    return routing.prefix(w.refs, w.arrival_s, w.prompt_tokens, plan.fleet.workers, device, plan.cost)
+    return routing.prefix(w.refs, w.arrival_s, w.prompt_tokens, plan.fleet.workers, own[0] if cached else 0, plan.cost)
 
 
 def _placed(w: Workload, plan: Plan, cached: bool = True) -> tuple[Requests, list[np.ndarray]]:

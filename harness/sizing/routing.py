@@ -15,8 +15,9 @@
   active from its arrival to its end as the engine's cost model places it on its worker (queued
   prefills, then its own, then its output tokens' decode).
 
-For both, the device cache is simulated as the router sees it: an LRU of the fastest per-worker
-tier's capacity, every block the worker computes or loads written to it. A block's holders are
+For both, a worker's cache is simulated as the router sees it: an LRU (of the fastest per-worker
+tier's capacity for `prefix`; of the largest for `kv_router`, whose router hears of host
+offloads too: fleet._routes), every block the worker computes or loads written to it. A block's holders are
 indexed, so a request is weighed only against the workers that hold its first block and the one
 that would cost least without it; its cost is a walk of its blocks per candidate.
 """
