@@ -322,13 +322,22 @@ def size(
     workers: Annotated[
         int, typer.Option(help="Processes that size a sweep's configurations side by side (one each at a time).")
     ] = 1,
+    requests: Annotated[
+        bool | None,
+        typer.Option(
+            "--requests/--no-requests",
+            help="Write a row per request of each configuration (requests.csv.gz); "
+            "default: unless there are more rows than docs/sizing.md's limit.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> int:
     """Size a fleet's KV tiers from a request trace, in simulation: the share of prompt tokens
     each tier serves, the read bandwidth each must sustain, TTFT and the SLO; lists in the file
     are a sweep of their every combination."""
     from harness.commands import size as command
 
-    return command.main(file, out, stderr_console(), workers)
+    return command.main(file, out, stderr_console(), workers, requests)
 
 
 @app.command()

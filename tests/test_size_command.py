@@ -530,3 +530,83 @@ def test_export_gives_a_sizings_configurations_as_a_table(tmp_path: Path) -> Non
     assert got["G1_share"].tolist() == written["G1_share"].tolist()
     r = cli("export", str(ROOT / "tests" / "golden" / "runs" / "smoke"), "--table", "configurations")
     assert r.returncode == 2 and "only `kvbench size` results have them" in r.stderr, r.stderr
+
+
+def test_each_requests_row_adds_up_to_its_configurations_figures(tmp_path: Path) -> None:
+    """requests.csv.gz: a row per request of each configuration of a sweep sized in two
+    processes; per configuration, the rows' tokens per tier and computed add up to its figures,
+    and their TTFTs give its quantiles. `kvbench export --table requests` gives the same rows
+    (after the sizing's name and folder, marked simulated)."""
+    import numpy as np
+    import pandas as pd
+
+    trace = "\n".join(
+        json.dumps(
+            {"timestamp": 500 * i, "input_length": 64, "output_length": 2, "hash_ids": [i % 3, 10 + i % 5, 20 + i]}
+        )
+        for i in range(40)
+    )
+    f = sizing_file(tmp_path, SWEEP, trace=trace)
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"), "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    folder = next((tmp_path / "out").glob("*/*"))
+    doc = json.loads((folder / "sizing.json").read_text())
+    assert doc["requests_file"] == "requests.csv.gz"
+    rows = pd.read_csv(folder / "requests.csv.gz")
+    assert sorted(rows["configuration"].unique()) == list(range(6))
+    for i, c in enumerate(doc["configurations"]):
+        mine = rows[rows["configuration"] == i].sort_values("request")
+        f_ = c["figures"]
+        assert mine["request"].tolist() == list(range(40))
+        for t in f_["tiers"]:
+            assert int(mine[f"{t['name'].lower()}_tokens"].sum()) == t["served_tokens"]
+        assert int(mine["computed_tokens"].sum()) == f_["computed_tokens"]
+        assert (mine["prompt_tokens"] == mine[["g1_tokens", "g4_tokens", "computed_tokens"]].sum(axis=1)).all()
+        assert np.isclose(np.percentile(mine["ttft_s"], 50), f_["ttft_s"]["p50"], rtol=1e-6)
+        assert np.isclose(np.percentile(mine["recompute_ttft_s"], 99), f_["recompute_ttft_s"]["p99"], rtol=1e-6)
+    out = kvbench("export", str(folder), "--table", "requests", "-o", str(tmp_path / "r.csv"))
+    assert out.returncode == 0, out.stderr
+    exported = pd.read_csv(tmp_path / "r.csv")
+    assert len(exported) == len(rows) and set(exported["simulated"]) == {True}
+    assert exported.drop(columns=["sizing", "folder", "simulated"]).equals(rows)
+
+
+def test_request_rows_are_left_out_when_asked_and_export_says_so(tmp_path: Path) -> None:
+    r = kvbench("size", str(sizing_file(tmp_path, SWEEP)), "--out", str(tmp_path / "out"), "--no-requests")
+    assert r.returncode == 0, r.stderr
+    folder = next((tmp_path / "out").glob("*/*"))
+    assert json.loads((folder / "sizing.json").read_text())["requests_file"] is None
+    assert not (folder / "requests.csv.gz").exists()
+    out = kvbench("export", str(folder), "--table", "requests")
+    assert out.returncode == 2 and "no request rows" in out.stderr and "--requests" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("damage", ["endless line", "cut short", "not csv numbers", "named elsewhere"])
+def test_damaged_request_rows_are_refused_by_name(tmp_path: Path, damage: str) -> None:
+    """A sizing result's requests.csv.gz damaged (one line without end, decompressing for ever;
+    a file cut short; text where numbers belong) or sizing.json naming another file: export
+    says what is wrong with which file (exit 2), within bounded memory, and writes nothing."""
+    import gzip
+
+    r = kvbench("size", str(sizing_file(tmp_path, SWEEP)), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    folder = next((tmp_path / "out").glob("*/*"))
+    rows = folder / "requests.csv.gz"
+    if damage == "endless line":
+        with gzip.open(rows, "wt") as f:
+            for _ in range(64):
+                f.write("9" * (1 << 16))  # 4 MiB, not a newline in it
+    elif damage == "cut short":
+        rows.write_bytes(rows.read_bytes()[:-20])
+    elif damage == "not csv numbers":
+        with gzip.open(rows, "wt") as f:
+            f.write("configuration,request,ttft_s\n0,0,=HYPERLINK(1)\n")
+    else:
+        doc = json.loads((folder / "sizing.json").read_text())
+        (tmp_path / "elsewhere.csv.gz").write_bytes(rows.read_bytes())
+        doc["requests_file"] = "../../../elsewhere.csv.gz"
+        (folder / "sizing.json").write_text(json.dumps(doc))
+    out = kvbench("export", str(folder), "--table", "requests", "-o", str(tmp_path / "r.csv"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert ("no request rows" if damage == "named elsewhere" else "requests.csv.gz: unreadable") in out.stderr
+    assert not (tmp_path / "r.csv").exists()

@@ -3,6 +3,7 @@ on standard output), for spreadsheets, notebooks and dashboards: the frames of h
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
     from harness.analysis import frames
     from harness.monitor.progress import stderr_console
     from harness.results import skipped_warning
+    from harness.sizing import result as sizing
 
     if fmt not in FORMATS:
         raise InputError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -40,6 +42,8 @@ def main(results: list[Path], fmt: str, table: str, output: Path | None) -> int:
     empty = f"--table {table}: no rows in {', '.join(map(str, results))}" + EMPTY_WHY.get(table, "")
     if table == "configurations":  # a sizing's
         write_table(iter([configurations(results)]), fmt, output, empty)
+    elif table == "requests" and (sized := sizing.of(results, "kvbench export")) is not None:
+        write_table(sized_requests(sized), fmt, output, empty)
     else:
         if table == "requests":  # streamed: a day-long run's table in bounded memory
             runs = frames.load_meta(results)
@@ -112,6 +116,39 @@ def configurations(results: list[Path]) -> pd.DataFrame:
                 {"sizing": s.doc.get("name"), "folder": str(folder), "simulated": True, **r} for r in sizing.rows(s)
             ]
     return pd.DataFrame(out)
+
+
+def sized_requests(folders: list[Path]) -> Iterator[pd.DataFrame]:
+    """`kvbench size` results' rows, a request of a configuration each (their requests.csv.gz,
+    BATCH_RECORDS at a time: bounded memory however long the trace), after the sizing's name and
+    folder; every figure simulated. A result without rows says why."""
+    import pandas as pd
+
+    from harness.sizing import result as sizing
+
+    for folder in folders:
+        s = sizing.read(folder)
+        path = folder / sizing.REQUESTS  # the one name kvbench writes, whatever sizing.json says
+        if s.doc.get("requests_file") != sizing.REQUESTS or not path.is_file():
+            raise InputError(
+                f"{folder}: no request rows (`kvbench size` writes them when there are not too many, "
+                "or with --requests)"
+            )
+        try:
+            with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
+                rows = sizing.BoundedLines(f, sizing.REQUEST_LINE_MAX)
+                head = pd.read_csv(rows, nrows=0).columns
+            # times float, counts int, whatever a batch holds (a batch of zeros reads as ints)
+            types = {c: "float64" if c.endswith("_s") else "int64" for c in head}
+            with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
+                rows = sizing.BoundedLines(f, sizing.REQUEST_LINE_MAX)
+                for chunk in pd.read_csv(rows, chunksize=BATCH_RECORDS, dtype=types):
+                    chunk.insert(0, "simulated", True)
+                    chunk.insert(0, "folder", str(folder))
+                    chunk.insert(0, "sizing", s.doc.get("name"))
+                    yield chunk
+        except (OSError, EOFError, ValueError, UnicodeDecodeError) as e:  # cut short or damaged
+            raise InputError(f"{path}: unreadable: {type(e).__name__}: {e}") from None
 
 
 # A text cell that starts with one of these is a formula to a spreadsheet (OWASP's CSV injection)

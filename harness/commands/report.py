@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.core.errors import ExitCode, InputError
+from harness.core.errors import ExitCode
 
 
 def main(results: list[Path], output: Path | None) -> int:
@@ -17,15 +17,8 @@ def main(results: list[Path], output: Path | None) -> int:
     from harness.results import load_runs, skipped_warning
     from harness.sizing import result as sizing
 
-    sized = {p: sizing.folders(p) for p in results if p.exists()}
-    if any(sized.values()):
-        if not all(sized.get(p) for p in results):
-            raise InputError(
-                "give `kvbench report` sizing results or run results, not both: "
-                + ", ".join(str(p) for p in results if not sized.get(p))
-                + " holds no sizing.json"
-            )
-        read = [sizing.read(f) for p in results for f in sized[p]]
+    if (sized := sizing.of(results, "kvbench report")) is not None:
+        read = [sizing.read(f) for f in sized]
         if output is None:
             names = sorted({str(s.doc.get("name", "sizing")) for s in read})
             output = Path("reports") / f"{'+'.join(names)}-{read[-1].folder.name}.html"

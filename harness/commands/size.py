@@ -2,19 +2,22 @@
 (harness/sizing; docs/sizing.md). Reads the file (sizing/config.py), resolves the engine's timing
 and the model's KV bytes per token (an emulator profile's, or the numbers given), reads the trace,
 and writes `sizing.json` into a result folder of its own: the inputs as resolved, and every figure
-(sizing/fleet.py), marked simulated. The terminal gets the figures a storage architect reads
-first."""
+(sizing/fleet.py), marked simulated, with a row per request of each configuration
+(requests.csv.gz). The terminal gets the figures a storage architect reads first."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import functools
+import gzip
 import json
 import multiprocessing
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -26,7 +29,7 @@ from harness.gate.rules import parse_rules
 from harness.inputs import traces
 from harness.results import utc_stamp, versions
 from harness.sizing import config, result
-from harness.sizing.fleet import CAPACITY_STEPS, Plan, TierPlan, Workload, from_trace, size
+from harness.sizing.fleet import CAPACITY_STEPS, Plan, Sized, TierPlan, Workload, from_trace, size
 from harness.sizing.simulate import Cost, Tier
 from harness.sizing.tiers import Fleet
 
@@ -37,7 +40,9 @@ WHAT = (
 )
 
 
-def main(file: Path, out: Path, console: Console, processes: int = 1) -> int:
+def main(file: Path, out: Path, console: Console, processes: int = 1, requests: bool | None = None) -> int:
+    """`requests`: write a row per request of each configuration (True), not (False), or when
+    there are at most MAX_REQUEST_ROWS of them (None)."""
     spec = config.read(file)
     if spec.gate is not None:
         parse_rules(spec.gate, str(file))  # refused now, not after the sizing
@@ -80,11 +85,23 @@ def main(file: Path, out: Path, console: Console, processes: int = 1) -> int:
         markup=False,
     )
     workload = from_trace(trace.requests, trace.block_tokens, spec.workload.rate_scale, spec.workload.tenants)
+    rows = workload.refs.requests * len(configurations)
+    keep = requests if requests is not None else rows <= MAX_REQUEST_ROWS
+    doc["requests_file"] = result.REQUESTS if keep else None
+    if requests is None and not keep:
+        console.print(
+            f"{rows:,} request rows (more than {MAX_REQUEST_ROWS:,}) are not written: --requests writes them",
+            markup=False,
+        )
     done: dict[int, dict[str, Any]] = {}
     try:
-        with (folder / CONFIGURATIONS_JSONL).open("w", encoding="utf-8") as f:
-            for i, figures in _sized(workload, plans, processes):
-                done[i] = _configuration(configurations[i], plans[i], figures)
+        with (
+            (folder / CONFIGURATIONS_JSONL).open("w", encoding="utf-8") as f,
+            _rows_to(folder / result.REQUESTS if keep else None) as put_rows,
+        ):
+            for i, sized in _sized(workload, plans, processes, keep):
+                done[i] = _configuration(configurations[i], plans[i], sized.figures)
+                put_rows(i, sized)
                 f.write(json.dumps({"index": i, **done[i]}, default=str) + "\n")
                 f.flush()
                 if len(configurations) > 1:
@@ -103,6 +120,30 @@ def main(file: Path, out: Path, console: Console, processes: int = 1) -> int:
 
 # Each configuration's figures, one line as each is done (a long sweep interrupted keeps them)
 CONFIGURATIONS_JSONL = "configurations.jsonl"
+# A row per request of each configuration (result.REQUESTS: fleet.row_columns after
+# `configuration`, its index in configurations.jsonl), appended as each is done; gzip level 1: a
+# 76,800-request sweep of four configurations is 307,200 rows
+# Past this many rows (requests x configurations) they are written only when asked (--requests):
+# a sweep of 16 configurations of 10^7 requests would write some 10 GB
+MAX_REQUEST_ROWS = 10_000_000
+
+
+@contextlib.contextmanager
+def _rows_to(path: Path | None) -> Iterator[Callable[[int, Sized], None]]:
+    """A writer of each configuration's request rows to `path` (none: rows are dropped)."""
+    if path is None:
+        yield lambda _i, _sized: None
+        return
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=1, newline="") as f:
+        yield functools.partial(_put_rows, f, [True])
+
+
+def _put_rows(f: IO[str], first: list[bool], i: int, sized: Sized) -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame({"configuration": i, **sized.rows})
+    frame.to_csv(f, header=first[0], index=False, float_format="%.9g")
+    first[0] = False
 
 
 def _plan(spec: config.SizingSpec, c: config.Configuration, block_bytes: int, kv: int, cost: Cost) -> Plan:
@@ -121,19 +162,20 @@ def _plan(spec: config.SizingSpec, c: config.Configuration, block_bytes: int, kv
     )
 
 
-def _sized(workload: Workload, plans: list[Plan], processes: int) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Each plan's figures (its index, as each is done): in this process, or in `processes`
-    processes (spawned: nothing of this one's state is copied into them but what they are given).
-    Stopped (Ctrl-C, SIGTERM, an error), the processes are terminated at once, not left to finish
-    their configuration; and they end with kvbench if it is killed."""
+def _sized(workload: Workload, plans: list[Plan], processes: int, rows: bool) -> Iterator[tuple[int, Sized]]:
+    """Each plan sized (its index, as each is done; its request rows only if `rows`): in this
+    process, or in `processes` processes (spawned: nothing of this one's state is copied into
+    them but what they are given). Stopped (Ctrl-C, SIGTERM, an error), the processes are
+    terminated at once, not left to finish their configuration; and they end with kvbench if it
+    is killed."""
     if processes == 1 or len(plans) == 1:
         for i, plan in enumerate(plans):
-            yield i, size(workload, plan)
+            yield _size_one((i, workload, plan, rows))
         return
     context = multiprocessing.get_context("spawn")
     pool = context.Pool(min(processes, len(plans)), initializer=_child)
     try:
-        yield from pool.imap_unordered(_size_one, [(i, workload, plan) for i, plan in enumerate(plans)])
+        yield from pool.imap_unordered(_size_one, [(i, workload, plan, rows) for i, plan in enumerate(plans)])
         pool.close()
     finally:
         pool.terminate()
@@ -147,9 +189,12 @@ def _child() -> None:
     die_with_parent()
 
 
-def _size_one(task: tuple[int, Workload, Plan]) -> tuple[int, dict[str, Any]]:
-    i, workload, plan = task
-    return i, size(workload, plan)
+def _size_one(task: tuple[int, Workload, Plan, bool]) -> tuple[int, Sized]:
+    """One plan sized; its rows dropped where they are not wanted (not carried back from a
+    process: a configuration of 10^7 requests has about 1 GB of them)."""
+    i, workload, plan, rows = task
+    sized = size(workload, plan)
+    return i, sized if rows else Sized(sized.figures, {})
 
 
 def _configuration(c: config.Configuration, plan: Plan, figures: dict[str, Any]) -> dict[str, Any]:

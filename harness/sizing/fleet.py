@@ -141,15 +141,77 @@ def _placed(w: Workload, plan: Plan, cached: bool = True) -> tuple[Requests, lis
     return Requests(w.arrival_s, worker, w.prompt_tokens, w.output_tokens, tier_tokens, instance), distances
 
 
-def size(w: Workload, plan: Plan) -> dict[str, Any]:
-    """Every figure of the fleet (sizing.json's `figures`)."""
+@dataclass(frozen=True)
+class Sized:
+    """A configuration sized: every figure (sizing.json's `figures`) and a row per request
+    (`rows`: columns of equal length, requests in arrival order; `row_columns` names them)."""
+
+    figures: dict[str, Any]
+    rows: dict[str, np.ndarray]
+
+
+def row_columns(tiers: Sequence[str]) -> list[str]:
+    """A sized request's row (fleet.Sized.rows, the result folder's requests.csv.gz), for tiers
+    named `tiers`: its index in arrival order, when it arrived (s from the first), its worker,
+    prompt and output tokens, the tokens each tier served it and those computed, how long it
+    queued before its loads began, loaded, prefilled, its TTFT and end-to-end time, and its TTFT
+    when every prompt is recomputed. All simulated."""
+    return [
+        "request",
+        "arrival_s",
+        "worker",
+        "prompt_tokens",
+        "output_tokens",
+        *(f"{t.lower()}_tokens" for t in tiers),
+        "computed_tokens",
+        "queue_s",
+        "load_s",
+        "prefill_s",
+        "ttft_s",
+        "e2e_s",
+        "recompute_ttft_s",
+    ]
+
+
+def size(w: Workload, plan: Plan) -> Sized:
+    """Every figure of the fleet, and a row per request."""
     refs = w.refs
     reqs, distances = _placed(w, plan)
-    instance, tier_tokens, capacities = reqs.instance, reqs.tier_tokens, [t.capacity_blocks for t in plan.tiers]
-    timing = [t.timing for t in plan.tiers]
+    tier_tokens, timing = reqs.tier_tokens, [t.timing for t in plan.tiers]
     cached = simulate(reqs, timing, plan.kv_bytes_per_token, plan.cost)
     none, _ = _placed(w, plan, cached=False)
     recompute = simulate(none, [], plan.kv_bytes_per_token, plan.cost)
+    columns = [
+        np.arange(refs.requests),
+        w.arrival_s,
+        reqs.worker,
+        w.prompt_tokens,
+        w.output_tokens,
+        *(tier_tokens[:, k] for k in range(len(plan.tiers))),
+        w.prompt_tokens - tier_tokens.sum(axis=1),
+        cached.start_s - w.arrival_s,
+        cached.load_s,
+        cached.prefill_s,
+        cached.ttft_s,
+        cached.e2e_s,
+        recompute.ttft_s,
+    ]
+    rows = dict(zip(row_columns([t.name for t in plan.tiers]), columns, strict=True))
+    return Sized(_figures(w, plan, reqs, distances, cached, none, recompute), rows)
+
+
+def _figures(
+    w: Workload,
+    plan: Plan,
+    reqs: Requests,
+    distances: list[np.ndarray],
+    cached: Result,
+    none: Requests,
+    recompute: Result,
+) -> dict[str, Any]:
+    """Every figure of the fleet (sizing.json's `figures`)."""
+    refs, timing = w.refs, [t.timing for t in plan.tiers]
+    instance, tier_tokens, capacities = reqs.instance, reqs.tier_tokens, [t.capacity_blocks for t in plan.tiers]
     total = int(w.prompt_tokens.sum())
     served = tier_tokens.sum(axis=0)
     return {

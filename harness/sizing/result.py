@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from harness.config.scenario import TIER_NAMES
 from harness.core.errors import InputError, read_input
 from harness.core.units import human_bandwidth, human_size
 
 SIZING = "sizing.json"
+# A row per request of each configuration (commands/size.py writes it; sizing.json's
+# `requests_file` names it when it was written); a line of it is some 200 bytes
+REQUESTS = "requests.csv.gz"
+REQUEST_LINE_MAX = 64 << 10
 # The same bound as a run's run.json (results.RESULT_JSON_MAX_BYTES)
 SIZING_MAX_BYTES = 256 << 20
 
@@ -34,6 +38,22 @@ def folders(path: Path) -> list[Path]:
     if below:
         return [below[-1]]
     return [f for name in sorted({p.parent.parent for p in path.glob(f"*/*/{SIZING}")}) for f in folders(name)]
+
+
+def of(paths: list[Path], command: str) -> list[Path] | None:
+    """The sizing result folders of `paths` (each as `folders` finds them) when they are sizing
+    results, None when none is; a mix of sizing and run results is refused (`command`'s name in
+    the message)."""
+    sized = {p: folders(p) for p in paths if p.exists()}
+    if not any(sized.values()):
+        return None
+    if not all(sized.get(p) for p in paths):
+        raise InputError(
+            f"give `{command}` sizing results or run results, not both: "
+            + ", ".join(str(p) for p in paths if not sized.get(p))
+            + f" holds no {SIZING}"
+        )
+    return [f for p in paths for f in sized[p]]
 
 
 def read(folder: Path) -> Sizing:
@@ -146,3 +166,20 @@ def value(key: str, v: Any) -> str:
     if key.endswith("capacity"):
         return human_size(float(v or 0))
     return "-" if v is None else f"{v:g}"
+
+
+class BoundedLines:
+    """A text stream read for a parser (pandas' `read_csv`) that fails, instead of growing
+    without end, once a line passes `limit` characters: a damaged or hostile requests file that
+    decompresses to one endless line."""
+
+    def __init__(self, f: IO[str], limit: int) -> None:
+        self.f, self.limit, self.run = f, limit, 0
+
+    def read(self, n: int = -1) -> str:
+        data = self.f.read(n if n > 0 else 1 << 16)
+        pieces = data.split("\n")  # the first goes on with the line read so far; each other is a line's start
+        if self.run + len(pieces[0]) > self.limit or any(len(p) > self.limit for p in pieces[1:]):
+            raise ValueError(f"a line longer than {self.limit:,} characters")
+        self.run = self.run + len(pieces[0]) if len(pieces) == 1 else len(pieces[-1])
+        return data
