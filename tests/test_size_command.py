@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from harness.sizing.config import read
@@ -233,6 +234,11 @@ def test_a_sweep_stopped_keeps_what_it_sized_and_leaves_no_process(tmp_path: Pat
     doc = json.loads((folder / "sizing.json").read_text())
     done = (folder / "configurations.jsonl").read_text().splitlines()
     assert doc["status"] == "interrupted" and 1 <= len(doc["configurations"]) == len(done) < 64
+    # its request rows: those of the configurations done, each whole (300 requests)
+    out = kvbench("export", str(folder), "--table", "requests", "-o", str(tmp_path / "r.csv"))
+    assert out.returncode == 0, out.stderr
+    counts = pd.read_csv(tmp_path / "r.csv")["configuration"].value_counts()
+    assert sorted(counts.index) == sorted(c["index"] for c in doc["configurations"]) and set(counts) == {300}
     # the sizing processes were terminated before kvbench exited (the standard library's
     # resource tracker, a child too, ends on its own once kvbench's end of its pipe closes)
     assert not [pid for pid in children if _running(pid) and b"resource_tracker" not in _cmdline(pid)]
@@ -538,7 +544,6 @@ def test_each_requests_row_adds_up_to_its_configurations_figures(tmp_path: Path)
     and their TTFTs give its quantiles. `kvbench export --table requests` gives the same rows
     (after the sizing's name and folder, marked simulated)."""
     import numpy as np
-    import pandas as pd
 
     trace = "\n".join(
         json.dumps(

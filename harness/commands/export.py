@@ -129,6 +129,7 @@ def sized_requests(folders: list[Path]) -> Iterator[pd.DataFrame]:
     for folder in folders:
         s = sizing.read(folder)
         path = folder / sizing.REQUESTS  # the one name kvbench writes, whatever sizing.json says
+        sized = [c.get("index") for c in s.doc["configurations"] if isinstance(c, dict)]
         if s.doc.get("requests_file") != sizing.REQUESTS or not path.is_file():
             raise InputError(
                 f"{folder}: no request rows (`kvbench size` writes them when there are not too many, "
@@ -143,6 +144,8 @@ def sized_requests(folders: list[Path]) -> Iterator[pd.DataFrame]:
             with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
                 rows = sizing.BoundedLines(f, sizing.REQUEST_LINE_MAX)
                 for chunk in pd.read_csv(rows, chunksize=BATCH_RECORDS, dtype=types):
+                    # a sweep stopped while it wrote a configuration's rows: those are not its
+                    chunk = chunk[chunk["configuration"].isin(sized)] if "configuration" in chunk else chunk
                     chunk.insert(0, "simulated", True)
                     chunk.insert(0, "folder", str(folder))
                     chunk.insert(0, "sizing", s.doc.get("name"))

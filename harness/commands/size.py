@@ -100,10 +100,11 @@ def main(file: Path, out: Path, console: Console, processes: int = 1, requests: 
             _rows_to(folder / result.REQUESTS if keep else None) as put_rows,
         ):
             for i, sized in _sized(workload, plans, processes, keep):
-                done[i] = _configuration(configurations[i], plans[i], sized.figures)
-                put_rows(i, sized)
-                f.write(json.dumps({"index": i, **done[i]}, default=str) + "\n")
+                put_rows(i, sized)  # first: a configuration said done has all its rows
+                one = {"index": i, **_configuration(configurations[i], plans[i], sized.figures)}
+                f.write(json.dumps(one, default=str) + "\n")
                 f.flush()
+                done[i] = one
                 if len(configurations) > 1:
                     console.print(f"  {len(done)}/{len(configurations)}: {_label(configurations[i])}", markup=False)
         doc["status"] = "completed"
