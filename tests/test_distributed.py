@@ -80,12 +80,11 @@ def _lines(events: Any) -> bytes:
     return b"".join(e.lines for e in events if isinstance(e, Records))
 
 
-def test_a_workers_actor_vouches_for_its_process_only_while_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_workers_actor_vouches_for_its_process_only_while_it_starts() -> None:
     """Nothing from the worker process for two heartbeats: while the process lives and has not
     said it is up (starting, slowly on a busy host), its actor answers with a heartbeat; once up,
     or gone, silence (the coordinator's rule for it decides)."""
-    monkeypatch.setattr(raypool, "batch_threads", lambda: None)  # this process is not an actor's
-    actor = RayWorker()
+    actor = RayWorker(policy=lambda: None)  # this process is not an actor's: its threads stay as they are
     assert actor.shipped(0, 0) == Shipment(0, [])  # no process yet
     actor.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
@@ -300,11 +299,10 @@ def test_an_ask_made_again_gets_the_same_items_not_new_ones() -> None:
     assert d.taken(0) == first + second  # counted once
 
 
-def test_a_shipment_is_sent_again_until_it_is_acknowledged(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shipment_is_sent_again_until_it_is_acknowledged() -> None:
     """A fetch whose reply was lost (made again with the same acknowledgement) gets the same
     shipment; acknowledged, the next; nothing is lost and nothing comes twice."""
-    monkeypatch.setattr(raypool, "batch_threads", lambda: None)  # this process is not an actor's
-    actor = RayWorker()
+    actor = RayWorker(policy=lambda: None)  # this process is not an actor's: its threads stay as they are
     actor.out.put(Records(b"a\n"))
     one = actor.shipped(0, 0)
     assert one.events == [Records(b"a\n")] and one.seq == 1
@@ -571,11 +569,10 @@ def test_a_worker_holds_before_the_coordinator_could_declare_it_lost(lost_after_
     assert HEARTBEAT_S < hold_after_s(lost_after_s) < lost_after_s
 
 
-def test_a_fetch_older_than_the_bound_does_not_wake_a_lost_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fetch_older_than_the_bound_does_not_wake_a_lost_worker() -> None:
     """A fetch is the coordinator's word, relayed to the worker process as Alive; one that waited
     in a frozen node's actor past the liveness bound (its worker declared lost meanwhile) is not."""
-    monkeypatch.setattr(raypool, "batch_threads", lambda: None)  # this process is not an actor's
-    actor = RayWorker()
+    actor = RayWorker(policy=lambda: None)  # this process is not an actor's: its threads stay as they are
     mine, theirs = multiprocessing.Pipe()
     actor.conn = mine
     actor.bound = (0, 5.0)  # the worker's clock offset, the liveness bound

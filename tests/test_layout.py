@@ -306,3 +306,42 @@ def test_reading_a_scenario_a_report_or_a_gate_imports_nothing_that_sends(tmp_pa
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "r.html").exists() and (tmp_path / "g.json").exists()
     assert out.stdout.splitlines()[-1].split() == ["imported:"]
+
+
+def test_no_test_monkeypatches_a_module_global_of_harness() -> None:
+    """What a test changes of kvbench's behaviour it passes in (a parameter, an object), never by
+    rewriting a harness module's global (issue 54): `monkeypatch.setattr` and `setitem` on a
+    harness module, or on a "harness..." dotted target, are refused."""
+    import importlib.util
+
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness"):
+                for alias in node.names:
+                    try:  # a module of a package, not a name defined in a module
+                        is_module = importlib.util.find_spec(f"{node.module}.{alias.name}") is not None
+                    except (ModuleNotFoundError, AttributeError):
+                        is_module = False
+                    if is_module:
+                        modules.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                modules |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("harness")}
+        for node in ast.walk(tree):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("setattr", "setitem", "delattr")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "monkeypatch"
+                and node.args
+            ):
+                continue
+            target = node.args[0]
+            if (isinstance(target, ast.Name) and target.id in modules) or (
+                isinstance(target, ast.Constant) and str(target.value).startswith("harness")
+            ):
+                found.append(f"{path.name}:{node.lineno}")
+    assert not found

@@ -152,8 +152,10 @@ class RayWorker:
     streaming generator: those do not work through Ray Client, `ray://`.) The process ends when
     this actor does (its pipe closes)."""
 
-    def __init__(self) -> None:
-        batch_threads()
+    def __init__(self, policy: Callable[[], None] | None = None) -> None:
+        """`policy`: what sets this process's threads' scheduling (`batch_threads`, an actor's;
+        a test that makes one in its own process passes something harmless)."""
+        (policy or batch_threads)()
         self.out: Outbox[Event] = Outbox()
         self.held: deque[Event] = deque()  # taken from `out`, not yet fetched
         self.sent: Shipment | None = None  # fetched, not yet acknowledged
