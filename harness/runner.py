@@ -26,7 +26,8 @@ from rich.markup import escape
 from harness.analysis import stats
 from harness.analysis.kinds import figures_of
 from harness.config import kinds, reference
-from harness.config.scenario import Arm, Context, DistributedCfg, Scenario
+from harness.config.context import Context
+from harness.config.scenario import Arm, DistributedCfg, Scenario
 from harness.core import aio
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError, ExitCode, FilesError

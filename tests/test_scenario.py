@@ -9,6 +9,8 @@ import pytest
 
 from harness.commands.validate import is_sizing
 from harness.config import scenario
+from harness.config.context import MAX_CONTEXT_TOKENS, Context
+from harness.config.engines import DynamoEngineCfg
 from harness.config.tables import read_toml
 from harness.core.errors import InputError
 from tests.conftest import cli, write_scenario
@@ -198,7 +200,7 @@ def test_every_prompt_length_is_bounded_by_the_models_context(text: str, message
     with pytest.raises(InputError) as e:
         parse(text)
     assert message in str(e.value) and "scenarios/x.toml" in str(e.value)
-    assert parse(SESSIONS.format(message=400)).model.max_context_tokens == scenario.MAX_CONTEXT_TOKENS
+    assert parse(SESSIONS.format(message=400)).model.max_context_tokens == MAX_CONTEXT_TOKENS
 
 
 def test_an_arm_sets_the_dynamo_keys_it_may_change_and_keeps_the_rest() -> None:
@@ -216,7 +218,7 @@ def test_a_dynamo_engine_reads_its_own_keys() -> None:
         SWEEP + '[engine]\nkind = "dynamo"\nworkers = 2\nrouter_mode = "round-robin"\ng1_blocks = 400\n'
         'g2_blocks = 1600\ng2_bandwidth = "1GB/s"\nkv_bytes_per_token = 1024\n'
     )
-    assert sc.engine == scenario.DynamoEngineCfg(
+    assert sc.engine == DynamoEngineCfg(
         workers=2,
         router_mode="round-robin",
         g1_blocks=400,
@@ -225,7 +227,7 @@ def test_a_dynamo_engine_reads_its_own_keys() -> None:
         g2_bytes_per_s=1e9,
         kv_bytes_per_token=1024,
     )
-    assert sc.engine.context == scenario.Context(16384, "the model kvbench makes for Dynamo")
+    assert sc.engine.context == Context(16384, "the model kvbench makes for Dynamo")
 
 
 def test_schema_version(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.scenario import TrafficCfg
+from harness.config.traffic import TrafficCfg
 from harness.core import children
 from harness.core.clock import ModelClock
 from harness.core.errors import InputError

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from harness.commands.context import known_context
 from harness.config import kinds, scenario
+from harness.config.engines import EngineCfg
 from harness.core import aio
 from harness.core.clock import ModelClock, check_scale
 from harness.core.errors import InputError, KvbenchError, Redactor, signals_interrupt
@@ -214,7 +215,7 @@ def _emulator(emulated: bool, cfg: scenario.EmulatorCfg, scale: float, where: st
 
 @contextlib.contextmanager
 def _engine(
-    cfg: scenario.EngineCfg | None, where: str, answer_lengths: Collection[int], console: Console
+    cfg: EngineCfg | None, where: str, answer_lengths: Collection[int], console: Console
 ) -> Iterator[Started | None]:
     if cfg is None:
         yield None

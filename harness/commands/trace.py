@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.analysis import stats
-from harness.config.scenario import MAX_CONTEXT_TOKENS
+from harness.config.context import MAX_CONTEXT_TOKENS
 from harness.core.errors import ExitCode, InputError
 from harness.inputs import traces
 

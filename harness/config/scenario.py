@@ -9,15 +9,19 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any, ClassVar, Literal
+from pathlib import Path
+from typing import Any, Literal
 
+from harness.config import engines as engine_config
 from harness.config import kinds, reference
+from harness.config import traffic as traffic_config
+from harness.config.context import MAX_CONTEXT_TOKENS, Context
+from harness.config.engines import EngineCfg
 from harness.config.kinds import WorkloadConfig
 from harness.config.tables import Collect, Table, read_toml, size
+from harness.config.traffic import TrafficCfg
 from harness.core.clock import MAX_TIME_SCALE
 from harness.core.errors import InputError
 
@@ -70,11 +74,6 @@ class PromptsCfg:
     tolerance: float = 0.005
 
 
-# The default bound on any prompt's length (model.max_context_tokens): the longest contexts models
-# are served with today, and what kvbench may hold of one prompt (about 4 MB of text). Lengths
-# beyond it are refused before anything is built or sent.
-MAX_CONTEXT_TOKENS = 1 << 20
-
 WARM_FROM = ("active", "host", "disk")  # arms: where a warm request finds its KV
 
 
@@ -113,77 +112,6 @@ class Arm:
     # the engine kvbench starts, as this arm runs it (`[[arms]] engine`: [engine] with the arm's
     # own values of the keys its kind lets change between arms); None: as [engine] says
     engine: EngineCfg | None = None
-
-
-@dataclass(frozen=True)
-class LlamaEngineCfg:
-    """llama.cpp's llama-server, started by kvbench for the run (harness/engines/llamacpp.py)."""
-
-    label: ClassVar[str] = "llama.cpp's llama-server"
-    per_arm: ClassVar[tuple[str, ...]] = ()  # keys an arm may set for itself (none: one server per run)
-    kind: Literal["llamacpp"] = "llamacpp"
-    model: str = "tiny"  # a model kvbench makes (harness/engines/models.py SIZES) or a GGUF file
-    slots: int = 1  # llama-server -np
-    ctx_per_slot: int = 20480
-    cache_ram_mib: int | None = None  # --cache-ram (None: llama.cpp's default; 0: no host-memory cache)
-    slot_dir: str | None = None  # --slot-save-path (None: a folder kvbench makes and removes)
-    threads: int | None = None  # -t (None: every core)
-
-    @property
-    def context(self) -> Context:
-        return Context(self.ctx_per_slot, "engine.ctx_per_slot")
-
-
-DYNAMO_CONTEXT = 16384  # the context of the model kvbench makes for Dynamo (engines/vllm/make_model.py CTX)
-
-
-@dataclass(frozen=True)
-class DynamoEngineCfg:
-    """NVIDIA Dynamo's frontend and KV router over its GPU-free mocker workers, started by kvbench
-    for the run (harness/engines/dynamo.py)."""
-
-    label: ClassVar[str] = "NVIDIA Dynamo's frontend and mocker workers"
-    # the workers' own flags, and the frontend's router: kvbench restarts them before each arm
-    # (harness/engines/dynamo.py)
-    per_arm: ClassVar[tuple[str, ...]] = ("g1_blocks", "g2_blocks", "g2_bandwidth", "router_mode")
-    kind: Literal["dynamo"] = "dynamo"
-    workers: int = 1  # mocker workers, one process each
-    router_mode: Literal["kv", "round-robin"] = "kv"  # the frontend's choice of worker
-    block_size: int = 16  # tokens per KV block
-    g1_blocks: int = 2048  # the device's KV blocks per worker
-    g2_blocks: int = 0  # the host tier's KV blocks per worker (0: no G2)
-    g2_bandwidth: str = "32GB/s"  # G1 <-> G2, each way, as written
-    g2_bytes_per_s: float = 32e9
-    kv_bytes_per_token: int = 0  # what the mocker moves between tiers (read: the paper's model's)
-
-    @property
-    def context(self) -> Context:
-        return Context(DYNAMO_CONTEXT, "the model kvbench makes for Dynamo")
-
-
-EngineCfg = LlamaEngineCfg | DynamoEngineCfg
-
-
-@dataclass(frozen=True)
-class TrafficCfg:
-    """Competing storage I/O during the measured phase (see harness/traffic/)."""
-
-    tool: Literal["fio", "builtin", "command", "emulated"]
-    target: str | None = None  # as written, e.g. "200GB/s"
-    target_bytes_per_s: float | None = None
-    rw: Literal["read", "write", "randread", "randwrite", "rw", "randrw"] = "read"
-    rwmixread: int = 50
-    block_size: int = 1 << 20
-    iodepth: int = 16
-    jobs_per_client: int = 4
-    direct: bool = True
-    file_size: int = 1 << 30
-    directory: str | None = None
-    allow_nonempty_directory: bool = False
-    clients: tuple[str, ...] = ()
-    fio_port: int = 8765
-    start_before_s: float = 5.0
-    command: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -292,7 +220,7 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
     top.known(*SECTIONS)
     read = Collect(file)
     head = read(_head, top)
-    engine = read(_engine, top.sub("engine")) if top.has("engine") else None
+    engine = read(engine_config.parse, top.sub("engine")) if top.has("engine") else None
     endpoint = read(_endpoint, top.sub("endpoint"))
     prompts = read(_prompts, top.sub("prompts"))
     workload = read(kinds.parse, top.sub("workload"))
@@ -301,7 +229,7 @@ def parse(data: dict[str, Any], file: str) -> Scenario:
     emulator = read(_emulator, top.sub("emulator"))
     model = read(_model, top.sub("model"))
     reference = read(_reference, top.sub("reference")) if top.has("reference") else None
-    traffic = read(_traffic, top.sub("traffic")) if top.has("traffic") else None
+    traffic = read(traffic_config.parse, top.sub("traffic")) if top.has("traffic") else None
     metrics = read(_metrics, top.sub("metrics"))
     slo = read(_slo, top.sub("slo")) if top.has("slo") else None
     distributed = read(_distributed, top.sub("distributed")) if top.has("distributed") else None
@@ -424,18 +352,6 @@ def longest_prompts(sc: Scenario) -> list[tuple[str, int, str]]:
     return sc.workload.longest_prompts(sc.endpoint.max_tokens)
 
 
-@dataclass(frozen=True)
-class Context:
-    """The longest prompt (with its output) a run may send, and where that bound comes from."""
-
-    tokens: int = MAX_CONTEXT_TOKENS
-    source: str = "model.max_context_tokens"
-
-    @classmethod
-    def of(cls, sc: Scenario) -> Context:
-        return cls(sc.model.max_context_tokens)
-
-
 def check_lengths(sc: Scenario, context: Context) -> None:
     """Refuse a workload whose prompts could be longer than the model's context: a server refuses
     them anyway, and kvbench would build them first. Traces are checked line by line as they are
@@ -472,7 +388,7 @@ def _arms(top: Table, file: str, engine: EngineCfg | None) -> tuple[Arm, ...]:
                 traffic=t.flag("traffic", Arm.traffic),
                 warm_from=t.text("warm_from", Arm.warm_from, WARM_FROM),
                 slot_dir=t.text("slot_dir"),
-                engine=_arm_engine(t, top, engine) if t.has("engine") else None,
+                engine=engine_config.for_arm(t, top, engine) if t.has("engine") else None,
             )
         )
         if arms[-1].warm_from != "active" and arms[-1].cache == "bust":
@@ -481,21 +397,6 @@ def _arms(top: Table, file: str, engine: EngineCfg | None) -> tuple[Arm, ...]:
             t.fail("slot_dir", 'applies to warm_from = "disk" only', arms[-1].slot_dir)
         t.done()
     return tuple(arms)
-
-
-def _arm_engine(arm: Table, top: Table, engine: EngineCfg | None) -> EngineCfg:
-    """An arm's `engine`: [engine] with the arm's own values of the keys its kind lets an arm set
-    (`per_arm`), checked as [engine] is."""
-    own = arm.sub("engine")
-    if engine is None:
-        own.fail("", "applies with an [engine] table (an engine kvbench starts for the run)", own.data)
-    if arm.has("before"):
-        own.fail("", "applies to an arm without a `before` of its own (kvbench restarts the engine with it)", own.data)
-    for k in own.data:
-        if k not in engine.per_arm:
-            can = ", ".join(engine.per_arm) or "none"
-            own.fail(k, f"expected a key {engine.label} can change between arms ({can})", own.data[k])
-    return _engine(Table(own.file, own.path, {**top.get("engine"), **own.data}))
 
 
 def _hook(t: Table) -> Hook:
@@ -535,60 +436,6 @@ def _capacities(t: Table) -> dict[str, int]:
     return out
 
 
-def _engine(t: Table) -> EngineCfg:
-    kind = t.text("kind", LlamaEngineCfg.kind, ("llamacpp", "dynamo"))
-    cfg = _dynamo(t) if kind == "dynamo" else _llamacpp(t)
-    t.done()
-    return cfg
-
-
-def _llamacpp(t: Table) -> LlamaEngineCfg:
-    return LlamaEngineCfg(
-        model=t.text("model", LlamaEngineCfg.model),
-        slots=t.integer("slots", LlamaEngineCfg.slots, minimum=1, what="an integer number of slots"),
-        ctx_per_slot=t.integer(
-            "ctx_per_slot", LlamaEngineCfg.ctx_per_slot, minimum=256, what="an integer number of tokens"
-        ),
-        cache_ram_mib=t.integer("cache_ram_mib", None, minimum=-1, what="MiB (0: none, -1: no limit)"),
-        slot_dir=t.text("slot_dir"),
-        threads=t.integer("threads", None, minimum=1, what="an integer number of threads"),
-    )
-
-
-def _bandwidth(t: Table, key: str, text: str) -> float:
-    """`text` (the value of `key`) as bytes/s: a bandwidth such as "200GB/s", above 0."""
-    from harness.core.units import parse_bandwidth
-
-    try:
-        bps = parse_bandwidth(text)
-    except ValueError as e:
-        t.fail(key, str(e).split(", got")[0], text)
-    if not bps or bps <= 0:
-        t.fail(key, "expected a bandwidth > 0", text)
-    return bps
-
-
-def _dynamo(t: Table) -> DynamoEngineCfg:
-    d = DynamoEngineCfg
-    blocks = "an integer number of KV blocks"
-    bandwidth = t.text("g2_bandwidth", d.g2_bandwidth)
-    bps = _bandwidth(t, "g2_bandwidth", bandwidth)
-    cfg = DynamoEngineCfg(
-        workers=t.integer("workers", d.workers, minimum=1, what="an integer number of mocker workers"),
-        router_mode=t.text("router_mode", d.router_mode, ("kv", "round-robin")),
-        block_size=t.integer("block_size", d.block_size, minimum=1, what="an integer number of tokens"),
-        g1_blocks=t.integer("g1_blocks", d.g1_blocks, minimum=1, what=blocks),
-        g2_blocks=t.integer("g2_blocks", d.g2_blocks, minimum=0, what=blocks + " (0: no G2)"),
-        g2_bandwidth=bandwidth,
-        g2_bytes_per_s=bps,
-        kv_bytes_per_token=t.integer("kv_bytes_per_token", None, minimum=1, what="bytes")
-        or reference.kv_bytes_per_token(),  # gpt-oss-120b's
-    )
-    if t.has("g2_bandwidth") and not cfg.g2_blocks:
-        t.fail("g2_bandwidth", "applies with g2_blocks > 0 (a host tier)", bandwidth)
-    return cfg
-
-
 def _distributed(t: Table) -> DistributedCfg:
     cfg = DistributedCfg(
         engine=t.text("engine", required=True, choices=("ray",)),
@@ -600,86 +447,6 @@ def _distributed(t: Table) -> DistributedCfg:
         t.fail("address", 'expected a Ray cluster address, or "auto"', cfg.address)
     t.done()
     return cfg
-
-
-def _traffic(t: Table) -> TrafficCfg:
-    tool = t.text("tool", None, ("fio", "builtin", "command", "emulated"), required=True)
-    target = t.text("target")
-    bps = None
-    if target is not None:
-        bps = _bandwidth(t, "target", target)
-    elif tool != "command":
-        raise InputError(f'{t.file}: traffic.target: missing; expected an aggregate bandwidth such as "200GB/s"')
-    clients = t.get("clients")
-    if clients is not None and (not isinstance(clients, list) or not all(isinstance(c, str) and c for c in clients)):
-        t.fail("clients", "expected a list of host names running `fio --server`", clients)
-    command = t.get("command")
-    if command is not None and (
-        not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command)
-    ):
-        t.fail("command", "expected a non-empty list of strings (argv; no shell)", command)
-    cfg = TrafficCfg(
-        tool=tool,
-        target=target,
-        target_bytes_per_s=bps,
-        rw=t.text("rw", TrafficCfg.rw, ("read", "write", "randread", "randwrite", "rw", "randrw")),
-        rwmixread=t.integer("rwmixread", TrafficCfg.rwmixread, minimum=0, what="a percentage of reads"),
-        block_size=size(t, "block_size", TrafficCfg.block_size),
-        iodepth=t.integer("iodepth", TrafficCfg.iodepth, minimum=1),
-        jobs_per_client=t.integer("jobs_per_client", TrafficCfg.jobs_per_client, minimum=1),
-        direct=t.flag("direct", TrafficCfg.direct),
-        file_size=size(t, "file_size", TrafficCfg.file_size),
-        directory=t.text("directory"),
-        allow_nonempty_directory=t.flag("allow_nonempty_directory", TrafficCfg.allow_nonempty_directory),
-        clients=tuple(clients or ()),
-        fio_port=t.integer("fio_port", TrafficCfg.fio_port, minimum=1),
-        start_before_s=t.number("start_before_s", TrafficCfg.start_before_s, minimum=0.0),
-        command=tuple(command) if command else None,
-    )
-    t.done()
-    if cfg.rwmixread > 100:
-        t.fail("rwmixread", "expected a percentage of reads from 0 to 100", cfg.rwmixread)
-    if cfg.tool in ("fio", "builtin") and not cfg.directory:
-        raise InputError(
-            f"{t.file}: traffic.directory: missing; expected a directory on the storage under test "
-            f'(tool = "{cfg.tool}")'
-        )
-    if cfg.tool == "command" and not cfg.command:
-        raise InputError(f'{t.file}: traffic.command: missing; expected ["argv", ...] (tool = "command")')
-    if cfg.directory is not None:
-        check_traffic_directory(cfg.directory, f"{t.file}: traffic.directory", remote=bool(cfg.clients))
-    if cfg.clients and cfg.tool != "fio":
-        t.fail("clients", 'expected no clients: only tool = "fio" spans hosts (fio --client)', list(cfg.clients))
-    return cfg
-
-
-# Competing traffic never writes under these (nor at "/"): they are the system, not storage.
-SYSTEM_PATHS = tuple(map(PurePosixPath, ("/dev", "/proc", "/sys", "/boot", "/etc", "/bin", "/sbin", "/usr", "/lib")))
-# The characters a traffic directory may hold, and no others: it goes into fio's job file, where a
-# line break starts a new option, ";" and "#" start a comment (fio would cut the path there and
-# write into the folder before it), ":" separates several directories and "$" expands variables.
-_JOB_FILE_SAFE = re.compile(r"[A-Za-z0-9/._+@%=-]+")
-
-
-def check_traffic_directory(directory: str, where: str, remote: bool = False) -> PurePosixPath:
-    """The rules every use of traffic.directory applies (validate, run, fio's client hosts):
-    text that is safe in a job file, absolute where it is used on other hosts, not a system path.
-    Returns the path, normalised (a local run resolves links too, in traffic/base.py)."""
-    if not _JOB_FILE_SAFE.fullmatch(directory):
-        raise InputError(
-            f"{where}: refusing {directory!r}: expected letters, digits and / . _ + @ % = - only "
-            "(it goes into fio's job file, where ; and # start a comment)"
-        )
-    if directory.startswith("//"):  # POSIX leaves a leading "//" to the system: not normalised away
-        raise InputError(f"{where}: refusing {directory!r}: a path starting with //")
-    path = PurePosixPath(directory)
-    if remote and not path.is_absolute():
-        raise InputError(f"{where}: {directory!r}: expected an absolute path (it is used on the fio client hosts)")
-    if path.is_absolute():
-        path = PurePosixPath(os.path.normpath(path))
-        if path == PurePosixPath("/") or any(path == f or f in path.parents for f in SYSTEM_PATHS):
-            raise InputError(f"{where}: refusing {directory!r}: a system path, not a storage mount")
-    return path
 
 
 def _url_list(t: Table, k: str) -> tuple[str, ...]:

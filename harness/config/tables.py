@@ -193,3 +193,16 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
         raise InputError(f"{path}: invalid TOML: {e}") from None
     except RecursionError:
         raise InputError(f"{path}: tables or arrays nested too deeply") from None
+
+
+def bandwidth(t: Table, key: str, text: str) -> float:
+    """`text` (the value of `key`) as bytes/s: a bandwidth such as "200GB/s", above 0."""
+    from harness.core.units import parse_bandwidth
+
+    try:
+        bps = parse_bandwidth(text)
+    except ValueError as e:
+        t.fail(key, str(e).split(", got")[0], text)
+    if not bps or bps <= 0:
+        t.fail(key, "expected a bandwidth > 0", text)
+    return bps

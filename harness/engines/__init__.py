@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.config.scenario import EngineCfg
+    from harness.config.engines import EngineCfg
 
 
 @dataclass

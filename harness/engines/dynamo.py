@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config.scenario import DynamoEngineCfg, EngineCfg
+from harness.config.engines import DynamoEngineCfg, EngineCfg
 from harness.engines import Started
 from harness.engines.process import ServerProcess, installed
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.config.scenario import LlamaEngineCfg
+from harness.config.engines import LlamaEngineCfg
 from harness.engines import Started
 from harness.engines.process import ServerProcess, installed
 
@@ -85,7 +85,7 @@ def version(server: Path) -> str:
 
 @contextlib.contextmanager
 def start(cfg: LlamaEngineCfg, where: str) -> Iterator[Started]:
-    """llama-server as the scenario's `[engine]` says (scenario.LlamaEngineCfg), stopped on the way out
+    """llama-server as the scenario's `[engine]` says (config.engines.LlamaEngineCfg), stopped on the way out
     whatever happens; the models it makes and a slot directory it made are removed then."""
     from harness.core.errors import EndpointError, InputError
     from harness.engines import models

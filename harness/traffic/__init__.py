@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.config.scenario import TrafficCfg
+from harness.config.traffic import TrafficCfg
 from harness.core.clock import ModelClock
 from harness.traffic.base import TrafficDriver
 

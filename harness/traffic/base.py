@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.config.scenario import TrafficCfg, check_traffic_directory
+from harness.config.traffic import TrafficCfg, check_traffic_directory
 from harness.core.children import stop_group
 from harness.core.clock import ModelClock
 from harness.core.errors import InputError, write_file

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness.config.scenario import TrafficCfg
+from harness.config.traffic import TrafficCfg
 from harness.core.clock import ModelClock
 from harness.traffic.base import TrafficResult, cleanup_directory, prepare_directory, settings_of
 

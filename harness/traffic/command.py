@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness.config.scenario import TrafficCfg
+from harness.config.traffic import TrafficCfg
 from harness.core.children import die_with_parent
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError

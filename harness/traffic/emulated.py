@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 
-from harness.config.scenario import TrafficCfg
+from harness.config.traffic import TrafficCfg
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError
 from harness.server import endpoint

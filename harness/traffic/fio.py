@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness.config.scenario import TrafficCfg
+from harness.config.traffic import TrafficCfg
 from harness.core.children import die_with_parent
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError

@@ -16,9 +16,10 @@ from typing import Any, Literal
 import orjson
 from rich.markup import escape
 
+from harness.config.context import Context
 from harness.config.kinds.draws import draw_length
 from harness.config.kinds.pool import PoolConfig
-from harness.config.scenario import Arm, Context, Scenario
+from harness.config.scenario import Arm, Scenario
 from harness.core.clock import ModelClock
 from harness.inputs import prompts
 from harness.inputs.prompts import Prompt, PromptBuilder

@@ -28,7 +28,8 @@ from harness.core.errors import InputError
 from harness.results import KindRecord
 
 if TYPE_CHECKING:
-    from harness.config.scenario import Context, Scenario
+    from harness.config.context import Context
+    from harness.config.scenario import Scenario
 
 BUILTIN = {name: f"harness.config.kinds.{name}" for name in ("sweep", "closed_loop", "open_loop", "trace", "sessions")}
 PLUGIN_GROUP = "kvbench.workloads"

@@ -14,7 +14,7 @@ from harness.core.errors import InputError
 from harness.inputs import traces
 
 if TYPE_CHECKING:
-    from harness.config.scenario import Context
+    from harness.config.context import Context
 
 
 @dataclass(frozen=True, kw_only=True)
