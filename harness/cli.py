@@ -331,13 +331,22 @@ def size(
             show_default=False,
         ),
     ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Size the configurations on a Ray cluster's nodes (--workers of them at a time): its address, "
+            "or alone for this host's cluster or RAY_ADDRESS's (pip install 'kvbench[ray]').",
+            show_default=False,
+        ),
+    ] = None,
 ) -> int:
     """Size a fleet's KV tiers from a request trace, in simulation: the share of prompt tokens
     each tier serves, the read bandwidth each must sustain, TTFT and the SLO; lists in the file
     are a sweep of their every combination."""
     from harness.commands import size as command
 
-    return command.main(file, out, stderr_console(), workers, requests)
+    return command.main(file, out, stderr_console(), workers, requests, ray)
 
 
 @app.command()

@@ -723,3 +723,23 @@ def test_workers_stop_sending_once_a_ray_client_coordinator_is_killed(tmp_path: 
         held = received(log)
         time.sleep(2)
         assert received(log) == held  # the server receives nothing more
+
+
+def test_a_sizing_sweep_on_ray_gives_what_it_gives_on_this_host(tmp_path: Path, cluster: str) -> None:
+    """`kvbench size --ray ADDRESS --workers 2`: a sweep of four configurations sized by Ray's
+    multiprocessing pool on the cluster's nodes; each configuration's figures equal those sized
+    in this process, and sizing.json says where it was sized."""
+    pytest.importorskip("numba")
+    text = (ROOT / "scenarios" / "sizing" / "fleet.toml").read_text()
+    bandwidths = '["1GB/s", "5GB/s", "10GB/s", "40GB/s"]'
+    f = tmp_path / "fleet.toml"
+    f.write_text(text.replace('"../traces/', f'"{ROOT}/scenarios/traces/').replace('"10GB/s"', bandwidths))
+    docs = []
+    for where, args in (("ray", ["--ray", cluster, "--workers", "2"]), ("here", [])):
+        r = kvbench("size", str(f), "--out", str(tmp_path / where), *args, timeout=600)
+        assert r.returncode == 0, r.stderr
+        docs.append(json.loads(next((tmp_path / where).glob("*/*/sizing.json")).read_text()))
+    on_ray, here = docs
+    assert on_ray["sized_by"] == {"processes": 2, "ray": cluster} and here["sized_by"]["ray"] is None
+    assert len(on_ray["configurations"]) == 4 and on_ray["status"] == "completed"
+    assert [c["figures"] for c in on_ray["configurations"]] == [c["figures"] for c in here["configurations"]]

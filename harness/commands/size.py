@@ -40,14 +40,41 @@ WHAT = (
 )
 
 
-def main(file: Path, out: Path, console: Console, processes: int = 1, requests: bool | None = None) -> int:
+def main(
+    file: Path,
+    out: Path,
+    console: Console,
+    processes: int = 1,
+    requests: bool | None = None,
+    ray: str | None = None,
+) -> int:
     """`requests`: write a row per request of each configuration (True), not (False), or when
-    there are at most MAX_REQUEST_ROWS of them (None)."""
+    there are at most MAX_REQUEST_ROWS of them (None). `ray`: the address of a Ray cluster whose
+    nodes size the configurations (`processes` of them at a time) instead of this host."""
     spec = config.read(file)
     if spec.gate is not None:
         parse_rules(spec.gate, str(file))  # refused now, not after the sizing
     if processes < 1:
         raise InputError(f"--workers: expected a number of processes >= 1, got {processes}")
+    with contextlib.ExitStack() as stack:
+        if ray is not None:
+            from harness.distributed import raypool
+
+            raypool.require()
+            console.print(f"Joining the Ray cluster at {ray} ...", markup=False)
+            stack.enter_context(raypool.joined_now(ray))
+        return _main(spec, file, out, console, processes, requests, ray)
+
+
+def _main(
+    spec: config.SizingSpec,
+    file: Path,
+    out: Path,
+    console: Console,
+    processes: int,
+    requests: bool | None,
+    ray: str | None,
+) -> int:
     cost, kv, source = _engine(spec)
     trace = traces.read(spec.workload.trace, spec.workload.format, spec.workload.block_tokens)
     if not trace.requests:
@@ -71,6 +98,7 @@ def main(file: Path, out: Path, console: Console, processes: int = 1, requests: 
         "engine": {"source": source, **vars(cost)},
         "swept": sorted({k for c in configurations for k, _ in c.swept}),
         "gate": spec.gate,
+        "sized_by": {"processes": processes, "ray": ray},  # where: this host, or a Ray cluster's nodes
         "configurations": [],
     }
     folder = out / spec.name / f"{doc['created']}-size"
@@ -99,7 +127,7 @@ def main(file: Path, out: Path, console: Console, processes: int = 1, requests: 
             (folder / CONFIGURATIONS_JSONL).open("w", encoding="utf-8") as f,
             _rows_to(folder / result.REQUESTS if keep else None) as put_rows,
         ):
-            for i, sized in _sized(workload, plans, processes, keep):
+            for i, sized in _sized(workload, plans, processes, keep, ray is not None):
                 put_rows(i, sized)  # first: a configuration said done has all its rows
                 one = {"index": i, **_configuration(configurations[i], plans[i], sized.figures)}
                 f.write(json.dumps(one, default=str) + "\n")
@@ -163,18 +191,26 @@ def _plan(spec: config.SizingSpec, c: config.Configuration, block_bytes: int, kv
     )
 
 
-def _sized(workload: Workload, plans: list[Plan], processes: int, rows: bool) -> Iterator[tuple[int, Sized]]:
+def _sized(
+    workload: Workload, plans: list[Plan], processes: int, rows: bool, on_ray: bool = False
+) -> Iterator[tuple[int, Sized]]:
     """Each plan sized (its index, as each is done; its request rows only if `rows`): in this
-    process, or in `processes` processes (spawned: nothing of this one's state is copied into
-    them but what they are given). Stopped (Ctrl-C, SIGTERM, an error), the processes are
-    terminated at once, not left to finish their configuration; and they end with kvbench if it
-    is killed."""
-    if processes == 1 or len(plans) == 1:
+    process, in `processes` processes (spawned: nothing of this one's state is copied into them
+    but what they are given), or in `processes` of the joined Ray cluster's (`on_ray`: Ray's
+    multiprocessing pool, its actors on the cluster's nodes). Stopped (Ctrl-C, SIGTERM, an
+    error), the processes are terminated at once, not left to finish their configuration; and
+    local ones end with kvbench if it is killed."""
+    if not on_ray and (processes == 1 or len(plans) == 1):
         for i, plan in enumerate(plans):
             yield _size_one((i, workload, plan, rows))
         return
-    context = multiprocessing.get_context("spawn")
-    pool = context.Pool(min(processes, len(plans)), initializer=_child)
+    n = min(processes, len(plans))
+    if on_ray:
+        from harness.distributed import raypool
+
+        pool = raypool.process_pool(n)
+    else:
+        pool = multiprocessing.get_context("spawn").Pool(n, initializer=_child)
     try:
         yield from pool.imap_unordered(_size_one, [(i, workload, plan, rows) for i, plan in enumerate(plans)])
         pool.close()

@@ -445,8 +445,53 @@ async def joined(address: str, stop: asyncio.Event) -> AsyncIterator[bool]:
             ray.shutdown()
 
 
+@contextlib.contextmanager
+def joined_now(address: str) -> Iterator[None]:
+    """`joined` for a command with no event loop (`kvbench size --ray`): the same check that
+    something answers, ray.init in a thread of its own (Ctrl-C and SIGTERM stay kvbench's while it
+    connects) within JOIN_TIMEOUT_S, and Ray left at the end, a signal then ending the process at
+    once."""
+    import ray
+
+    _reachable(address)
+    got: list[BaseException | None] = []
+    joining = threading.Thread(target=lambda: got.append(_connect(address)), name="kvbench-ray-join", daemon=True)
+    joining.start()
+    joining.join(JOIN_TIMEOUT_S)
+    if not got:
+        raise EndpointError(
+            f"--ray {address}: the Ray cluster there did not let kvbench join within {JOIN_TIMEOUT_S:g} s"
+        )
+    if (e := got[0]) is not None:
+        raise EndpointError(
+            f"--ray {address}: could not join a Ray cluster there ({_first_line(e)}); start one with "
+            "`ray start --head` (and `ray start --address HEAD:6379` on each client host), or give its address"
+        )
+    try:
+        yield
+    finally:
+        with _signals_end_at_once():
+            ray.shutdown()
+
+
+def process_pool(processes: int) -> Any:
+    """A pool of `processes` processes on the joined cluster's nodes with multiprocessing.Pool's
+    interface (Ray's own, ray.util.multiprocessing: its actors, placed by Ray, which end with
+    the job): what `kvbench size --workers N --ray` sizes configurations in."""
+    from ray.util.multiprocessing import Pool
+
+    return Pool(processes)
+
+
 def _init(address: str, loop: asyncio.AbstractEventLoop, done: asyncio.Future[BaseException | None]) -> None:
     """ray.init (in the join thread); its error, or None, to `done`."""
+    got = _connect(address)
+    with contextlib.suppress(RuntimeError):  # the loop is closed: the run ended meanwhile
+        loop.call_soon_threadsafe(_settle, done, got)
+
+
+def _connect(address: str) -> BaseException | None:
+    """ray.init (in a join thread); its error, or None."""
     import ray
 
     quiet = logging.getLogger("ray")  # Ray's documented logger: its warning that no SIGTERM handler
@@ -460,13 +505,11 @@ def _init(address: str, loop: asyncio.AbstractEventLoop, done: asyncio.Future[Ba
             logging_level=logging.WARNING,
             configure_logging=False,
         )
-        got: BaseException | None = None
-    except Exception as e:  # told, not raised: the run says it
-        got = e
+        return None
+    except Exception as e:  # told, not raised: the command says it
+        return e
     finally:
         quiet.setLevel(level)
-    with contextlib.suppress(RuntimeError):  # the loop is closed: the run ended meanwhile
-        loop.call_soon_threadsafe(_settle, done, got)
 
 
 def _settle(done: asyncio.Future[BaseException | None], value: BaseException | None) -> None:
