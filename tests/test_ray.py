@@ -32,7 +32,15 @@ from tests.conftest import (
     user_env,
     write_scenario,
 )
-from tests.test_workers import LOOP, accounted, answered, pause_past_the_bound, received
+from tests.test_workers import (
+    LOOP,
+    accounted,
+    answered,
+    ctrl_c_until_it_ends,
+    interrupted_and_accounted,
+    pause_past_the_bound,
+    received,
+)
 
 ray = pytest.importorskip("ray")
 # A local cluster per module: the file runs on one worker (--dist loadfile), one cluster at a time
@@ -640,18 +648,9 @@ def test_ctrl_c_pressed_again_and_again_through_the_teardown_exits_130_without_a
     out, log = tmp_path / "out", tmp_path / "received.jsonl"
     with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=log) as emu:
         proc = _run_on(cluster, sc, out, emu.base_url)
-        while proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            time.sleep(0.1)
-        _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "Traceback" not in err, err
+        ctrl_c_until_it_ends(proc)
     (folder,) = (out / "cc").iterdir()
-    assert _run_json(folder)["status"] == "interrupted"
-    recs = read_requests(folder)
-    assert len({x.schedule_index for x in recs}) == len(recs) >= 6
-    assert accounted(folder, log) == {}  # every request the server received is recorded, once
-    count = _run_json(folder)["distributed"]["accounting"]
-    assert count["balanced"] and count["recorded"] == len(recs), count  # stopped at once or not
+    interrupted_and_accounted(folder, log)
 
 
 def test_joining_an_address_where_nothing_answers_fails_in_seconds_and_a_signal_stops_the_join(

@@ -313,18 +313,32 @@ def test_ctrl_c_again_and_again_with_workers_exits_130_and_keeps_every_answer(tm
     log = tmp_path / "received.jsonl"
     with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=log) as emu:
         proc, out = _sending(tmp_path, 400, emu)
-        while proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            time.sleep(0.1)
-        _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "Traceback" not in err, err
+        ctrl_c_until_it_ends(proc)
     (folder,) = (out / "w").iterdir()
-    assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
+    interrupted_and_accounted(folder, log)
+
+
+def ctrl_c_until_it_ends(proc: subprocess.Popen[str]) -> None:
+    """Ctrl-C to a running kvbench, then again every tenth of a second until it has exited:
+    whatever phase each lands in, exit 130 and no traceback."""
+    while proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+def interrupted_and_accounted(folder: Path, log: Path) -> None:
+    """A distributed arm stopped (at once or not): marked interrupted, each scheduled request
+    recorded at most once, every request the server received (`log`) recorded once, and the
+    arm's count balanced with the records."""
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "interrupted"
     recs = read_requests(folder)
     assert len({x.schedule_index for x in recs}) == len(recs) >= 6
     assert accounted(folder, log) == {}
-    count = json.loads((folder / "run.json").read_text())["distributed"]["accounting"]
-    assert count["balanced"] and count["recorded"] == len(recs), count  # stopped at once or not
+    count = meta["distributed"]["accounting"]
+    assert count["balanced"] and count["recorded"] == len(recs), count
 
 
 @pytest.mark.slow
