@@ -3,6 +3,7 @@ on standard output), for spreadsheets, notebooks and dashboards: the frames of h
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 import sys
@@ -137,13 +138,14 @@ def sized_requests(folders: list[Path]) -> Iterator[pd.DataFrame]:
             )
         try:
             with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
+                head = f.readline(sizing.REQUEST_LINE_MAX + 1)
+                if len(head) > sizing.REQUEST_LINE_MAX:
+                    raise ValueError(f"a line longer than {sizing.REQUEST_LINE_MAX:,} characters")
+                names = next(csv.reader([head]), [])
+                # times float, counts int, whatever a batch holds (a batch of zeros reads as ints)
+                types = {c: "float64" if c.endswith("_s") else "int64" for c in names}
                 rows = sizing.BoundedLines(f, sizing.REQUEST_LINE_MAX)
-                head = pd.read_csv(rows, nrows=0).columns
-            # times float, counts int, whatever a batch holds (a batch of zeros reads as ints)
-            types = {c: "float64" if c.endswith("_s") else "int64" for c in head}
-            with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
-                rows = sizing.BoundedLines(f, sizing.REQUEST_LINE_MAX)
-                for chunk in pd.read_csv(rows, chunksize=BATCH_RECORDS, dtype=types):
+                for chunk in pd.read_csv(rows, chunksize=BATCH_RECORDS, dtype=types, names=names, header=None):
                     # a sweep stopped while it wrote a configuration's rows: those are not its
                     chunk = chunk[chunk["configuration"].isin(sized)] if "configuration" in chunk else chunk
                     chunk.insert(0, "simulated", True)

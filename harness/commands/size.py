@@ -149,11 +149,10 @@ def _main(
 
 # Each configuration's figures, one line as each is done (a long sweep interrupted keeps them)
 CONFIGURATIONS_JSONL = "configurations.jsonl"
-# A row per request of each configuration (result.REQUESTS: fleet.row_columns after
-# `configuration`, its index in configurations.jsonl), appended as each is done; gzip level 1: a
-# 76,800-request sweep of four configurations is 307,200 rows
-# Past this many rows (requests x configurations) they are written only when asked (--requests):
-# a sweep of 16 configurations of 10^7 requests would write some 10 GB
+# Request rows (result.REQUESTS: fleet.row_columns after `configuration`, its index in
+# configurations.jsonl) are appended as each configuration is done, gzip level 1. Past this many
+# (requests x configurations) they are written only when asked (--requests): a sweep of 16
+# configurations of 10^7 requests would write some 10 GB
 MAX_REQUEST_ROWS = 10_000_000
 
 
