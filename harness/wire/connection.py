@@ -431,6 +431,7 @@ class Pool:
         self.turns = turns
         self.backlog = Backlog(self.loop, turns)
         self.clocks = stamps.WallToMonotonic()  # the kernel's stamps onto the monotonic clock
+        self.stamping = stamps.KernelStamping()  # the kernel's stamping kept on while the pool lives
         self.habit = Habit()
         self.idle: dict[Origin, list[Connection]] = {}
         self.probation: set[Connection] = set()  # used, not yet proven to stay open (Habit.UNKNOWN)
@@ -476,6 +477,7 @@ class Pool:
         stage = "connection"
         sock: socket.socket | None = None
         try:
+            await self.stamping.ready()  # (before the first connection; at once afterwards)
             async with asyncio.timeout(self.connect_s):
                 sock = await open_socket(self.loop, origin.host, origin.port)
                 tls = None
@@ -585,6 +587,7 @@ class Pool:
 
     async def close(self) -> None:
         """Close every connection (a request still in flight on one fails as lost)."""
+        self.stamping.close()
         self.idle.clear()
         self.probation.clear()
         for conn in list(self.conns):
