@@ -1,9 +1,10 @@
-"""`kvbench size SIZING.toml`: a fleet's KV tiers sized from a request trace, in simulation
-(harness/sizing; docs/sizing.md). Reads the file (sizing/config.py), resolves the engine's timing
-and the model's KV bytes per token (an emulator profile's, or the numbers given), reads the trace,
-and writes `sizing.json` into a result folder of its own: the inputs as resolved, and every figure
-(sizing/fleet.py), marked simulated, with a row per request of each configuration
-(requests.csv.gz). The terminal gets the figures a storage architect reads first."""
+"""`kvbench size SIZING.toml`: a fleet's KV tiers sized from a request trace, or from a result
+folder's requests, in simulation (harness/sizing; docs/sizing.md). Reads the file
+(sizing/config.py), resolves the engine's timing and the model's KV bytes per token (an emulator
+profile's, or the numbers given), reads the trace (or the result folder's records:
+sizing/recorded.py), and writes `sizing.json` into a result folder of its own: the inputs as
+resolved, and every figure (sizing/fleet.py), marked simulated, with a row per request of each
+configuration (requests.csv.gz). The terminal gets the figures a storage architect reads first."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import gzip
 import json
 import multiprocessing
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -27,16 +28,18 @@ from harness.core.errors import InputError, replaced
 from harness.core.units import human_bandwidth, human_size
 from harness.gate.rules import parse_rules
 from harness.inputs import traces
+from harness.inputs.traces import TraceRequest
 from harness.results import utc_stamp, versions
-from harness.sizing import config, result
+from harness.sizing import config, recorded, result
 from harness.sizing.fleet import CAPACITY_STEPS, Plan, Sized, TierPlan, Workload, from_trace, size
 from harness.sizing.simulate import Cost, Tier
 from harness.sizing.tiers import Fleet
 
 WHAT = (
-    "Simulated, not measured: the trace's requests replayed in virtual time through the tiers "
-    "configured (LRU each, inclusive, write-through; requests routed as `cluster.routing` says), each "
-    "tier's bandwidth shared by the loads it serves at once, prefill and decode by the engine's cost model."
+    "Simulated, not measured: the workload's requests (a trace's, or a result folder's) replayed in "
+    "virtual time through the tiers configured (LRU each, inclusive, write-through; requests routed "
+    "as `cluster.routing` says), each tier's bandwidth shared by the loads it serves at once, prefill "
+    "and decode by the engine's cost model."
 )
 
 
@@ -76,11 +79,9 @@ def _main(
     ray: str | None,
 ) -> int:
     cost, kv, source = _engine(spec)
-    trace = traces.read(spec.workload.trace, spec.workload.format, spec.workload.block_tokens)
-    if not trace.requests:
-        raise InputError(f"{spec.workload.trace}: the trace has no requests")
+    replayed, block_tokens, where = _requests(spec, console)
     configurations = spec.configurations()
-    plans = [_plan(spec, c, trace.block_tokens * kv, kv, cost) for c in configurations]
+    plans = [_plan(spec, c, block_tokens * kv, kv, cost) for c in configurations]
     doc: dict[str, Any] = {
         "kind": "sizing",
         "simulated": True,
@@ -90,7 +91,7 @@ def _main(
         "created": utc_stamp(datetime.now(UTC)),
         "file": str(file),
         "name": spec.name,
-        "trace": {"path": str(spec.workload.trace), "format": trace.format, "block_tokens": trace.block_tokens},
+        **where,
         "rate_scale": spec.workload.rate_scale,
         "tenants": spec.workload.tenants,
         "cluster": {"workers_per_node": spec.workers_per_node, "routing": spec.routing},
@@ -105,14 +106,14 @@ def _main(
     folder.mkdir(parents=True, exist_ok=True)
     many = f"{len(configurations)} configurations" + (f" in {processes} processes" if processes > 1 else "")
     console.print(
-        f"Sizing {len(trace.requests) * spec.workload.tenants:,} requests of {spec.workload.trace}"
+        f"Sizing {len(replayed) * spec.workload.tenants:,} requests of {spec.workload.trace or spec.workload.result}"
         + (f" ({spec.workload.tenants} tenants)" if spec.workload.tenants > 1 else "")
         + ": "
         + (many if len(configurations) > 1 else f"{spec.workers[0]} workers, {len(spec.tiers)} tier(s)")
         + " ...",
         markup=False,
     )
-    workload = from_trace(trace.requests, trace.block_tokens, spec.workload.rate_scale, spec.workload.tenants)
+    workload = from_trace(replayed, block_tokens, spec.workload.rate_scale, spec.workload.tenants)
     rows = workload.refs.requests * len(configurations)
     keep = requests if requests is not None else rows <= MAX_REQUEST_ROWS
     doc["requests_file"] = result.REQUESTS if keep else None
@@ -145,6 +146,54 @@ def _main(
     show(doc, console)
     console.print(f"Results: {folder}", markup=False)
     return 0
+
+
+def _requests(spec: config.SizingSpec, console: Console) -> tuple[Sequence[TraceRequest], int, dict[str, Any]]:
+    """The requests sized, their block size, and sizing.json's account of where they came from:
+    `trace` (the file, its format) or `result` (the folder, the arm, its kind, which clock the
+    arrivals are on, what was left out)."""
+    w = spec.workload
+    if w.result is None:
+        assert w.trace is not None  # (config.read: one of the two)
+        trace = traces.read(w.trace, w.format, w.block_tokens)
+        if not trace.requests:
+            raise InputError(f"{w.trace}: the trace has no requests")
+        where = {"path": str(w.trace), "format": trace.format, "block_tokens": trace.block_tokens}
+        return trace.requests, trace.block_tokens, {"trace": where}
+    block = w.block_tokens or config.RESULT_BLOCK_TOKENS
+    got = recorded.read(w.result, w.arm, block)
+    if not got.requests:
+        raise InputError(f"{got.folder}: no request with a prompt length to replay")
+    said = {
+        "path": str(got.folder),
+        "arm": got.arm,
+        "kind": got.kind,
+        "status": got.status,
+        "block_tokens": block,
+        "arrivals": got.arrivals,
+        "requests": len(got.requests),
+        "left_out": got.left_out,
+        "damaged_lines": len(got.skipped),
+    }
+    for warning in _result_warnings(got):
+        console.print(f"warning: {warning}", markup=False)
+    return got.requests, block, {"result": said}
+
+
+def _result_warnings(got: recorded.Recorded) -> list[str]:
+    out = []
+    if got.status != "completed":
+        out.append(f"{got.folder}: the run is {got.status}: its {len(got.requests):,} requests are replayed")
+    if got.left_out:
+        out.append(f"{got.left_out:,} records without a prompt length were left out")
+    if got.skipped:
+        out.append(f"{len(got.skipped):,} damaged lines of requests.jsonl were left out: {got.skipped[0]}")
+    if got.arrivals == recorded.SENT:
+        out.append(
+            f"a {got.kind} run has no schedule: its requests arrive when they were sent, the load the "
+            "measured server let it offer"
+        )
+    return out
 
 
 # Each configuration's figures, one line as each is done (a long sweep interrupted keeps them)
@@ -316,9 +365,9 @@ def _one(c: dict[str, Any], console: Console) -> None:
     if (slo := f["slo"]) is not None:
         cached, recompute = slo["cached"], slo["recompute"]
         console.print(
-            f"Within the TTFT SLO of {slo['ttft_s']:g} s at the trace's rate: {cached['within']:.1%} of requests "
+            f"Within the TTFT SLO of {slo['ttft_s']:g} s at the workload's rate: {cached['within']:.1%} of requests "
             f"({recompute['within']:.1%} recomputing every prompt). SLO capacity ({slo['share']:.0%} within it): "
-            f"{_speedup(cached['capacity_speedup'])} the trace's rate, against "
+            f"{_speedup(cached['capacity_speedup'])} the workload's rate, against "
             f"{_speedup(recompute['capacity_speedup'])} recomputing"
             + (f": {slo['capacity_ratio']:.2f}x" if slo["capacity_ratio"] is not None else "")
             + (" at least" if (cached["capacity_speedup"] or 0) >= 2**CAPACITY_STEPS else ""),

@@ -41,7 +41,8 @@ def _one(s: Sizing) -> dict[str, Any]:
         "what": str(doc["what"]),
         "status": str(doc.get("status", "completed")),
         "engine": str(doc["engine"]["source"]),
-        "trace": str(doc["trace"]["path"]),
+        "trace": str((doc["result"] if "result" in doc else doc["trace"])["path"]),
+        "replayed": _replayed(doc.get("result")),
         "tenants": int(doc.get("tenants", 1)),
         "routing": str(doc["cluster"]["routing"]),
         "requests": int(first["figures"]["requests"]) if first else 0,
@@ -54,6 +55,14 @@ def _one(s: Sizing) -> dict[str, Any]:
         "knees": _knees(first) if first else [],
         "against": _against(configurations, swept),
     }
+
+
+def _replayed(result: dict[str, Any] | None) -> str:
+    """What a result folder's replay was (nothing for a trace's)."""
+    if result is None:
+        return ""
+    when = "when its schedule meant them to be sent" if result["arrivals"] == "intended" else "when they were sent"
+    return f" (arm {result['arm']} of a {result['kind']} run, {result['block_tokens']}-token blocks, arriving {when})"
 
 
 def _row(c: dict[str, Any], swept: list[str]) -> dict[str, Any]:

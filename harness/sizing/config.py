@@ -60,13 +60,23 @@ MAX_CONFIGURATIONS = 1024
 BANDWIDTH_BIN_S = 1.0
 
 
+# A result folder's prompts cut into blocks of this many tokens unless `block_tokens` says
+# otherwise: vLLM's default block size
+RESULT_BLOCK_TOKENS = 16
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
-    trace: Path
+    """The requests sized: a trace's (`trace`), or a kvbench result folder's (`result`: a run
+    folder, or a scenario's folder whose newest run's `arm` is replayed)."""
+
+    trace: Path | None
     format: str
-    block_tokens: int | None  # default: the format's (512 Mooncake, 16 Bailian)
+    block_tokens: int | None  # default: the format's (512 Mooncake, 16 Bailian); RESULT_BLOCK_TOKENS
     rate_scale: float
-    tenants: int  # the trace replayed by this many independent tenants (fleet.scaled_up)
+    tenants: int  # the requests replayed by this many independent tenants (fleet.scaled_up)
+    result: Path | None = None
+    arm: str | None = None
 
 
 @dataclass(frozen=True)
@@ -245,16 +255,29 @@ def _gate(top: Table) -> dict[str, Any] | None:
 
 
 def _workload(t: Table, path: Path) -> WorkloadSpec:
-    trace = t.text("trace", required=True)
+    if not t.has("result"):
+        t.required("trace", "a Mooncake or Bailian JSONL file (trace), or a kvbench result folder (result)")
+    elif t.has("trace"):
+        t.fail("result", "expected trace or result, not both", t.get("result"))
+    trace, result = t.text("trace"), t.text("result")
+    if result is not None and t.has("format"):
+        t.fail("format", "expected no format with result (a result folder's format is kvbench's)", t.get("format"))
+    if result is None and t.has("arm"):
+        t.fail("arm", "expected arm only with result (the arm of a result folder to replay)", t.get("arm"))
     fmt = t.text("format", "auto", FORMATS)
     block = t.integer("block_tokens", None, minimum=1, what="an integer number of tokens")
     scale = t.number("rate_scale", 1.0, positive=True)
     tenants = t.integer("tenants", 1, minimum=1, what="an integer number of tenants")
     if tenants > MAX_TENANTS:
         t.fail("tenants", f"expected at most {MAX_TENANTS:,} tenants", tenants)
+    arm = t.text("arm") if result is not None else None
     t.done()
-    where = (path.parent / trace) if not Path(trace).is_absolute() else Path(trace)
-    return WorkloadSpec(where, fmt, block, scale, tenants)
+    return WorkloadSpec(_beside(path, trace), fmt, block, scale, tenants, _beside(path, result), arm)
+
+
+def _beside(path: Path, name: str | None) -> Path | None:
+    """A path the sizing file gives, relative to the file."""
+    return None if name is None else (path.parent / name) if not Path(name).is_absolute() else Path(name)
 
 
 def _engine(t: Table) -> EngineSpec:

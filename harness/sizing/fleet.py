@@ -292,9 +292,9 @@ def _curve(refs: References, distances: list[np.ndarray], capacities: list[int],
 
 
 def _slo(w: Workload, plan: Plan, runs: dict[str, tuple[Requests, list[Tier], Result]]) -> dict[str, Any] | None:
-    """At the trace's rate: the share of requests within the TTFT SLO, with the tiers ("cached")
+    """At the workload's rate: the share of requests within the TTFT SLO, with the tiers ("cached")
     and recomputing every prompt ("recompute"). And the SLO capacity both ways: the highest
-    arrival speed-up (x the trace's rate, after rate_scale) at which at least slo_share of the
+    arrival speed-up (x the workload's rate, after rate_scale) at which at least slo_share of the
     requests meet it, and the ratio of the two (the paper's SLO capacity ratio, here simulated).
     Round-robin routes and the tier each block comes from do not depend on time (LRU order is
     arrival order), so only the arrivals are scaled; prefix routes weigh each worker's queue, so

@@ -16,6 +16,8 @@ from harness.config import kinds
 from harness.results import RequestRecord, RunResult
 
 GateFigures = dict[tuple[str, int | None], float]  # (figure, prompt length or None) -> value
+# A prompt as consecutive parts, each (what it is shared with, its tokens): `Figures.prompt_parts`
+Parts = tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,19 @@ class Figures:
         """Report sections of the kind's own, over its runs (those with records)."""
         return []
 
+    def prompt_parts(self, run: RunResult, record: RequestRecord) -> Parts:
+        """What a request's prompt shares with the others' (`kvbench size` replaying a result
+        folder): its tokens as consecutive parts, each named by what it is shared with. Two
+        prompts that begin with the same parts, of the same lengths, share those parts' KV, block
+        for block (a part whose name another prompt has at the same place shares as many tokens
+        as both hold). By default, the workload's shared prefix (`shared_prefix_tokens`, every
+        request's), then the prompt's own: a prompt sent again (a sweep's warm request) shares
+        all of it. The prompts as the kind builds them, whatever an arm did to keep its cache
+        cold. Raises InputError where the records cannot say."""
+        n = record.context_tokens or 0
+        shared = min(workload_tokens(run, "shared_prefix_tokens"), n)
+        return (("shared", shared), (f"prompt {record.prompt_id}", n - shared))
+
 
 class ReusesAcrossRequests(Figures):
     """A kind whose requests reuse each other's prefixes as they come (a trace, sessions): its
@@ -107,6 +122,12 @@ class ReusesAcrossRequests(Figures):
 
     def lines(self, s: dict[str, Any]) -> list[str]:
         return [*wording.cached_lines(s), *super().lines(s)]
+
+
+def workload_tokens(run: RunResult, key: str) -> int:
+    """A token count of the run's `[workload]` table as run.json has it (0 where absent)."""
+    v = (run.scenario.get("workload") or {}).get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
 PLAIN = Figures()

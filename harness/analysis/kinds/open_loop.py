@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.analysis import capacity, stats, wording
-from harness.analysis.kinds import Figures, GateFigures
+from harness.analysis.kinds import Figures, GateFigures, Parts
 from harness.results import RequestRecord, RunResult
 
 
@@ -53,6 +53,14 @@ class OpenLoopFigures(Figures):
                 if g[name] is not None:
                     out[("slo_share_met" if name == "share_met" else name, None)] = float(g[name])
         return {**out, **super().gate_figures(run)}
+
+    def prompt_parts(self, run: RunResult, record: RequestRecord) -> Parts:
+        """A warm-up request's prompt is its own (workloads/open_loop.py gives it a lead of its
+        own), unless the warm-up shares the pool's prefixes."""
+        parts = super().prompt_parts(run, record)
+        if record.phase != "warmup" or (run.scenario.get("workload") or {}).get("warmup_shares_prefixes"):
+            return parts
+        return tuple((f"warm-up {name}", n) for name, n in parts)
 
 
 FIGURES = OpenLoopFigures()

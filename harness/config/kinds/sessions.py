@@ -59,7 +59,7 @@ class SessionsConfig(WorkloadConfig):
 SPEC = KindSpec(
     name="sessions",
     config=SessionsConfig,
-    figures="harness.analysis.kinds:REUSES",
+    figures="harness.analysis.kinds.sessions:FIGURES",
     driver="harness.workloads.sessions:DRIVER",
     batch_limit=1,  # a session is long, and stays where it went
     report_sections=("sessions", "versus_recompute"),

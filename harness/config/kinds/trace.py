@@ -113,7 +113,7 @@ def select(
 SPEC = KindSpec(
     name="trace",
     config=TraceConfig,
-    figures="harness.analysis.kinds:REUSES",
+    figures="harness.analysis.kinds.trace:FIGURES",
     driver="harness.workloads.trace:DRIVER",
     report_sections=("reuse", "versus_recompute"),
 )
