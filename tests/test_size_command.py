@@ -664,6 +664,10 @@ def test_a_result_folders_sessions_share_their_history_worked_by_hand(tmp_path: 
     said = doc["result"]
     assert (said["kind"], said["arm"], said["arrivals"], said["block_tokens"]) == ("sessions", "a", "sent", 16)
     assert said["requests"] == 3 and said["left_out"] == 0
+    r = cli("report", str(next((tmp_path / "out").glob("*/*"))), "-o", str(tmp_path / "x.html"))
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "x.html").read_text()
+    assert f"{folder}</code> (arm a of a sessions run, 16-token blocks, arriving when they were sent)" in page
 
 
 def test_a_result_folders_pool_shares_its_prefix_and_its_warm_up_nothing_worked_by_hand(tmp_path: Path) -> None:
@@ -793,3 +797,49 @@ def test_a_result_folder_replayed_serves_what_the_emulator_served_it_live(tmp_pa
     got = size(tmp_path, f)["configurations"][0]["figures"]
     assert got["requests"] == len(records) and got["prompt_tokens"] == prompt
     assert abs(got["tiers"][0]["served_tokens"] - cached) / prompt <= REPLAY_TOLERANCE, (got["tiers"], cached)
+
+
+def test_the_engines_cost_is_fitted_to_a_ttft_sweeps_result_folder(tmp_path: Path) -> None:
+    """A sweep whose cold TTFTs are exactly 2e-5 n + 3e-10 n^2 s at three lengths (warm ones far
+    below, not fitted) and whose answers take 0.015 s a token after the first: `fit_from` gives
+    that cost, the KV bytes per token of the run's [model], and says where it came from; a
+    number given beside it overrides the fit's."""
+    a, b, d = 2e-5, 3e-10, 0.015
+    records = []
+    for n in (1000, 4000, 16000):
+        for phase, ttft in (("cold", a * n + b * n * n), ("warm", 0.01)):
+            for _ in range(2):
+                at = {"prompt_id": f"L{n}", "phase": phase, "prompt_tokens": n, "target_tokens": n}
+                records.append({**at, "start_s": 0.0, "ttft_s": ttft, "e2e_s": ttft + d * 9, "completion_tokens": 10})
+    folder = result_folder(tmp_path / "runs", {"kind": "sweep"}, records)
+    run = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(
+        json.dumps({**run, "scenario": {**run["scenario"], "model": {"kv_bytes_per_token": 2000}}})
+    )
+    text = sizing_file(tmp_path, '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = "1MB"').read_text()
+    text = text.replace("prefill_a = 0.001\nprefill_b = 0.0\ndecode_s_per_token = 0.01\n", f'fit_from = "{folder}"\n')
+    f = tmp_path / "fit.toml"
+    f.write_text(text.replace(f"kv_bytes_per_token = {KV}", ""))
+    engine = size(tmp_path / "fit", f)["engine"]
+    assert engine["prefill_a"] == pytest.approx(a) and engine["prefill_b"] == pytest.approx(b)
+    assert engine["decode_s"] == pytest.approx(d)
+    assert f"fitted to {folder}" in engine["source"] and "6 cold requests at 3 lengths" in engine["source"]
+    f.write_text(f.read_text().replace("[engine]\n", "[engine]\ndecode_s_per_token = 0.5\n"))
+    engine = size(tmp_path / "given", f)["engine"]
+    assert engine["decode_s"] == 0.5 and engine["prefill_b"] == pytest.approx(b) and "as given" in engine["source"]
+    doc = json.loads(next((tmp_path / "given" / "out").glob("*/*/sizing.json")).read_text())
+    assert doc["model"]["kv_bytes_per_token"] == 2000
+
+
+def test_an_engine_fitted_to_a_folder_that_is_not_a_sweep_is_refused(tmp_path: Path) -> None:
+    folder = result_folder(tmp_path / "runs", {"kind": "closed_loop"}, [{"prompt_id": "p0", "start_s": 0.0}])
+    text = sizing_file(tmp_path, '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = "1MB"').read_text()
+    f = tmp_path / "fit.toml"
+    f.write_text(
+        text.replace("prefill_a = 0.001\nprefill_b = 0.0\ndecode_s_per_token = 0.01\n", f'fit_from = "{folder}"\n')
+    )
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "expected a TTFT sweep's result folder" in r.stderr and "Traceback" not in r.stderr
+    f.write_text(f.read_text().replace("[engine]\n", '[engine]\nprofile = "redbooks-g4"\n'))
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and f"{f}: engine.fit_from: expected profile or fit_from, not both" in r.stderr

@@ -94,14 +94,25 @@ def _fit_points(records: Records, phase: str) -> tuple[np.ndarray, np.ndarray, i
     return n, t, len({r.target_tokens for r in rows})
 
 
+def fit_prefill(records: Records) -> tuple[float, float] | None:
+    """The recompute cost model, a*n + b*n^2 s for an n-token prompt, fitted to the cold requests'
+    TTFTs by least squares; None without cold requests at two or more lengths."""
+    n, t, lengths = _fit_points(records, "cold")
+    if lengths < 2:
+        return None
+    (a, b), *_ = np.linalg.lstsq(np.column_stack([n, n * n]), t, rcond=None)
+    return float(a), float(b)
+
+
 def fit_cost_model(records: Records, kv_bytes_per_token: int) -> CostFit | None:
     """Least-squares fits of the recompute and load cost models; None without both phases at two
     or more lengths. Residuals are per request (measured - fitted)."""
-    nc, tc, cold_lengths = _fit_points(records, "cold")
+    prefill = fit_prefill(records)
     nw, tw, warm_lengths = _fit_points(records, "warm")
-    if cold_lengths < 2 or warm_lengths < 2:
+    if prefill is None or warm_lengths < 2:
         return None
-    (a, b), *_ = np.linalg.lstsq(np.column_stack([nc, nc * nc]), tc, rcond=None)
+    a, b = prefill
+    nc, tc, _ = _fit_points(records, "cold")
     (c, s), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(nw), nw]), tw, rcond=None)
     rate = 1.0 / s if s > 0 else math.inf
     # a*n + b*n^2 = c + s*n  ->  b*n^2 + (a - s)*n - c = 0: the positive root.

@@ -310,6 +310,13 @@ def _engine(spec: config.SizingSpec) -> tuple[Cost, int, str]:
     e = spec.engine
     a, b, d, kv = e.prefill_a, e.prefill_b, e.decode_s_per_token, spec.kv_bytes_per_token
     source = "given"
+    if e.fit_from is not None:
+        fit = recorded.fitted_cost(e.fit_from)
+        a, b = (fit.prefill_a if a is None else a), (fit.prefill_b if b is None else b)
+        d = fit.decode_s_per_token if d is None else d
+        kv = fit.kv_bytes_per_token if kv is None else kv
+        given = [k for k in ("prefill_a", "prefill_b", "decode_s_per_token") if getattr(e, k) is not None]
+        source = fit.said + (f"; {', '.join(given)} as given" if given else "")
     if e.profile is not None:
         from harness.emulator.profiles import profiles
 

@@ -113,12 +113,15 @@ class Configuration:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """The engine's timing: an emulator profile's (`profile`), or the three numbers given."""
+    """The engine's timing: an emulator profile's (`profile`), one fitted to a kvbench TTFT
+    sweep's result folder (`fit_from`), or the three numbers given (each given number overrides
+    the profile's or the fit's)."""
 
     profile: str | None
     prefill_a: float | None
     prefill_b: float | None
     decode_s_per_token: float | None
+    fit_from: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,7 @@ def parse(data: dict[str, Any], path: Path) -> SizingSpec:
     kv = read(_model, top.sub("model"))
     cluster = top.sub("cluster")
     nodes = read(_cluster, cluster)
-    engine = read(_engine, top.sub("engine"))
+    engine = read(_engine, top.sub("engine"), path)
     tiers = read(_tiers, top, path)
     slo = read(_slo, top.sub("slo"))
     bin_s = read(top.number, "bandwidth_bin_s", BANDWIDTH_BIN_S, None, True)
@@ -280,19 +283,22 @@ def _beside(path: Path, name: str | None) -> Path | None:
     return None if name is None else (path.parent / name) if not Path(name).is_absolute() else Path(name)
 
 
-def _engine(t: Table) -> EngineSpec:
-    profile = t.text("profile")
+def _engine(t: Table, path: Path) -> EngineSpec:
+    profile, fit_from = t.text("profile"), t.text("fit_from")
+    if profile is not None and fit_from is not None:
+        t.fail("fit_from", "expected profile or fit_from, not both", fit_from)
     numbers = {k: t.number(k, 0.0, minimum=0.0) if t.has(k) else None for k in ("prefill_a", "prefill_b")}
     decode = t.number("decode_s_per_token", 0.0, minimum=0.0) if t.has("decode_s_per_token") else None
     given = [k for k, v in (*numbers.items(), ("decode_s_per_token", decode)) if v is not None]
-    if profile is None and len(given) < 3:
+    if profile is None and fit_from is None and len(given) < 3:
         missing = [k for k in ("prefill_a", "prefill_b", "decode_s_per_token") if k not in given]
         raise InputError(
-            f"{t.file}: {t.key(missing[0])}: missing; expected the engine's cost (s per token) or "
-            f'{t.key("profile")} (an emulator profile, e.g. "redbooks-g4")'
+            f"{t.file}: {t.key(missing[0])}: missing; expected the engine's cost (s per token), "
+            f'{t.key("profile")} (an emulator profile, e.g. "redbooks-g4") or {t.key("fit_from")} '
+            "(a kvbench TTFT sweep's result folder)"
         )
     t.done()
-    return EngineSpec(profile, numbers["prefill_a"], numbers["prefill_b"], decode)
+    return EngineSpec(profile, numbers["prefill_a"], numbers["prefill_b"], decode, _beside(path, fit_from))
 
 
 def _tiers(top: Table, path: Path) -> tuple[TierChoices, ...]:

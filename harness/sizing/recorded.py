@@ -1,4 +1,7 @@
-"""A kvbench result folder's requests as `kvbench size` replays them (`[workload] result`): each
+"""Result folders as `kvbench size` reads them: a run's requests replayed (`[workload] result`), and an
+engine's cost fitted to a TTFT sweep (`[engine] fit_from`).
+
+A run's requests (`read`): each
 record's prompt cut into blocks by what its workload kind says the prompt shares with the others
 (analysis/kinds: `Figures.prompt_parts`), arriving when its schedule meant it to be sent (an open
 loop's `intended_s`) or, for a kind without a schedule, when it was sent: the load the measured
@@ -9,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
+from harness.analysis import findings, stats
 from harness.analysis.kinds import Parts, figures_of
 from harness.config.context import MAX_CONTEXT_TOKENS
 from harness.core.errors import InputError
@@ -118,3 +124,48 @@ def _arm(runs: list[RunResult], arm: str | None, path: Path) -> RunResult:
             "([workload] arm = ...)"
         )
     return runs[0]
+
+
+@dataclass(frozen=True)
+class FittedCost:
+    """An engine's cost fitted to a TTFT sweep's records (`[engine] fit_from`)."""
+
+    prefill_a: float  # s per token
+    prefill_b: float  # s per token^2
+    decode_s_per_token: float
+    kv_bytes_per_token: int | None  # the run's [model], where it said
+    said: str  # where it came from, for sizing.json's engine.source
+
+
+def fitted_cost(path: Path) -> FittedCost:
+    """The prefill cost a*n + b*n^2 fitted to the cold requests of a TTFT sweep's result folder
+    (every arm of its newest run: a cold request recomputes its prompt whatever the arm), as the
+    report's cost-model fit does (findings.fit_prefill), and the decode time per token, the
+    median TPOT of its requests. InputError where the folder cannot give them, or the fit is not
+    a cost (a negative coefficient: lengths too few or too close for the curve)."""
+    runs = load_runs([path], itl=False)
+    records = [r for run in runs for r in run.records]
+    prefill = findings.fit_prefill(records)
+    if prefill is None:
+        raise InputError(
+            f"{path}: expected a TTFT sweep's result folder (cold requests at two or more lengths) to fit the "
+            "engine's prefill a*n + b*n^2 to"
+        )
+    a, b = prefill
+    if a < 0 or b < 0:
+        raise InputError(
+            f"{path}: the fit of its cold TTFTs gives prefill_a = {a:.3g}, prefill_b = {b:.3g}: not a cost (a "
+            "sweep over more, and more distant, lengths fits one); or give prefill_a and prefill_b"
+        )
+    tpot = stats.values(records, "tpot_s")
+    if not len(tpot):
+        raise InputError(f"{path}: no request answered with two or more tokens: its decode time per token is unknown")
+    kv = (runs[0].scenario.get("model") or {}).get("kv_bytes_per_token")
+    cold = [r for r in records if r.phase == "cold" and r.ok and r.ttft_s is not None]
+    lengths = len({r.context_tokens for r in cold})
+    emulated = " (an emulated run: the emulator's model, not an engine's)" if runs[0].meta.get("emulated") else ""
+    said = (
+        f"fitted to {path}{emulated}: a*n + b*n^2 to the TTFTs of {len(cold)} cold requests at {lengths} lengths, "
+        f"decode the median TPOT of {len(tpot)} requests"
+    )
+    return FittedCost(a, b, float(np.median(tpot)), kv if isinstance(kv, int) and kv > 0 else None, said)
