@@ -4,11 +4,18 @@ shared documents (harness/sizing/synthetic.py: 10,000 documents of 1-32 blocks, 
 request's own, Zipf popularity of exponent alpha).
 
     python bench/sizing.py [requests]      # default 1000000
+    python bench/sizing.py fleet [requests]  # default 1000000
 
 Prints: the plain-Python loop against the compiled one on the same 20,000 requests (the ratio);
 then per alpha the exact curve's time, the sampled curve's (1 %, two seeds), the share of
 references the sample kept (its heavy blocks whole), and the largest absolute error of the
 sampled share over 300 capacities from one block to past the whole trace.
+
+`fleet`: the timing's event loop (harness/sizing/simulate.py) as plain Python against compiled on
+the same 20,000 requests (the ratio; the results must be identical), then one configuration
+sized whole (`fleet.size`: routes, scoped distances, both simulations, curves, and the SLO
+capacity search's ~20 more simulations) on 64 workers, 8 a node, a free G1 of 80 GB per worker
+and a G4 of 100 TB shared at 100 GB/s, Poisson arrivals at 100 req/s, alpha 1.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import time
 
 import numpy as np
 
-from harness.sizing import stack, synthetic
+from harness.sizing import fleet, simulate, stack, synthetic
+from harness.sizing.tiers import Fleet
 
 DOCS, DOC_BLOCKS, OWN, BLOCK = 10_000, 32, 2, 512
 
@@ -43,7 +51,49 @@ def plain_against_compiled() -> None:
     print(f"{len(dense):,} references: plain Python {t_slow:.2f} s, compiled {t_fast:.4f} s ({t_slow / t_fast:.0f}x)")
 
 
+KV = 73728  # gpt-oss-120b's KV bytes per token, as the Redbooks profile has it
+
+
+def workload(n: int) -> fleet.Workload:
+    refs = trace(n, 1.0)
+    per = np.bincount(refs.request, minlength=n)
+    arrival = np.cumsum(np.random.default_rng(1).exponential(1 / 100.0, n))
+    return fleet.Workload(refs, arrival, per * BLOCK - 10, np.full(n, 200), BLOCK)
+
+
+def plan() -> fleet.Plan:
+    g1 = fleet.TierPlan("G1", "worker", 80 * 10**9 // (BLOCK * KV), simulate.Tier(0.0, None))
+    g4 = fleet.TierPlan("G4", "cluster", 100 * 10**12 // (BLOCK * KV), simulate.Tier(0.001, 100e9))
+    return fleet.Plan(Fleet(64, 8), (g1, g4), KV, simulate.Cost(4.1e-5, 1.6e-9, 0.02), 2.0, 0.9, 1.0)
+
+
+def fleet_sizing(n: int) -> None:
+    w, p = workload(20_000), plan()
+    reqs, _ = fleet._placed(w, p)
+    timing = [t.timing for t in p.tiers]
+    simulate.simulate(reqs, timing, KV, p.cost)  # compiled (or loaded from the cache) outside the timing
+    t0 = time.perf_counter()
+    fast = simulate.simulate(reqs, timing, KV, p.cost)
+    t_fast = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    slow = simulate.run(simulate.event_loop, reqs, timing, KV, p.cost)
+    t_slow = time.perf_counter() - t0
+    assert np.array_equal(fast.ttft_s, slow.ttft_s) and np.array_equal(fast.e2e_s, slow.e2e_s)
+    print(f"20,000 requests' events: plain Python {t_slow:.2f} s, compiled {t_fast:.4f} s ({t_slow / t_fast:.0f}x)")
+    w = workload(n)
+    t0 = time.perf_counter()
+    sized = fleet.size(w, p)
+    slo = sized.figures["slo"]
+    print(
+        f"{n:,} requests sized on 64 workers with the SLO search: {time.perf_counter() - t0:.1f} s "
+        f"(TTFT p50 {sized.figures['ttft_s']['p50']:.3f} s, SLO capacity ratio {slo['capacity_ratio']})"
+    )
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["fleet"]:
+        fleet_sizing(int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000)
+        return
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
     plain_against_compiled()
     capacities = np.unique(np.geomspace(1, 10**8, 300).astype(np.int64))
