@@ -103,8 +103,13 @@ def simulate(reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float, cost:
 
 
 def run(loop: Any, reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float, cost: Cost) -> Result:
-    """`simulate` with the event loop given (compiled, or `event_loop` itself as plain Python):
-    the arrays it takes made here, its output split by tier."""
+    """`simulate` with the event loop given (compiled, or `event_loop` itself as plain Python),
+    and the arrays it takes: `costs` (KV bytes per token, prefill a and b, decode per token);
+    `first[k]`, tier k's first instance number; `slot_at[j]`, where instance j's heap of loads
+    (target bytes attained, request) starts in the flat heap arrays; `order[queue_at[w]:
+    queue_at[w + 1]]`, worker w's requests in arrival order. It gives per request start, load,
+    prefill, TTFT and end; the loads as rows (tier, instance, start, end, bytes) and the stretches
+    each tier delivered as (tier, start, end, bytes/s), split here by tier."""
     n, k = len(reqs.arrival_s), len(tiers)
     worker = reqs.worker.astype(np.int64)
     instance = reqs.instance.astype(np.int64).reshape(n, k)
@@ -130,10 +135,7 @@ def run(loop: Any, reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float,
         instance,
         np.array([t.latency_s for t in tiers], dtype=np.float64),
         np.array([np.nan if t.bandwidth is None else t.bandwidth for t in tiers], dtype=np.float64),
-        float(kv_bytes_per_token),
-        float(cost.prefill_a),
-        float(cost.prefill_b),
-        float(cost.decode_s),
+        np.array([kv_bytes_per_token, cost.prefill_a, cost.prefill_b, cost.decode_s], dtype=np.float64),
         first,
         slot_at,
         order,
@@ -147,12 +149,20 @@ def run(loop: Any, reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float,
 
 @functools.cache
 def compiled_event_loop() -> Any:
-    """The event loop, compiled by numba at its first use in a process (and cached on disk)."""
+    """The event loop, compiled by numba at its first use in a process (and cached on disk). Its
+    helpers are registered with numba first (`register_jitable`: the same functions, which numba
+    then compiles where compiled code calls them), so that the loop calls them by name both ways."""
     try:
         import numba
+        from numba.extending import register_jitable
     except ImportError:
         raise InputError("sizing needs numba: pip install 'kvbench[sizing]'") from None
+    for helper in (_take, _next_step, _advance, _due, _heap_push, _heap_pop, _loaded, _delivered):
+        register_jitable(helper)
     return numba.njit(cache=True, nogil=True)(event_loop)
+
+
+SERVED, AT, SINCE = 0, 1, 2  # a shared instance's state: bytes each load attained, when, busy since
 
 
 def event_loop(
@@ -164,178 +174,205 @@ def event_loop(
     instance: np.ndarray,
     latency: np.ndarray,
     bandwidth: np.ndarray,
-    kv: float,
-    a: float,
-    b: float,
-    d: float,
+    costs: np.ndarray,
     first: np.ndarray,
     slot_at: np.ndarray,
     order: np.ndarray,
     queue_at: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
-    """The simulation's events in time order (ties: arrivals first, then as pushed). `first[k]`:
-    tier k's first instance number; `slot_at[j]`: where instance j's heap of loads (target bytes
-    attained, request) starts in the flat heap arrays; `order[queue_at[w]:queue_at[w + 1]]`:
-    worker w's requests in arrival order. A shared instance gives each of its loads bandwidth / n:
-    all advance alike in attained bytes (`served`), and a load ends when `served` reaches its
-    target. Returns per request start, load, prefill, TTFT and end; the loads as rows (tier,
-    instance, start, end, bytes) and the stretches each tier delivered as (tier, start, end,
-    bytes/s). (Run compiled; the tests run it as Python too.)"""
-    n, tiers = tier_tokens.shape
-    start, load, pre, ttft = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+    """The simulation's events in time order (ties: arrivals first, then as pushed; `run` says
+    what it takes and gives). A shared instance gives each of its loads bandwidth / n: all advance
+    alike in attained bytes, and a load ends when they reach its target. (Run compiled; the tests
+    run it as Python too.)"""
+    (kv, a, b, d), (n, tiers) = (costs[0], costs[1], costs[2], costs[3]), tier_tokens.shape
+    start, load, pre, ttft, began = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
     stage = np.zeros(n, dtype=np.int64)  # the tier a request loads from next
-    began = np.zeros(n)  # when its current transfer began (after the tier's latency)
-    loads = np.zeros((n * tiers, 5))
-    delivered = np.zeros((n * tiers, 4))
-    n_loads = n_delivered = 0
-    m = len(slot_at) - 1  # shared instances
-    served, at, since = np.zeros(m), np.zeros(m), np.zeros(m)
-    active = np.zeros(m, dtype=np.int64)
-    heap_target = np.zeros(slot_at[m])
-    heap_req = np.zeros(slot_at[m], dtype=np.int64)
-    head = queue_at[:-1].copy()  # each worker's next request to serve
-    arrived = queue_at[:-1].copy()  # ... and the end of those arrived
+    loads, delivered, counts = np.zeros((n * tiers, 5)), np.zeros((n * tiers, 4)), np.zeros(2, dtype=np.int64)
+    inst, active = np.zeros((len(slot_at) - 1, 3)), np.zeros(len(slot_at) - 1, dtype=np.int64)
+    heap_target, heap_req = np.zeros(slot_at[-1]), np.zeros(slot_at[-1], dtype=np.int64)
+    head, arrived = queue_at[:-1].copy(), queue_at[:-1].copy()  # each worker's next to serve, and end
     busy = np.zeros(len(queue_at) - 1, dtype=np.bool_)
-    events = [(0.0, 0, 0, 0)]  # (time, order pushed, kind, request or instance)
-    events.pop()
-    seq = n
-    nxt = 0  # the next arrival (requests come in arrival order)
+    events = [(0.0, 0, 0, 0)][1:]  # (time, order pushed, kind, request or instance)
+    seq, nxt = n, 0  # (arrivals come in order: `nxt` is the next)
     while nxt < n or events:
         if nxt < n and (not events or arrival[nxt] <= events[0][0]):
             now, kind, what = arrival[nxt], ARRIVE, nxt
             nxt += 1
         else:
             now, _, kind, what = heapq.heappop(events)
-        start_load = -1  # a request whose next load (or its prefill) is to be set out
-        again = -1  # an instance whose next end is to be set out, after that
-        if kind == ARRIVE:
+        go, again = -1, -1  # a request to set on its next step; then an instance's next end to set out
+        if kind in (ARRIVE, PREFILLED):
             w = worker[what]
-            arrived[w] += 1
-            if not busy[w]:
-                i = order[head[w]]
-                head[w] += 1
-                busy[w] = True
-                start[i] = now
-                start_load = i
-        elif kind == PREFILLED:
-            i = what
-            ttft[i] = now - arrival[i]
-            w = worker[i]
-            busy[w] = False
-            if head[w] < arrived[w]:
-                j = order[head[w]]
-                head[w] += 1
-                busy[w] = True
-                start[j] = now
-                start_load = j
-        else:
-            if kind == LOADED:
-                i = what
-                k = stage[i]
-                nbytes = tier_tokens[i, k] * kv
-                if np.isnan(bandwidth[k]):  # a free tier: its bytes at once
-                    row = delivered[n_delivered]
-                    row[0], row[1], row[2], row[3] = k, now, now, nbytes
-                    n_delivered += 1
-                    done = i
-                else:
-                    j = first[k] + instance[i, k]
-                    if active[j]:  # advance: every load has attained as much more
-                        served[j] += (now - at[j]) * bandwidth[k] / active[j]
-                    else:
-                        since[j] = now
-                    at[j] = now
-                    # push (served + bytes, i) onto instance j's heap
-                    base, pos = slot_at[j], active[j]
-                    target = served[j] + nbytes
-                    while pos > 0:
-                        parent = (pos - 1) // 2
-                        pt, pi = heap_target[base + parent], heap_req[base + parent]
-                        if pt < target or (pt == target and pi < i):
-                            break
-                        heap_target[base + pos], heap_req[base + pos] = pt, pi
-                        pos = parent
-                    heap_target[base + pos], heap_req[base + pos] = target, i
-                    active[j] += 1
-                    due = at[j] + max(0.0, heap_target[base] - served[j]) * active[j] / bandwidth[k]
-                    seq += 1
-                    heapq.heappush(events, (due if due != 0.0 else now, seq, TRANSFERRED, j))
-                    done = -1
-            else:  # TRANSFERRED: instance `what`'s first load may be done now
-                j = what
-                base = slot_at[j]
-                done = -1
-                if active[j]:
-                    k = stage[heap_req[base]]
-                    due = at[j] + max(0.0, heap_target[base] - served[j]) * active[j] / bandwidth[k]
-                    if due <= now + EPS_S:
-                        served[j] += (now - at[j]) * bandwidth[k] / active[j]
-                        at[j] = now
-                        target, i = heap_target[base], heap_req[base]
-                        # pop: the last entry sifted down from the top
-                        active[j] -= 1
-                        last_t, last_i = heap_target[base + active[j]], heap_req[base + active[j]]
-                        pos, size = 0, active[j]
-                        while True:
-                            child = 2 * pos + 1
-                            if child >= size:
-                                break
-                            ct, ci = heap_target[base + child], heap_req[base + child]
-                            if child + 1 < size:
-                                rt, ri = heap_target[base + child + 1], heap_req[base + child + 1]
-                                if rt < ct or (rt == ct and ri < ci):
-                                    child, ct, ci = child + 1, rt, ri
-                            if last_t < ct or (last_t == ct and last_i < ci):
-                                break
-                            heap_target[base + pos], heap_req[base + pos] = ct, ci
-                            pos = child
-                        if size:
-                            heap_target[base + pos], heap_req[base + pos] = last_t, last_i
-                        served[j] = max(served[j], target)
-                        if not active[j]:
-                            row = delivered[n_delivered]
-                            row[0], row[1], row[2], row[3] = k, since[j], now, bandwidth[k]
-                            n_delivered += 1
-                        else:
-                            again = j
-                        done = i
-            if done >= 0:  # a load ended: recorded, and the request goes on to its next
-                k = stage[done]
-                row = loads[n_loads]
-                row[0], row[1], row[2], row[3], row[4] = (
-                    k,
-                    instance[done, k],
-                    began[done],
-                    now,
-                    tier_tokens[done, k] * kv,
-                )
-                n_loads += 1
-                stage[done] = k + 1
-                start_load = done
-        if start_load >= 0:  # its next load after its tier's latency, or its prefill
-            i = start_load
-            k = stage[i]
-            while k < tiers and tier_tokens[i, k] == 0:
-                k += 1
-            stage[i] = k
-            seq += 1
-            if k == tiers:
-                load[i] = now - start[i]
-                c = 0
-                for t in range(tiers):
-                    c += tier_tokens[i, t]
-                p = prompt[i]
-                pre[i] = a * (p - c) + b * (p * p - c * c)
-                heapq.heappush(events, (now + pre[i], seq, PREFILLED, i))
+            if kind == ARRIVE:
+                arrived[w] += 1
             else:
-                began[i] = now + latency[k]
-                heapq.heappush(events, (began[i], seq, LOADED, i))
-        if again >= 0:
-            j = again
-            base = slot_at[j]
-            k = stage[heap_req[base]]
-            due = at[j] + max(0.0, heap_target[base] - served[j]) * active[j] / bandwidth[k]
+                ttft[what] = now - arrival[what]
+                busy[w] = False
+            if not busy[w]:
+                go = _take(w, now, order, head, arrived, busy, start)
+        elif kind == LOADED:
+            k = stage[what]
+            if np.isnan(bandwidth[k]):  # a free tier: its bytes at once
+                _delivered(delivered, counts, k, now, now, tier_tokens[what, k] * kv)
+                go = _loaded(what, now, stage, instance, began, tier_tokens, kv, loads, counts)
+            else:
+                j = first[k] + instance[what, k]
+                _advance(inst, active, j, now, bandwidth[k])
+                _heap_push(
+                    heap_target, heap_req, slot_at[j], active[j], inst[j, SERVED] + tier_tokens[what, k] * kv, what
+                )
+                active[j] += 1
+                again = j
+        elif active[what]:  # TRANSFERRED: instance `what`'s first load may be done now
+            j = what
+            k = stage[heap_req[slot_at[j]]]
+            if _due(inst, active, heap_target, slot_at, j, bandwidth[k]) <= now + EPS_S:
+                _advance(inst, active, j, now, bandwidth[k])
+                target, i = _heap_pop(heap_target, heap_req, slot_at[j], active[j])
+                active[j] -= 1
+                inst[j, SERVED] = max(inst[j, SERVED], target)
+                if active[j]:
+                    again = j
+                else:
+                    _delivered(delivered, counts, k, inst[j, SINCE], now, bandwidth[k])
+                go = _loaded(i, now, stage, instance, began, tier_tokens, kv, loads, counts)
+        if go >= 0:
             seq += 1
-            heapq.heappush(events, (due if due != 0.0 else now, seq, TRANSFERRED, j))
-    e2e = ttft + output * d
-    return start, load, pre, ttft, e2e, loads[:n_loads], delivered[:n_delivered]
+            t, step = _next_step(go, now, stage, tier_tokens, prompt, latency, start, load, pre, began, a, b)
+            heapq.heappush(events, (t, seq, step, go))
+        if again >= 0:
+            seq += 1
+            due = _due(inst, active, heap_target, slot_at, again, bandwidth[stage[heap_req[slot_at[again]]]])
+            heapq.heappush(events, (due if due != 0.0 else now, seq, TRANSFERRED, again))
+    return start, load, pre, ttft, ttft + output * d, loads[: counts[0]], delivered[: counts[1]]
+
+
+def _take(
+    w: int, now: float, order: np.ndarray, head: np.ndarray, arrived: np.ndarray, busy: np.ndarray, start: np.ndarray
+) -> int:  # pragma: no cover
+    """Worker w takes its oldest waiting request (-1: none waits)."""
+    if head[w] >= arrived[w]:
+        return -1
+    i = order[head[w]]
+    head[w] += 1
+    busy[w] = True
+    start[i] = now
+    return int(i)
+
+
+def _next_step(
+    i: int,
+    now: float,
+    stage: np.ndarray,
+    tier_tokens: np.ndarray,
+    prompt: np.ndarray,
+    latency: np.ndarray,
+    start: np.ndarray,
+    load: np.ndarray,
+    pre: np.ndarray,
+    began: np.ndarray,
+    a: float,
+    b: float,
+) -> tuple[float, int]:  # pragma: no cover
+    """Request i's next load (after its tier's latency) or, none left, its prefill: when its
+    event comes, and which."""
+    tiers = tier_tokens.shape[1]
+    k = stage[i]
+    while k < tiers and tier_tokens[i, k] == 0:
+        k += 1
+    stage[i] = k
+    if k < tiers:
+        began[i] = now + latency[k]
+        return began[i], LOADED
+    load[i] = now - start[i]
+    c = 0
+    for t in range(tiers):
+        c += tier_tokens[i, t]
+    p = prompt[i]
+    pre[i] = a * (p - c) + b * (p * p - c * c)
+    return now + pre[i], PREFILLED
+
+
+def _advance(inst: np.ndarray, active: np.ndarray, j: int, now: float, bandwidth: float) -> None:  # pragma: no cover
+    """Instance j's loads brought up to `now`: each has attained its share of what it delivered."""
+    if active[j]:
+        inst[j, SERVED] += (now - inst[j, AT]) * bandwidth / active[j]
+    else:
+        inst[j, SINCE] = now
+    inst[j, AT] = now
+
+
+def _due(
+    inst: np.ndarray, active: np.ndarray, heap_target: np.ndarray, slot_at: np.ndarray, j: int, bandwidth: float
+) -> float:  # pragma: no cover
+    """When instance j's first load ends, at the pace its loads go now."""
+    return inst[j, AT] + max(0.0, heap_target[slot_at[j]] - inst[j, SERVED]) * active[j] / bandwidth
+
+
+def _heap_push(
+    heap_target: np.ndarray, heap_req: np.ndarray, base: int, size: int, target: float, req: int
+) -> None:  # pragma: no cover
+    """(target, req) onto the heap of `size` entries at `base` (ordered by target, then request)."""
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) // 2
+        pt, pi = heap_target[base + parent], heap_req[base + parent]
+        if pt < target or (pt == target and pi < req):
+            break
+        heap_target[base + pos], heap_req[base + pos] = pt, pi
+        pos = parent
+    heap_target[base + pos], heap_req[base + pos] = target, req
+
+
+def _heap_pop(
+    heap_target: np.ndarray, heap_req: np.ndarray, base: int, size: int
+) -> tuple[float, int]:  # pragma: no cover
+    """The first of the heap of `size` entries at `base`, taken off it (its last moved down from the
+    top)."""
+    top_t, top_i = heap_target[base], heap_req[base]
+    size -= 1
+    last_t, last_i = heap_target[base + size], heap_req[base + size]
+    pos = 0
+    while 2 * pos + 1 < size:
+        child = 2 * pos + 1
+        ct, ci = heap_target[base + child], heap_req[base + child]
+        if child + 1 < size:
+            rt, ri = heap_target[base + child + 1], heap_req[base + child + 1]
+            if rt < ct or (rt == ct and ri < ci):
+                child, ct, ci = child + 1, rt, ri
+        if last_t < ct or (last_t == ct and last_i < ci):
+            break
+        heap_target[base + pos], heap_req[base + pos] = ct, ci
+        pos = child
+    if size:
+        heap_target[base + pos], heap_req[base + pos] = last_t, last_i
+    return top_t, int(top_i)
+
+
+def _loaded(
+    i: int,
+    now: float,
+    stage: np.ndarray,
+    instance: np.ndarray,
+    began: np.ndarray,
+    tier_tokens: np.ndarray,
+    kv: float,
+    loads: np.ndarray,
+    counts: np.ndarray,
+) -> int:  # pragma: no cover
+    """Request i's load from its current tier ended: recorded, and the request on to its next."""
+    k = stage[i]
+    row = loads[counts[0]]
+    row[0], row[1], row[2], row[3], row[4] = k, instance[i, k], began[i], now, tier_tokens[i, k] * kv
+    counts[0] += 1
+    stage[i] = k + 1
+    return i
+
+
+def _delivered(
+    delivered: np.ndarray, counts: np.ndarray, k: int, since: float, until: float, rate: float
+) -> None:  # pragma: no cover
+    """A stretch in which tier k delivered `rate` bytes/s (an instant: `rate` is its bytes)."""
+    row = delivered[counts[1]]
+    row[0], row[1], row[2], row[3] = k, since, until, rate
+    counts[1] += 1
