@@ -9,7 +9,6 @@ length below which recomputing is faster than loading.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -211,38 +210,6 @@ def _half_unit(text: str) -> float:
     """Half a unit of the last digit given: the rounding a published figure allows."""
     digits = text.split(".")[1] if "." in text else ""
     return 0.5 * 10 ** (-len(digits))
-
-
-# Idle-time buckets of the sessions report (seconds between a session's turns, model time).
-IDLE_BUCKETS_S = (0.0, 1.0, 5.0, 15.0, 60.0, 300.0, math.inf)
-
-
-def _reuse_row(label: str, records: Records) -> dict[str, Any]:
-    ttft = stats.values(records, "ttft_s")
-    return {
-        "label": label,
-        "requests": len(records),
-        "ttft_p50_s": stats.percentile(ttft, 50),
-        "ttft_p99_s": stats.percentile(ttft, 99),
-        "cached_share": stats.cached_share(records),
-    }
-
-
-def by_turn(records: Records) -> list[dict[str, Any]]:
-    """Sessions: TTFT and the cached share of prompt tokens per turn."""
-    turns = stats.groups([r for r in records if r.turn is not None], ("turn",))
-    return [_reuse_row(str(t), g) for (t,), g in turns.items()]
-
-
-def by_idle(records: Records) -> list[dict[str, Any]]:
-    """Sessions: TTFT and the cached share per bucket of idle time before the turn (first turns,
-    which follow no idle time, apart)."""
-    rows = [_reuse_row("first turn", [r for r in records if r.turn == 1])]
-    for lo, hi in itertools.pairwise(IDLE_BUCKETS_S):
-        inside = [r for r in records if r.idle_s is not None and lo <= r.idle_s < hi]
-        if inside:
-            rows.append(_reuse_row(f"{lo:g}-{hi:g} s" if math.isfinite(hi) else f">= {lo:g} s", inside))
-    return [r for r in rows if r["requests"]]
 
 
 def captured_reuse(run: RunResult) -> dict[str, Any] | None:

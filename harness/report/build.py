@@ -48,7 +48,6 @@ def build_context(runs: list[RunResult]) -> dict[str, Any]:
         **sections.traffic(runs),
         **sections.open_loop(runs),
         **sections.reuse(runs),
-        **sections.sessions(runs),
         **sections.kind_sections(runs),
         **sections.server(runs),
         **sections.clients(runs),

@@ -12,7 +12,7 @@ import numpy as np
 from markupsafe import Markup
 
 from harness.analysis import capacity, findings, stats, wording
-from harness.analysis.kinds import figures_of
+from harness.analysis.kinds import Scatter, figures_of
 from harness.config import kinds, reference
 from harness.config.reference import redbooks
 from harness.monitor import selfcheck
@@ -33,9 +33,9 @@ CLAIM_KEYS = {
 MAX_TIMELINES = 8
 # The report's own sections a workload kind's runs may go into (its `report_sections`): a sweep's
 # table and plots by prompt length, a closed loop's throughput against the paper's, an open
-# loop's loads and SLO capacity, a trace's reuse captured, sessions by turn and idle time, and the
-# sentence for an arm that reuses the cache yet came out slower than recomputing.
-SECTIONS = ("by_length", "loop", "capacity", "reuse", "sessions", "versus_recompute")
+# loop's loads and SLO capacity, a trace's reuse captured, and the sentence for an arm that reuses
+# the cache yet came out slower than recomputing.
+SECTIONS = ("by_length", "loop", "capacity", "reuse", "versus_recompute")
 
 
 def feeding(runs: list[RunResult], section: str) -> list[RunResult]:
@@ -45,12 +45,26 @@ def feeding(runs: list[RunResult], section: str) -> list[RunResult]:
 
 
 def kind_sections(runs: list[RunResult]) -> dict[str, Any]:
-    """The sections each workload kind adds of its own, over its runs."""
+    """The sections each workload kind adds of its own, over its runs: their tables as they are,
+    their plots drawn."""
     by_kind: dict[str, list[RunResult]] = {}
     for r in runs:
         if r.records:
             by_kind.setdefault(r.kind, []).append(r)
-    return {"kind_sections": [s for name, rs in by_kind.items() for s in figures_of(name).sections(rs)]}
+    out = []
+    for name, rs in by_kind.items():
+        for k, section in enumerate(figures_of(name).sections(rs)):
+            drawn = [
+                {"svg": Markup(_scatter(plot, f"{name}-{k}-{p}")), "caption": plot.caption}
+                for p, plot in enumerate(section.plots)
+            ]
+            out.append({**asdict(section), "plots": drawn})
+    return {"kind_sections": out}
+
+
+def _scatter(plot: Scatter, name: str) -> str:
+    series = [{"label": s.label, "x": s.x, "y": s.y, "style": i} for i, s in enumerate(plot.series)]
+    return plots.scatter(series, plot.x_label, plot.y_label, name, logy=plot.logy)
 
 
 def run_row(run: RunResult) -> dict[str, Any]:
@@ -530,49 +544,6 @@ def slower_than_recompute(runs: list[RunResult]) -> list[str]:
                         "cost more than computing it again."
                     )
     return out
-
-
-def sessions(runs: list[RunResult]) -> dict[str, Any]:
-    """Multi-turn sessions: TTFT against turn, context length and idle time (where a tiered
-    stack shows its steps: still on the GPU, loaded from a lower tier, recomputed), and the
-    cached share per turn and per idle-time bucket."""
-    rs = feeding(runs, "sessions")
-    if not rs:
-        return {"session_runs": [], "session_idle_svg": None, "session_context_svg": None, "session_share_svg": None}
-
-    def points(x: str, y: str) -> list[dict[str, Any]]:
-        out = []
-        for i, r in enumerate(rs):
-            ok = [q for q in r.records if q.ok and getattr(q, x) is not None and getattr(q, y) is not None]
-            out.append(
-                {"label": r.label, "x": [getattr(q, x) for q in ok], "y": [getattr(q, y) for q in ok], "style": i}
-            )
-        return out
-
-    share = []
-    for i, r in enumerate(rs):
-        ok = [q for q in r.records if q.ok and q.idle_s is not None and q.prompt_tokens]
-        y = [(q.cached_tokens or 0) / (q.prompt_tokens or 1) for q in ok]
-        share.append({"label": r.label, "x": [q.idle_s for q in ok], "y": y, "style": i})
-    return {
-        "session_runs": [
-            {"label": r.label, "by_turn": findings.by_turn(r.records), "by_idle": findings.by_idle(r.records)}
-            for r in rs
-        ],
-        "session_idle_svg": Markup(
-            plots.scatter(
-                points("idle_s", "ttft_s"), "idle time before the turn (s)", "TTFT (s)", "sess-idle", logy=True
-            )
-        ),
-        "session_share_svg": Markup(
-            plots.scatter(share, "idle time before the turn (s)", "cached share of the prompt", "sess-share")
-        ),
-        "session_context_svg": Markup(
-            plots.scatter(
-                points("context_tokens", "ttft_s"), "context (prompt tokens)", "TTFT (s)", "sess-context", logy=True
-            )
-        ),
-    }
 
 
 def clients(runs: list[RunResult]) -> dict[str, Any]:

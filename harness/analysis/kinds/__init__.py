@@ -21,14 +21,36 @@ Parts = tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True)
+class Series:
+    """One run's points in a kind's plot."""
+
+    label: str
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Scatter:
+    """A plot a kind's section asks the report to draw: a series of points per run, its axes'
+    labels, and a caption that says what it shows."""
+
+    caption: str
+    x_label: str
+    y_label: str
+    series: tuple[Series, ...]
+    logy: bool = False
+
+
+@dataclass(frozen=True)
 class Section:
-    """A report section a kind adds: a title, a sentence saying what it shows, and a table
-    (every cell text or a number; the report escapes them)."""
+    """A report section a kind adds: a title, a sentence saying what it shows, a table (every
+    cell text or a number; the report escapes them; none without columns) and plots."""
 
     title: str
     text: str
-    columns: tuple[str, ...]
-    rows: tuple[tuple[Any, ...], ...]
+    columns: tuple[str, ...] = ()
+    rows: tuple[tuple[Any, ...], ...] = ()
+    plots: tuple[Scatter, ...] = ()
 
 
 class Figures:

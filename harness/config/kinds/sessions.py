@@ -62,5 +62,5 @@ SPEC = KindSpec(
     figures="harness.analysis.kinds.sessions:FIGURES",
     driver="harness.workloads.sessions:DRIVER",
     batch_limit=1,  # a session is long, and stays where it went
-    report_sections=("sessions", "versus_recompute"),
+    report_sections=("versus_recompute",),
 )
