@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.analysis import findings
+from harness.analysis.kinds.trace import captured_reuse
 from harness.inputs import traces
 from harness.results import read_requests, read_run
 from tests.conftest import cli, kvbench, write_scenario
@@ -76,7 +76,7 @@ def test_a_trace_replay_on_the_emulator_captures_what_it_could(tmp_path: Path) -
         assert trace["possible_lru"] == [
             {"capacity_blocks": n, "cached_share": traces.reuse(reqs, 64, n).share} for n in (3, 8)
         ]
-        got = findings.captured_reuse(run)
+        got = captured_reuse(run)
         assert got is not None and [u["capacity_blocks"] for u in got["possible_lru"]] == [3, 8]
         if arm == "recompute":
             assert got["cached_share"] == 0
@@ -103,7 +103,7 @@ def test_a_three_request_trace_never_captures_more_than_possible(tmp_path: Path)
     r = kvbench("run", str(sc), "--arm", "cached", "--out", str(tmp_path / "out"), timeout=300)
     assert r.returncode == 0, r.stderr
     (folder,) = (tmp_path / "out" / "tr").iterdir()
-    got = findings.captured_reuse(read_run(folder))
+    got = captured_reuse(read_run(folder))
     assert got is not None and got["cached_share"] and got["cached_share"] > 0
     assert got["captured"] is not None and 0 < got["captured"] <= 1.0
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness.analysis import stats
-from harness.results import RequestRecord, RunResult
+from harness.results import RequestRecord
 from harness.server import checks
 
 Records = Sequence[RequestRecord]
@@ -210,39 +210,6 @@ def _half_unit(text: str) -> float:
     """Half a unit of the last digit given: the rounding a published figure allows."""
     digits = text.split(".")[1] if "." in text else ""
     return 0.5 * 10 ** (-len(digits))
-
-
-def captured_reuse(run: RunResult) -> dict[str, Any] | None:
-    """A trace replay's reuse: what was possible (an infinite prefix cache, from run.json's
-    trace), what the server reported cached, their ratio, and where the server's counters say
-    the hits came from (per tier where it exports that, else device vs external)."""
-    trace = run.meta.get("trace")
-    if not isinstance(trace, dict):
-        return None
-    possible, measured = trace.get("possible_cached_share"), stats.cached_share(run.records)
-    mapped = ((run.server_metrics or {}).get("phases", {}).get("run") or {}).get("mapped") or {}
-    if isinstance(mapped.get("tier_hit_tokens"), dict):  # the emulator: G1 .. G4
-        by_tier = {str(k): float(v) for k, v in mapped["tier_hit_tokens"].items()}
-    elif isinstance(mapped.get("cached_tokens_by_source"), dict):  # vLLM 0.32+: device, host, p2p, disk
-        by_tier = {str(k): float(v) for k, v in mapped["cached_tokens_by_source"].items() if v}
-    else:  # vLLM and the like: the GPU's own prefix cache, and what came from outside it
-        pairs = (("device", "prefix_cache_hit_tokens"), ("external", "external_hit_tokens"))
-        by_tier = {k: float(mapped[f]) for k, f in pairs if mapped.get(f)}
-    return {
-        "label": run.label,
-        "trace": trace.get("file"),
-        "requests": trace.get("requests"),
-        "possible_share": possible,
-        "basis": trace.get("possible_basis"),
-        "cached_share": measured,
-        "captured": measured / possible if measured is not None and possible else None,
-        "possible_lru": [
-            {**u, "captured": measured / u["cached_share"] if measured is not None and u.get("cached_share") else None}
-            for u in trace.get("possible_lru") or []
-            if isinstance(u, dict)
-        ],
-        "by_tier": by_tier,
-    }
 
 
 def claims_audit(ref: dict[str, Any], measured: dict[str, float | None]) -> list[Claim]:

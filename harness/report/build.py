@@ -47,7 +47,7 @@ def build_context(runs: list[RunResult]) -> dict[str, Any]:
         **sections.verification(runs),
         **sections.traffic(runs),
         **sections.open_loop(runs),
-        **sections.reuse(runs),
+        **sections.versus_recompute(runs),
         **sections.kind_sections(runs),
         **sections.server(runs),
         **sections.clients(runs),

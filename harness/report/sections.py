@@ -33,9 +33,9 @@ CLAIM_KEYS = {
 MAX_TIMELINES = 8
 # The report's own sections a workload kind's runs may go into (its `report_sections`): a sweep's
 # table and plots by prompt length, a closed loop's throughput against the paper's, an open
-# loop's loads and SLO capacity, a trace's reuse captured, and the sentence for an arm that reuses
-# the cache yet came out slower than recomputing.
-SECTIONS = ("by_length", "loop", "capacity", "reuse", "versus_recompute")
+# loop's loads and SLO capacity, and the sentence for an arm that reuses the cache yet came out
+# slower than recomputing.
+SECTIONS = ("by_length", "loop", "capacity", "versus_recompute")
 
 
 def feeding(runs: list[RunResult], section: str) -> list[RunResult]:
@@ -511,11 +511,9 @@ def open_loop(runs: list[RunResult]) -> dict[str, Any]:
     }
 
 
-def reuse(runs: list[RunResult]) -> dict[str, Any]:
-    """Trace replays: the reuse captured, against what was possible, by tier where known; and a
-    plain sentence wherever an arm that reuses the cache was slower than recomputing."""
-    rows = [c for r in feeding(runs, "reuse") if (c := findings.captured_reuse(r)) is not None]
-    return {"reuse_rows": rows, "slower_than_recompute": slower_than_recompute(runs)}
+def versus_recompute(runs: list[RunResult]) -> dict[str, Any]:
+    """A plain sentence wherever an arm that reuses the cache was slower than recomputing."""
+    return {"slower_than_recompute": slower_than_recompute(runs)}
 
 
 def slower_than_recompute(runs: list[RunResult]) -> list[str]:

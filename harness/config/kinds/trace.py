@@ -115,5 +115,5 @@ SPEC = KindSpec(
     config=TraceConfig,
     figures="harness.analysis.kinds.trace:FIGURES",
     driver="harness.workloads.trace:DRIVER",
-    report_sections=("reuse", "versus_recompute"),
+    report_sections=("versus_recompute",),
 )
