@@ -38,7 +38,13 @@ def trace(n: int, alpha: float) -> stack.References:
 def plain_against_compiled() -> None:
     refs = trace(20_000, 1.0)
     _, dense = np.unique(refs.blocks, return_inverse=True)
-    args = (dense.astype(np.int64), int(dense.max()) + 1, refs.request, np.ones(len(dense)))
+    args = (
+        dense.astype(np.int64),
+        int(dense.max()) + 1,
+        refs.request,
+        np.ones(len(dense)),
+        np.zeros(len(dense), dtype=np.int64),
+    )
     compiled = stack.compiled_loop()
     compiled(*args)  # compiled (or loaded from the cache) outside the timing
     t0 = time.perf_counter()

@@ -45,6 +45,15 @@ class References:
     prompt_tokens: int  # of every request, served or not
     requests: int
 
+    @functools.cached_property
+    def dense(self) -> tuple[np.ndarray, int]:
+        """The block ids numbered 0.. in their order (a trace's ids may be 63-bit hashes), and how
+        many there are: sorted once, for every tier of every configuration sized."""
+        if not len(self.blocks):
+            return np.zeros(0, dtype=np.int64), 1
+        _, dense = np.unique(self.blocks, return_inverse=True)
+        return dense.astype(np.int64), int(dense.max()) + 1
+
 
 def references(requests: Sequence[TraceRequest], block_tokens: int) -> References:
     """The references of the requests in time order (ties: as given). A request touches its
@@ -71,7 +80,8 @@ def prefix_distances(blocks: np.ndarray, request: np.ndarray, weight: np.ndarray
         return np.zeros(0, dtype=np.float64)
     _, dense = np.unique(blocks, return_inverse=True)
     w = np.ones(len(blocks)) if weight is None else weight.astype(np.float64)
-    return compiled_loop()(dense.astype(np.int64), int(dense.max()) + 1, request.astype(np.int64), w)
+    one = np.zeros(len(blocks), dtype=np.int64)
+    return compiled_loop()(dense.astype(np.int64), int(dense.max()) + 1, request.astype(np.int64), w, one)
 
 
 @dataclass(frozen=True)
@@ -152,25 +162,31 @@ def compiled_loop() -> Any:
 
 
 def distance_loop(
-    keys: np.ndarray, n_keys: int, request: np.ndarray, weight: np.ndarray
+    keys: np.ndarray, n_keys: int, request: np.ndarray, weight: np.ndarray, group: np.ndarray
 ) -> np.ndarray:  # pragma: no cover
     """Prefix distances of `keys` (dense ids below n_keys; `request`: each reference's request;
-    `weight`: what each counts for). A Fenwick tree holds each key's weight at its last touch; the
-    distance of a touch is the weight after the key's previous one; a request's running maximum
-    starts again at its first reference. (Run compiled; bench/sizing.py runs it as Python too.)"""
+    `weight`: what each counts for; `group`: each reference's stream, each stream's references
+    contiguous). A Fenwick tree holds each key's weight at its last touch; the distance of a touch
+    is the weight after the key's previous one in its stream (a touch in an earlier stream is
+    none: its mark lies before the stream's first position, where no distance reaches); a
+    request's running maximum starts again at its first reference. (Run compiled;
+    bench/sizing.py runs it as Python too.)"""
     n = len(keys)
     tree = np.zeros(n + 1, dtype=np.float64)
     last = np.full(n_keys, -1, dtype=np.int64)
     out = np.empty(n, dtype=np.float64)
     marked = 0.0
     running = 0.0
+    stream = 0  # where the current stream began
     for t in range(n):
         if t == 0 or request[t] != request[t - 1]:
             running = 0.0
+        if t > 0 and group[t] != group[t - 1]:
+            stream = t
         k = keys[t]
         p = last[k]
         w = weight[t]
-        if p < 0:
+        if p < stream:
             running = np.inf
         else:
             before = 0.0  # weight at positions 0..p

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.sizing.stack import References, prefix_distances
+from harness.sizing.stack import References, compiled_loop
 
 SCOPES = ("worker", "node", "cluster")
 
@@ -38,13 +38,17 @@ def scoped_distances(refs: References, group: np.ndarray) -> np.ndarray:
     """Prefix distances of every reference within its group's own stream (the references of that
     group, in time order): one pass, the groups laid one after the other and their blocks kept
     apart, so that no distance counts another group's touches."""
+    if not len(group):
+        return np.zeros(0, dtype=np.float64)
+    dense, n_keys = refs.dense
+    if (group == group[0]).all():  # one stream (a cluster's tier): in time order already
+        one = np.zeros(len(group), dtype=np.int64)
+        return compiled_loop()(dense, n_keys, refs.request, np.ones(len(group)), one)
     order = np.argsort(group, kind="stable")
-    _, dense = np.unique(refs.blocks, return_inverse=True)  # (a trace's ids may be 63-bit hashes)
-    span = int(dense.max()) + 1 if len(dense) else 1
-    keys = group[order].astype(np.int64) * span + dense[order]
     out = np.empty(len(order), dtype=np.float64)
     # requests stay contiguous within a group (all of a request's references go to one worker)
-    out[order] = prefix_distances(keys, refs.request[order])
+    w = np.ones(len(order))
+    out[order] = compiled_loop()(dense[order], n_keys, refs.request[order], w, group[order].astype(np.int64))
     return out
 
 
