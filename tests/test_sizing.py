@@ -309,3 +309,21 @@ def test_the_kv_router_weighs_blocks_to_prefill_against_blocks_active_worked_by_
     tokens, out = np.array([r.input_length for r in requests]), np.array([r.output_length for r in requests])
     cost = simulate.Cost(0.001, 0.0, 0.01)
     assert routing.kv_router(refs, arrival, tokens, out, 16, 2, 100, cost).tolist() == [0, 1, 0, 1, 0]
+
+
+def test_a_workload_mapped_for_sizing_processes_is_the_workload_read_only() -> None:
+    """What a sweep's processes map (sizing/mapped.py) holds the workload's arrays as they are,
+    its block numbering included (not sorted again), read-only; the files go with the block."""
+    from harness.sizing import fleet, mapped
+
+    refs = synthetic.shared_documents(500, 20, 8, 2, 1.0, 16, seed=3)
+    per = np.bincount(refs.request, minlength=500)
+    w = fleet.Workload(refs, np.arange(500) * 0.1, per * 16 - 3, np.full(500, 7), 16)
+    with mapped.mapped(w) as m:
+        got = m.load()
+        assert "dense" in vars(got.refs)  # numbered in the parent, given as it is
+        for a, b in ((got.refs.blocks, refs.blocks), (got.refs.dense[0], refs.dense[0]), (got.arrival_s, w.arrival_s)):
+            assert np.array_equal(a, b) and not a.flags.writeable
+        assert (got.refs.prompt_tokens, got.refs.requests, got.block_tokens) == (refs.prompt_tokens, 500, 16)
+        folder = m.folder
+    assert not folder.exists()

@@ -32,6 +32,7 @@ from harness.inputs.traces import TraceRequest
 from harness.results import utc_stamp, versions
 from harness.sizing import config, recorded, result
 from harness.sizing.fleet import CAPACITY_STEPS, Plan, Sized, TierPlan, Workload, from_trace, size
+from harness.sizing.mapped import Mapped, mapped
 from harness.sizing.simulate import Cost, Tier
 from harness.sizing.tiers import Fleet
 
@@ -253,18 +254,21 @@ def _sized(
             yield _size_one((i, workload, plan, rows))
         return
     n = min(processes, len(plans))
-    if on_ray:
-        from harness.distributed import raypool
+    with contextlib.ExitStack() as stack:
+        if on_ray:
+            from harness.distributed import raypool
 
-        pool = raypool.process_pool(n)
-    else:
-        pool = multiprocessing.get_context("spawn").Pool(n, initializer=_child)
-    try:
-        yield from pool.imap_unordered(_size_one, [(i, workload, plan, rows) for i, plan in enumerate(plans)])
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()
+            pool = raypool.process_pool(n)
+            given: Workload | Mapped = workload
+        else:
+            pool = multiprocessing.get_context("spawn").Pool(n, initializer=_child)
+            given = stack.enter_context(mapped(workload))  # (its files removed once the pool has stopped)
+        try:
+            yield from pool.imap_unordered(_size_one, [(i, given, plan, rows) for i, plan in enumerate(plans)])
+            pool.close()
+        finally:
+            pool.terminate()
+            pool.join()
 
 
 def _child() -> None:
@@ -274,11 +278,12 @@ def _child() -> None:
     die_with_parent()
 
 
-def _size_one(task: tuple[int, Workload, Plan, bool]) -> tuple[int, Sized]:
-    """One plan sized; its rows dropped where they are not wanted (not carried back from a
-    process: a configuration of 10^7 requests has about 1 GB of them)."""
-    i, workload, plan, rows = task
-    sized = size(workload, plan)
+def _size_one(task: tuple[int, Workload | Mapped, Plan, bool]) -> tuple[int, Sized]:
+    """One plan sized (its workload as given, or mapped from its files); its rows dropped where
+    they are not wanted (not carried back from a process: a configuration of 10^7 requests has
+    about 1 GB of them)."""
+    i, given, plan, rows = task
+    sized = size(given.load() if isinstance(given, Mapped) else given, plan)
     return i, sized if rows else Sized(sized.figures, {})
 
 
