@@ -123,7 +123,7 @@ def _main(
             f"{rows:,} request rows (more than {MAX_REQUEST_ROWS:,}) are not written: --requests writes them",
             markup=False,
         )
-    done: dict[int, dict[str, Any]] = {}
+    done = 0
     try:
         with (
             (folder / CONFIGURATIONS_JSONL).open("w", encoding="utf-8") as f,
@@ -134,15 +134,17 @@ def _main(
                 one = {"index": i, **_configuration(configurations[i], plans[i], sized.figures)}
                 f.write(json.dumps(one, default=str) + "\n")
                 f.flush()
-                done[i] = one
+                done += 1
                 if len(configurations) > 1:
-                    console.print(f"  {len(done)}/{len(configurations)}: {_label(configurations[i])}", markup=False)
+                    console.print(f"  {done}/{len(configurations)}: {_label(configurations[i])}", markup=False)
         doc["status"] = "completed"
     except BaseException as e:  # what was sized is kept, and said to be all there is
         doc["status"] = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
         raise
     finally:
-        doc["configurations"] = [done[i] for i in sorted(done)]
+        # what configurations.jsonl holds, a whole line each: sizing.json says the same wherever a
+        # signal fell (a line written and flushed is done; one cut short is not)
+        doc["configurations"] = _written(folder / CONFIGURATIONS_JSONL)
         _write(folder, doc)
     show(doc, console)
     console.print(f"Results: {folder}", markup=False)
@@ -195,6 +197,18 @@ def _result_warnings(got: recorded.Recorded) -> list[str]:
             "measured server let it offer"
         )
     return out
+
+
+def _written(path: Path) -> list[dict[str, Any]]:
+    """The configurations whose line configurations.jsonl holds whole, by index."""
+    if not path.is_file():
+        return []
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.endswith("\n"):
+                out.append(json.loads(line))
+    return sorted(out, key=lambda c: int(c["index"]))
 
 
 # Each configuration's figures, one line as each is done (a long sweep interrupted keeps them)
