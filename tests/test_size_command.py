@@ -756,17 +756,17 @@ time_scale = 20.0
 """
 LIVE_POOL = """
 name = "live"
+[workload]
+kind = "closed_loop"
+pool = 4
+prompt_tokens = 1000
+shared_prefix_tokens = 300
+requests = 24
+concurrency = 2
 [endpoint]
 max_tokens = 16
 [metrics]
 enabled = false
-[workload]
-kind = "closed_loop"
-requests = 24
-concurrency = 2
-pool = 4
-prompt_tokens = 1000
-shared_prefix_tokens = 300
 [emulator]
 time_scale = 20.0
 """
