@@ -96,7 +96,10 @@ def _fit_points(records: Records, phase: str) -> tuple[np.ndarray, np.ndarray, i
 def fit_prefill(records: Records) -> tuple[float, float] | None:
     """The recompute cost model, a*n + b*n^2 s for an n-token prompt, fitted to the cold requests'
     TTFTs by least squares; None without cold requests at two or more lengths."""
-    n, t, lengths = _fit_points(records, "cold")
+    return _prefill(*_fit_points(records, "cold"))
+
+
+def _prefill(n: np.ndarray, t: np.ndarray, lengths: int) -> tuple[float, float] | None:
     if lengths < 2:
         return None
     (a, b), *_ = np.linalg.lstsq(np.column_stack([n, n * n]), t, rcond=None)
@@ -106,12 +109,12 @@ def fit_prefill(records: Records) -> tuple[float, float] | None:
 def fit_cost_model(records: Records, kv_bytes_per_token: int) -> CostFit | None:
     """Least-squares fits of the recompute and load cost models; None without both phases at two
     or more lengths. Residuals are per request (measured - fitted)."""
-    prefill = fit_prefill(records)
+    nc, tc, cold_lengths = _fit_points(records, "cold")
     nw, tw, warm_lengths = _fit_points(records, "warm")
+    prefill = _prefill(nc, tc, cold_lengths)
     if prefill is None or warm_lengths < 2:
         return None
     a, b = prefill
-    nc, tc, _ = _fit_points(records, "cold")
     (c, s), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(nw), nw]), tw, rcond=None)
     rate = 1.0 / s if s > 0 else math.inf
     # a*n + b*n^2 = c + s*n  ->  b*n^2 + (a - s)*n - c = 0: the positive root.

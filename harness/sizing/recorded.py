@@ -1,11 +1,11 @@
 """Result folders as `kvbench size` reads them: a run's requests replayed (`[workload] result`), and an
 engine's cost fitted to a TTFT sweep (`[engine] fit_from`).
 
-A run's requests (`read`): each
-record's prompt cut into blocks by what its workload kind says the prompt shares with the others
-(analysis/kinds: `Figures.prompt_parts`), arriving when its schedule meant it to be sent (an open
-loop's `intended_s`) or, for a kind without a schedule, when it was sent: the load the measured
-server let a closed loop or a session's turns offer, replayed as an open loop."""
+A run's requests (`read`): each record's prompt cut into blocks by what its workload kind says the
+prompt shares with the others (analysis/kinds: `Figures.prompt_parts`), arriving when it was meant
+to be sent (`intended_s`: an open loop's schedule, a session's turn after its think time) or, for
+a kind without one (a closed loop, a sweep), when it was sent: the load the measured server let it
+offer, replayed as an open loop."""
 
 from __future__ import annotations
 
