@@ -58,7 +58,9 @@ def kind_sections(runs: list[RunResult]) -> dict[str, Any]:
                 {"svg": Markup(_scatter(plot, f"{name}-{k}-{p}")), "caption": plot.caption}
                 for p, plot in enumerate(section.plots)
             ]
-            out.append({**asdict(section), "plots": drawn})
+            # (its fields as they are: asdict would copy every plotted point only to replace them)
+            fields = {"title": section.title, "text": section.text, "columns": section.columns, "rows": section.rows}
+            out.append({**fields, "plots": drawn})
     return {"kind_sections": out}
 
 
