@@ -24,7 +24,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from harness.core.errors import lines, replaced, signals_interrupt
+from harness.core.errors import lines, replaced, signals_held, signals_interrupt
 from harness.results import load_runs, read_requests
 from tests.conftest import ROOT, cli, kvbench, start_kvbench, user_env, write_scenario
 from tests.servers import ThreadedServer, path_of, requests_on
@@ -1252,3 +1252,29 @@ def test_sigterm_while_an_output_is_written_ends_as_ctrl_c_and_leaves_no_file(tm
         signal.signal(signal.SIGTERM, before[0])
         signal.signal(signal.SIGINT, before[1])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_during_a_held_write_lets_it_end_then_interrupts(tmp_path: Path) -> None:
+    """SIGTERM, then Ctrl-C, while `signals_held` runs (`kvbench size` writes a configuration's
+    rows and its line so): the block goes on to its end, then KeyboardInterrupt; the handlers in
+    place before it are back. A gzip member written across the signals is whole."""
+    import gzip
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    out = tmp_path / "rows.csv.gz"
+    try:
+        signals_interrupt()
+        with pytest.raises(KeyboardInterrupt), gzip.open(out, "wt") as f:
+            with signals_held():
+                for k in range(2000):
+                    f.write(f"{k},{'x' * 100}\n")
+                    if k in (500, 1500):
+                        os.kill(os.getpid(), signal.SIGTERM if k == 500 else signal.SIGINT)
+                        time.sleep(0.01)  # the handler runs between two bytecodes of this thread
+            pytest.fail("the held signals were not raised when the block ended")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+    with gzip.open(out, "rt") as f:
+        assert sum(1 for _ in f) == 2000

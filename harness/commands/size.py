@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.core.children import die_with_parent
-from harness.core.errors import InputError, replaced
+from harness.core.errors import InputError, replaced, signals_held
 from harness.core.units import human_bandwidth, human_size
 from harness.gate.rules import parse_rules
 from harness.inputs import traces
@@ -130,10 +130,11 @@ def _main(
             _rows_to(folder / result.REQUESTS if keep else None) as put_rows,
         ):
             for i, sized in _sized(workload, plans, processes, keep, ray is not None):
-                put_rows(i, sized)  # first: a configuration said done has all its rows
                 one = {"index": i, **_configuration(configurations[i], plans[i], sized.figures)}
-                f.write(json.dumps(one, default=str) + "\n")
-                f.flush()
+                with signals_held():  # its rows and its line whole, or neither begun
+                    put_rows(i, sized)  # first: a configuration said done has all its rows
+                    f.write(json.dumps(one, default=str) + "\n")
+                    f.flush()
                 done += 1
                 if len(configurations) > 1:
                     console.print(f"  {done}/{len(configurations)}: {_label(configurations[i])}", markup=False)

@@ -61,6 +61,9 @@ class FilesError(KvbenchError):
     exit_code = ExitCode.FILES
 
 
+_STOPS = (signal.SIGINT, signal.SIGTERM)  # the signals that stop a command (exit 130)
+
+
 def signals_interrupt() -> None:
     """SIGTERM (`timeout`, CI cancellation, `docker stop`) raises KeyboardInterrupt, as Ctrl-C
     does: a command then ends with exit 130 and removes its outputs' temporary files (`replaced`),
@@ -74,6 +77,26 @@ def signals_interrupt() -> None:
 
 def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held while the block runs, then raised as KeyboardInterrupt when it ends
+    (unless it failed otherwise): for writes that must be whole or not begun. An interrupt raised
+    between two bytecodes of gzip's write left a member whose CRC did not match its data, and the
+    whole file unreadable. Only the main thread sets handlers; elsewhere the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    before = {sig: signal.signal(sig, lambda signum, _frame: held.append(signum)) for sig in _STOPS}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    if held:
+        raise KeyboardInterrupt
 
 
 def exit_at_once(_signum: int, _frame: object) -> None:
@@ -92,7 +115,7 @@ def signals_ignored() -> None:
     place of any handler of its own (a Ctrl-C there killed kvbench by SIGINT, exit -2), but not
     in place of SIG_IGN."""
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in _STOPS:
             signal.signal(sig, signal.SIG_IGN)
 
 
