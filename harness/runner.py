@@ -101,7 +101,7 @@ ESTIMATED = "estimate calibrated on usage.prompt_tokens (no /tokenize)"
 
 @dataclass
 class RunState:
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    stop: aio.Stopping = field(default_factory=aio.Stopping)
     stamp: str = ""
     plans: dict[str, Plan] = field(default_factory=dict)  # by load: settled once, shared by the arms
     launcher: Launcher | None = None  # --workers or --ray: where each arm's workers run
@@ -185,10 +185,12 @@ async def run_arms(t: Target, console: Console) -> tuple[int, list[Path]]:
 
 def _on_sigint(state: RunState, console: Console) -> None:
     """First Ctrl-C (or SIGTERM, as `timeout`, CI cancellation and `docker stop` send): no new
-    requests, in-flight ones get aio.GRACE_S. Second: stop at once; later ones change nothing
-    (the stop is under way, and is not itself cut short). Either way the results are
-    kept and marked interrupted: run.json says so at once, before the grace period (`docker stop`
-    sends SIGKILL 10 s after SIGTERM), and again with the figures once the arm has drained."""
+    requests, in-flight ones get aio.GRACE_S. Second: stop at once. What is in flight is cut
+    short and recorded so (its workers too are told to), and whatever the run is doing after
+    aio.HURRY_S more is cancelled; later presses change nothing (the stop is under way, and is
+    not itself cut short). Either way the results are kept and marked interrupted: run.json says
+    so at once, before the grace period (`docker stop` sends SIGKILL 10 s after SIGTERM), and
+    again with the figures once the arm has drained."""
     main_task = asyncio.current_task()
     presses = 0
 
@@ -205,12 +207,18 @@ def _on_sigint(state: RunState, console: Console) -> None:
                 "(Ctrl-C again to stop at once)."
             )
         elif presses == 2 and main_task:
+            state.stop.hurry()
             # once: a cancellation of the stop itself (a third press while the client closes,
             # the arm's end is written) escaped as a traceback with exit 1
-            main_task.cancel()
+            asyncio.get_running_loop().call_later(aio.HURRY_S, _cancel, main_task)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, handler)
+
+
+def _cancel(task: asyncio.Task[Any]) -> None:
+    if not task.done():
+        task.cancel()
 
 
 @dataclass(frozen=True)
@@ -378,8 +386,8 @@ class ArmLifecycle:
                 self.progress.start(self.arm.name, plan.total)
                 job = self.driver.drive(sender, plan)
             # a pool stops its workers itself and bounds its own wait for their last records
-            grace_s = pool.grace_s if pool is not None else aio.GRACE_S
-            result = (await aio.until_done_or_stopped(job, self.state.stop, grace_s)).result()
+            grace_s, cut = (pool.grace_s, None) if pool is not None else (aio.GRACE_S, self.state.stop.now)
+            result = (await aio.until_done_or_stopped(job, self.state.stop, grace_s, cut)).result()
             self.health = result if isinstance(result, dict) else None
         finally:
             self.progress.stop()

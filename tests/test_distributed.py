@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.core import aio
 from harness.core.clock import ModelClock, Offset
 from harness.distributed import raypool
 from harness.distributed.coordinator import Pool
@@ -377,7 +378,7 @@ class _Pool(Pool):
             progress=progress,
             warnings=self.warned,
             warn=self.warned.append,
-            stop=asyncio.Event(),
+            stop=aio.Stopping(),
             aborted=None,
             seq=0,
         )

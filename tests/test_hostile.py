@@ -1097,7 +1097,9 @@ def test_sigterm_while_prompts_are_sized_stops_at_once(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert json.loads(meta.read_text())["status"] == "interrupted"
-    assert read_requests(meta.parent) == []  # the sizing stopped: nothing was sent
+    # the sizing stopped, or (when it had just ended) the first request, cut short once its grace
+    # ran out, is recorded as such: nothing the server received goes without its record
+    assert all(r.error_kind == "interrupted" and not r.ok for r in read_requests(meta.parent))
 
 
 def test_sigkill_after_sigterm_leaves_run_json_interrupted(tmp_path: Path) -> None:

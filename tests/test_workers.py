@@ -318,6 +318,46 @@ def test_ctrl_c_again_and_again_with_workers_exits_130_and_keeps_every_answer(tm
     interrupted_and_accounted(folder, log)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one-process", "workers"])
+def test_ctrl_c_pressed_twice_records_what_was_in_flight_as_cut_short(tmp_path: Path, workers: list[str]) -> None:
+    ctrl_c_twice_mid_stream(tmp_path, workers)
+
+
+def ctrl_c_twice_mid_stream(tmp_path: Path, launch: list[str]) -> None:
+    """Ctrl-C, and again a tenth of a second later, while seven streams each have seconds to go
+    (launched by `launch`'s options): exit 130, and each request the server received has its
+    record, those in flight failed `interrupted` (the stop at once cuts them short; it does not
+    leave them out). Distributed, the arm's count balances with none cut short, no worker lost."""
+    sc = write_scenario(tmp_path / "w.toml", LOOP.format(requests=70, tokens=2000, scale=1.0))
+    sc.write_text(sc.read_text().replace("max_tokens = 8", "max_tokens = 400"))  # 8 s a stream
+    log, out = tmp_path / "received.jsonl", tmp_path / "out"
+    with EmbeddedEmulator("redbooks-g4", 1.0, timing_log=log) as emu:
+        proc = start_kvbench("run", str(sc), "--arm", "reuse", *launch, "--endpoint", emu.base_url, "--out", str(out))
+        deadline = time.monotonic() + 180
+        while (not log.exists() or not log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)  # the first stream has ended: the next ones are under way
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    (folder,) = (out / "w").iterdir()
+    recs = read_requests(folder)
+    got = {rid for rid, _ in received(log)}
+    assert got <= {x.request_id for x in recs}, got - {x.request_id for x in recs}
+    cut = [x for x in recs if x.error_kind == "interrupted"]
+    assert len(cut) >= 5 and not any(x.ok for x in cut), [(x.error_kind, x.error) for x in recs]
+    assert all((x.error or "").startswith("cut short in flight: the run stopped") for x in cut)
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == "interrupted"
+    if launch:
+        count = meta["distributed"]["accounting"]
+        assert count["balanced"] and not count.get("cut_short") and count["recorded"] == len(recs), count
+        assert not meta["distributed"]["faults"], meta["distributed"]["faults"]
+
+
 def ctrl_c_until_it_ends(proc: subprocess.Popen[str]) -> None:
     """Ctrl-C to a running kvbench, then again every tenth of a second until it has exited:
     whatever phase each lands in, exit 130 and no traceback."""

@@ -14,6 +14,24 @@ T = TypeVar("T")
 # After Ctrl-C (or SIGTERM in a worker process), in-flight requests get this long (wall-clock)
 # to finish before they are dropped.
 GRACE_S = 5.0
+# After a second Ctrl-C, how long the run still takes to keep the records of what it cut short
+# before whatever it is doing is cancelled (s): the stop is at once, and nothing in flight is
+# left without its record unless this runs out.
+HURRY_S = 1.0
+
+
+class Stopping(asyncio.Event):
+    """A run's stop. Set (Ctrl-C, SIGTERM, a worker told `Stop`): nothing new is sent, what is in
+    flight gets its grace. `hurry()` (pressed again): the grace ends at once; what is in flight is
+    cut short and recorded so (wire.client.CutShort), not dropped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = asyncio.Event()
+
+    def hurry(self) -> None:
+        self.set()
+        self.now.set()
 
 
 def loop_name() -> str:
@@ -93,17 +111,24 @@ def collections_in_gaps() -> Iterator[Collections]:
         gc.set_threshold(*held.usual)
 
 
-async def until_done_or_stopped(job: Awaitable[T], stop: asyncio.Event, grace_s: float = GRACE_S) -> asyncio.Task[T]:
+async def until_done_or_stopped(
+    job: Awaitable[T], stop: asyncio.Event, grace_s: float = GRACE_S, cut: asyncio.Event | None = None
+) -> asyncio.Task[T]:
     """Run `job` until it ends or `stop` is set; then give it `grace_s` to finish what is in
-    flight and cancel it. Returns its task, done either way (the caller decides about its result)."""
+    flight (less, if `cut` is set meanwhile) and cancel it. Returns its task, done either way
+    (the caller decides about its result)."""
     task = asyncio.ensure_future(job)
     stopped = asyncio.ensure_future(stop.wait())
+    hurried = asyncio.ensure_future(cut.wait()) if cut is not None else None
     try:
         await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done() and grace_s > 0:
-            await asyncio.wait({task}, timeout=grace_s)
+            ends: set[asyncio.Future[Any]] = {task} if hurried is None else {task, hurried}
+            await asyncio.wait(ends, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()
+        if hurried is not None:
+            hurried.cancel()
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -43,6 +43,9 @@ from harness.workloads.base import Plan, Sender
 # After the grace period of a stop (aio.GRACE_S), how long the coordinator still waits for the
 # workers' last records before it records what they hold as lost (s).
 END_WAIT_S = 5.0
+# After a second Ctrl-C, how long it waits for the records of what the workers cut short: within
+# aio.HURRY_S, after which the run is cancelled, with room left for the arm's accounting.
+HURRIED_WAIT_S = aio.HURRY_S / 2
 
 
 class Pool(ABC):
@@ -92,7 +95,7 @@ class Pool(ABC):
         self.lost: dict[int, str] = {}  # worker -> why it is gone
         self.ledger = Ledger(kind, plan)
         self.faults: list[dict[str, Any]] = []
-        self.started = self.stopping = False
+        self.started = self.stopping = self.hurried = False
 
     # -- what a launcher does ----------------------------------------------------------------
 
@@ -140,7 +143,7 @@ class Pool(ABC):
         self.heard = dict.fromkeys(self.shares, time.monotonic())  # silence counts once started
         self.looked = time.monotonic()
         while self.running - self.up and not self.sender.stop.is_set():
-            await self._next_event(until_stop=True)
+            await self._next_event(self.sender.stop)
             self._watch()
         if not self.running:
             raise EndpointError(f"every worker was lost before the arm began: {'; '.join(self.lost.values())}")
@@ -151,10 +154,10 @@ class Pool(ABC):
         self.started = True
         await asyncio.gather(*(self.tell(k, Go(clock.t0_ns)) for k in sorted(self.running)))
         try:
-            while self.running:
+            while self.running and not sender.stop.now.is_set():
                 if sender.stop.is_set() and not self.stopping:
                     await self._stop_all()
-                await self._next_event(until_stop=not self.stopping)
+                await self._next_event(self._wake())
                 self._watch()
         finally:
             try:
@@ -166,13 +169,19 @@ class Pool(ABC):
         out = combine_health(healths, len(self.shares)) if healths else {"processes": len(self.shares)}
         return {**out, "engine": self.engine}
 
-    async def _next_event(self, until_stop: bool) -> None:
-        """Handle the next event, if one comes within a heartbeat (or before a stop), and every
-        other already come."""
+    def _wake(self) -> asyncio.Event | None:
+        """What the wait for the next event also ends on: the stop, then its hurry."""
+        if not self.stopping:
+            return self.sender.stop
+        return None if self.hurried else self.sender.stop.now
+
+    async def _next_event(self, wake: asyncio.Event | None) -> None:
+        """Handle the next event, if one comes within a heartbeat (or before `wake` is set), and
+        every other already come."""
         get = asyncio.ensure_future(self.events.get())
         waits: set[asyncio.Future[Any]] = {get}
-        if until_stop:
-            waits.add(asyncio.ensure_future(self.sender.stop.wait()))
+        if wake is not None:
+            waits.add(asyncio.ensure_future(wake.wait()))
         try:
             await asyncio.wait(waits, timeout=HEARTBEAT_S, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -248,9 +257,9 @@ class Pool(ABC):
                 silent = Lost(f"it sent neither records nor a heartbeat for {self.lost_after_s:g} s")
                 self.events.put_nowait((k, silent))
 
-    async def _stop_all(self) -> None:
-        self.stopping = True
-        await asyncio.gather(*(self.tell(k, Stop()) for k in sorted(self.running)))
+    async def _stop_all(self, now: bool = False) -> None:
+        self.stopping, self.hurried = True, self.hurried or now
+        await asyncio.gather(*(self.tell(k, Stop(now)) for k in sorted(self.running)))
 
     async def _lose(self, k: int, reason: str) -> None:
         """Worker k is gone: what it took and did not report is recorded as failed."""
@@ -324,18 +333,28 @@ class Pool(ABC):
             )
 
     async def _end(self) -> None:
-        """Stopped early or done: every worker stops, and what they send is kept (bounded)."""
+        """Stopped early or done: every worker stops, and what they send is kept (bounded; told
+        to stop at once, they cut what is in flight short and ship its records, HURRIED_WAIT_S)."""
         if self.running:
             await self._stop_all()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(aio.GRACE_S + END_WAIT_S):
+                async with asyncio.timeout(aio.GRACE_S + END_WAIT_S) as deadline:
                     while self.running:
-                        await self._next_event(until_stop=False)
+                        if self.sender.stop.now.is_set() and not self.hurried:
+                            await self._stop_all(now=True)
+                            hurried_by = asyncio.get_running_loop().time() + HURRIED_WAIT_S
+                            deadline.reschedule(min(hurried_by, deadline.when() or hurried_by))
+                        await self._next_event(self._wake())
                         self._watch()
         while not self.events.empty():  # said before it ended
             await self._handle(*self.events.get_nowait())
+        waited = (
+            f"{HURRIED_WAIT_S:g} s of being told to stop at once (Ctrl-C pressed again)"
+            if self.hurried
+            else f"{aio.GRACE_S + END_WAIT_S:g} s"
+        )
         for k in sorted(self.running):  # did not stop in time: what it holds is lost with it
-            await self._lose(k, f"it did not stop within {aio.GRACE_S + END_WAIT_S:g} s")
+            await self._lose(k, f"it did not stop within {waited}")
         count = self.ledger.close(stopped=self.stopping or self.sender.stop.is_set())
         if (problem := count.problem()) is not None:
             self.sender.warn(f"the arm's count does not add up: {problem}")

@@ -159,7 +159,10 @@ class Go:
 
 @dataclass(frozen=True)
 class Stop:
-    """Finish what is in flight, send nothing new."""
+    """Send nothing new and finish what is in flight; `now` (Ctrl-C pressed again): cut what is
+    in flight short at once, each request recorded so, and ship the records."""
+
+    now: bool = False
 
 
 @dataclass(frozen=True)

@@ -77,13 +77,13 @@ Outbox = queue.SimpleQueue
 class WorkerSide:
     """One worker's share of an arm, in its client's event loop. What is said to it comes to `hear`
     (from another thread: `hear_threadsafe`): a batch of the schedule (`Items`), the arm's start
-    (`Go`, coordinator ns), an open loop's start line (`StartAt`), `Stop`. Everything it says,
+    (`Go`, coordinator ns), an open loop's start line (`StartAt`), `Stop` (or `Stop(now=True)`). Everything it says,
     its asks of the Dispatch included, goes into `out` for its launcher to carry."""
 
     def __init__(self, share: Share, out: Outbox[Outgoing]) -> None:
         self.share, self.offset_ns, self.out = share, share.offset_ns, out
         self.loop = asyncio.get_running_loop()
-        self.stop = asyncio.Event()
+        self.stop = aio.Stopping()
         self.go_at: asyncio.Future[int] = self.loop.create_future()
         times = [share.spec.clock.wall_s(t) for t in share.plan.times]
         quiet_ns = round(hold_after_s(share.lost_after_s) * 1e9)
@@ -110,7 +110,9 @@ class WorkerSide:
                 _resolve(self.go_at, t0_ns + self.offset_ns)
             case StartAt(ns):
                 self.order.start_at(ns)
-            case Stop():
+            case Stop(now):
+                if now:
+                    self.stop.hurry()
                 self.stop.set()
                 _resolve(self.go_at, time.perf_counter_ns())
                 self.order.end()
@@ -218,7 +220,7 @@ def _ship(out: Outbox[Outgoing], conn: Connection) -> None:
 async def send_share(
     job: Share,
     take: Schedule,
-    stop: asyncio.Event,
+    stop: aio.Stopping,
     subscribers: list[Callable[[RequestRecord], None]],
     go: Callable[[], Awaitable[int]],
 ) -> Ended:
@@ -247,7 +249,7 @@ async def send_share(
         sender.spec = replace(sender.spec, clock=replace(sender.spec.clock, t0_ns=t0_ns))
         monitor.start()
         drive = driver(job.kind).drive(sender, job.plan, take, job.connections, job.first_connection)
-        await aio.until_done_or_stopped(drive, stop)
+        await aio.until_done_or_stopped(drive, stop, cut=stop.now)
         health = monitor.stop()
     health.update(client.health())
     return Ended(health, sender.warnings, sender.aborted, stop.is_set())

@@ -37,6 +37,14 @@ TOKEN_SLACK = 64
 ERROR_CHARS = 1000
 
 
+# The error of a request the run's stop did not wait for (its grace ran out, or Ctrl-C was
+# pressed again): the server had it, and may have answered it
+STOPPED_IN_FLIGHT = (
+    "cut short in flight: the run stopped and did not wait for its end (the grace ran out, or Ctrl-C "
+    "was pressed again); the server may have answered it"
+)
+
+
 @dataclass
 class Exchange:
     """One request as the client saw it; times are monotonic ns.
@@ -52,7 +60,7 @@ class Exchange:
     http_status: int | None = None
     state: StreamState = field(default_factory=StreamState)
     error: str | None = None
-    error_kind: str | None = None  # "connect", "http", "timeout", "stream", "empty", "protocol"
+    error_kind: str | None = None  # "connect", "http", "timeout", "stream", "empty", "protocol", "interrupted"
     reused: bool = False  # sent on a kept-alive connection
     written: bool = False  # the request has gone to the socket (start_ns is its time)
     last_read_ns: int = 0  # the last byte the server sent for it (liveness.py)
@@ -231,11 +239,26 @@ class StreamingClient:
             else:
                 ex.error = f"timeout: stream not finished within {t.total_s:g} s (total_s)"
             ex.error_kind = "timeout"
+        except asyncio.CancelledError:
+            if not ex.written:  # nothing of it reached the server: no record, it was never sent
+                raise
+            ex.error, ex.error_kind = STOPPED_IN_FLIGHT, "interrupted"
+            raise InFlightCancelled(ex) from None
         finally:
             ex.end_ns = time.perf_counter_ns()
             if ex.error:  # secrets out first, then the cut: a key across the cut leaves nothing behind
                 ex.error = self.redact(ex.error)[:ERROR_CHARS]
         return ex
+
+
+class InFlightCancelled(asyncio.CancelledError):
+    """A request cancelled once it had gone to the server (the run's stop did not wait): still a
+    cancellation to everything above it, but carrying its exchange, failed `interrupted`, so
+    that its sender records it (workloads.base.Sender.send) before the cancellation goes on."""
+
+    def __init__(self, exchange: Exchange) -> None:
+        super().__init__()
+        self.exchange = exchange
 
 
 def client_for(connections: int, ep: EndpointCfg, headers: dict[str, str], send_clock: bool) -> StreamingClient:

@@ -5,7 +5,6 @@ per finished request, locust-style."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import random
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -20,6 +19,7 @@ from harness.config.context import Context
 from harness.config.kinds.draws import draw_length
 from harness.config.kinds.pool import PoolConfig
 from harness.config.scenario import Arm, Scenario
+from harness.core import aio
 from harness.core.clock import ModelClock
 from harness.inputs import prompts
 from harness.inputs.prompts import Prompt, PromptBuilder
@@ -27,7 +27,7 @@ from harness.monitor.progress import RunProgress
 from harness.results import KindRecord, RequestRecord
 from harness.server import checks, endpoint
 from harness.server.scrape import Scraper
-from harness.wire.client import Exchange, StreamingClient
+from harness.wire.client import Exchange, InFlightCancelled, StreamingClient
 
 # A run stops early after this many consecutive requests that could not connect or timed out.
 DEAD_ENDPOINT_STREAK = 10
@@ -197,7 +197,7 @@ class Sender:
     client: StreamingClient
     builder: PromptBuilder
     progress: RunProgress
-    stop: asyncio.Event
+    stop: aio.Stopping
     rng: random.Random
     seq: int = 0  # the last request id given (worker processes start at their own offset)
     subscribers: list[Callable[[RequestRecord], None]] = field(default_factory=list)
@@ -256,6 +256,10 @@ class Sender:
                 body = spec.body(text, None, out, engine_fields)
                 ex = await self.client.stream(spec.url, body, request_id, answer, limit)
                 ex.resent = True
+        except InFlightCancelled as cut:  # the server has it: its record, then the cancellation
+            for notify in self.subscribers:
+                notify(spec.record(seq, cut.exchange, prompt, phase, request_id=request_id, **extra))
+            raise
         finally:
             self.in_flight -= 1
         record = spec.record(seq, ex, prompt, phase, request_id=request_id, **extra)
