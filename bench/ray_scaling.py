@@ -60,6 +60,7 @@ import numpy as np
 from common import POISSON, SERVER_CORE, STREAMING, Firehose, client_cores, kvbench_run, pin, process_cpu_s
 
 from harness.analysis.stats import CI_LEVEL, STATISTICS, bootstrap_ci
+from harness.distributed.raypool import WORKER_ENTRY
 
 ROUNDS = 3
 # The pairs (one process, one Ray worker apart) in turns on one cluster, and their requests: short
@@ -82,7 +83,7 @@ APART_SHARE = 0.25
 @contextlib.contextmanager
 def ray_cluster(workers: int, cores: set[int], head_cores: set[int] | None = None) -> Iterator[tuple[str, list[int]]]:
     """A local Ray cluster whose processes (and the actors they start) run on `cores` (its head
-    node's, with the Dispatch actor, on `head_cores` if given), settled: a cluster just started
+    node's on `head_cores` if given), settled: a cluster just started
     spends seconds of CPU on its agents and on idle workers it starts ahead (not started here),
     which a long-running cluster of client hosts has done long before. Yields its address and its
     worker nodes' raylets."""
@@ -288,7 +289,8 @@ class CoreUse:
 
     def _what(self, pid: int) -> str:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if any(b"process_main" in a for a in argv) or (b"harness" in argv and b"--ray" not in argv):
+        ray_worker = WORKER_ENTRY.encode() in argv or any(b"process_main" in a for a in argv)
+        if ray_worker or (b"harness" in argv and b"--ray" not in argv):
             return "sender"  # a Ray worker's process, or one process's run
         if argv[0].startswith(b"ray::RayWorker"):
             return "actor"
@@ -339,8 +341,8 @@ def open_apart(rate: int, n: int) -> None:
     """An open loop at `rate` over two workers whose coordination is apart, as on client hosts of
     their own, PAIRS times each in turns on one cluster: `--workers 2` with its worker processes on
     the client core and the coordinator on the server's; two Ray workers with their nodes (raylet,
-    agents, actor, worker process) on the client core and the coordinator, the head node and the
-    Dispatch on the server's. What differs is only what Ray puts on a worker's host. Both nodes
+    agents, actor, worker process) on the client core and the coordinator (with the Dispatch) and
+    the head node on the server's. What differs is only what Ray puts on a worker's host. Both nodes
     are moved onto the server's core while the processes run, and this process (its watch for the
     worker processes, the Ray client threads of its cluster) stays there too."""
     client = client_cores(1)

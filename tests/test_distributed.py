@@ -37,7 +37,7 @@ from harness.distributed.dispatch import (
     tagged,
     untagged,
 )
-from harness.distributed.messages import Alive, Ask, Ended, Go, Lost, ReadyAt, Records, Shipment, Stop, Up, Want
+from harness.distributed.messages import Alive, Ended, Items, Lost, ReadyAt, Records, Shipment, Stop, Told, Up, Want
 from harness.distributed.raypool import RAY_BATCH_S, RayWorker, ration
 from harness.distributed.worker import HEARTBEAT_S, hold_after_s
 from harness.inputs.prompts import Prompt
@@ -158,7 +158,7 @@ def test_dispatch_hands_out_each_request_once_and_holds_the_start_line() -> None
             pass
         assert sorted(timed.taken(0) + timed.taken(1)) == order  # each once, in order per worker
         assert timed.taken(0) == sorted(timed.taken(0)) and timed.taken(1) == [order[1]]
-        timed.reset(order, times, {0: 1, 1: 1})
+        timed = Dispatch(order, times, {0: 1, 1: 1})  # the next arm's
         first = asyncio.ensure_future(start(timed, 0, 100))
         assert await start(timed, 1, 250) == await first == 250 + START_MARGIN_NS  # the latest one ready
         timed.gone(0)  # worker 1 takes its requests
@@ -176,7 +176,8 @@ def test_a_workers_client_asks_for_batches_as_large_as_its_pace_needs() -> None:
         first = asyncio.ensure_future(anext(order))
         await asyncio.sleep(0)
         assert told.pop() == Want(3, CLOSED_BATCH * 4, 1)  # nothing known of its pace yet
-        order.arrive([(i, 0) for i in range(32)])
+        order.arrive([(i, 0) for i in range(32)], 1)
+        order.arrive([(i, 0) for i in range(32, 64)], 1)  # told again (a call made again): taken once
         assert await first == (0, 0)
         for _ in range(14):
             await anext(order)
@@ -384,8 +385,9 @@ class _Pool(Pool):
         )
         self.out = _Sink()
         super().__init__(cast(Sender, sender), "closed_loop", plan, cast(RunWriter, self.out), list(range(n)), 3600.0)
-        self.table = Dispatch(list(plan.schedule), [], dict.fromkeys(range(n), 1))
         self.stopped: set[int] = set()
+        self.held: dict[int, list[tuple[int, int]]] = {k: [] for k in range(n)}  # taken, not yet answered
+        self.answers: dict[tuple[int, int], list[list[tuple[int, int]]]] = {}  # (worker, ask) -> each answer told
 
     def send_clock(self, k: int) -> bool:
         return False
@@ -394,12 +396,15 @@ class _Pool(Pool):
         for k in self.shares:
             self.events.put_nowait((k, Up()))
 
-    async def tell(self, k: int, said: Go | Stop) -> None:
-        if isinstance(said, Stop):
-            self.stopped.add(k)
-
-    async def dispatch(self, ask: Ask) -> Any:
-        return await self.table.answer(ask)
+    async def tell(self, k: int, said: Told) -> None:
+        match said:
+            case Stop():
+                self.stopped.add(k)
+            case Items(items, seq):
+                told = self.answers.setdefault((k, seq), [])
+                if not told:  # as a worker's FedOrder takes an answer told again: once
+                    self.held[k] += items
+                told.append(items)
 
     def kill(self, k: int) -> None:
         pass
@@ -439,7 +444,7 @@ def test_records_lost_and_unsent_always_add_up_to_the_schedule(steps: list[tuple
         pool = _Pool(3, total)
         await pool.ready()
         arm = asyncio.ensure_future(pool.run(ModelClock()))
-        held: dict[int, list[tuple[int, int]]] = {k: [] for k in range(3)}
+        held = pool.held
         seq = dict.fromkeys(range(3), 0)
         gone: set[int] = set()
 
@@ -449,10 +454,9 @@ def test_records_lost_and_unsent_always_add_up_to_the_schedule(steps: list[tuple
 
         async def take(k: int, n: int, again: bool) -> None:
             seq[k] += 1
-            got = (await pool.table.answer(Want(k, n, seq[k]))).items
-            if again:  # that answer was lost on the way: asked again, the same comes
-                assert (await pool.table.answer(Want(k, n, seq[k]))).items == got
-            held[k] += got
+            for _ in range(2 if again else 1):  # asked again (its answer lost on the way)
+                pool.events.put_nowait((k, Want(k, n, seq[k])))
+            await settle()
 
         async def answer(k: int) -> None:
             i, _ = held[k].pop(0)
@@ -494,6 +498,7 @@ def test_records_lost_and_unsent_always_add_up_to_the_schedule(steps: list[tuple
         assert count["unsent"] == (total - len(recorded) - len(lost) if stopped else 0)
         if not stopped:
             assert sorted(recorded + lost) == list(range(total))
+        assert all(told[1:] == told[:1] * (len(told) - 1) for told in pool.answers.values())  # asked again: the same
 
     asyncio.run(play())
 
@@ -528,7 +533,7 @@ def test_a_worker_that_hears_nothing_from_the_coordinator_sends_nothing_new() ->
     async def hold() -> None:
         now = [0]
         order = FedOrder(lambda _: None, 0, [], "closed_loop", 1, 0, clock=lambda: now[0], quiet_ns=100)
-        order.arrive([(0, 0), (1, 1), (2, 2)])
+        order.arrive([(0, 0), (1, 1), (2, 2)], 1)
         assert await anext(order) == (0, 0)
         now[0] = 150  # silence past the bound
         nxt = asyncio.ensure_future(anext(order))
@@ -548,7 +553,7 @@ def test_a_stop_hands_out_nothing_more_not_even_to_a_held_worker() -> None:
     async def stopped() -> None:
         now = [0]
         order = FedOrder(lambda _: None, 0, [], "closed_loop", 1, 0, clock=lambda: now[0], quiet_ns=100)
-        order.arrive([(0, 0), (1, 1), (2, 2)])
+        order.arrive([(0, 0), (1, 1), (2, 2)], 1)
         assert await anext(order) == (0, 0)
         now[0] = 150
         nxt = asyncio.ensure_future(anext(order))

@@ -47,7 +47,7 @@ ray = pytest.importorskip("ray")
 # A local cluster per module: the file runs on one worker (--dist loadfile), one cluster at a time
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-NODES = 3  # each with one CPU: a worker per node; the head node holds none (only the Dispatch)
+NODES = 3  # each with one CPU: a worker per node; the head node holds none (only the coordinator)
 
 
 def loop(name: str, requests: int, scale: float) -> str:
@@ -546,12 +546,6 @@ def _reset(client: int, server: int) -> int:
     return n
 
 
-def _dispatch_pids() -> list[int]:
-    """The processes of Ray's Dispatch actors (Ray titles an actor's process `ray::CLASS`): the
-    run's, and any an earlier test's run left ending, which no worker of this run talks to."""
-    return processes_with(b"ray::Dispatch")
-
-
 def _all_answered_once(folder: Path, served: int, requests: int, log: Path) -> None:
     """Nothing lost, nothing twice: every scheduled request recorded once and answered, as many
     as the server answered, each id in the server's log of what it served (`log`) a record's
@@ -573,7 +567,7 @@ def _all_answered_once(folder: Path, served: int, requests: int, log: Path) -> N
 
 
 # Single-turn sessions: a session is the unit a worker asks the Dispatch for (batch_limit 1), so
-# its actor's asks are as many as its requests, and resets find them in flight.
+# its asks and their answers are as many as its requests, and resets find them in flight.
 ASKING = """
 name = "{name}"
 [workload]
@@ -589,27 +583,25 @@ name = "cached"
 """
 
 
-@pytest.mark.parametrize("between", ["coordinator", "dispatch"])
-def test_connection_resets_are_retried_and_lose_nothing(tmp_path: Path, cluster: str, between: str) -> None:
-    """Ray connections reset again and again while calls are in flight (`ss -K`): between the
-    coordinator and each worker's actor (its fetches of records, which are nearly always in
-    flight: one reset used to declare a healthy worker lost), or between each worker's actor and
-    the Dispatch (its asks for requests: one reset used to end a worker quietly, its requests
-    never sent nor counted, exit 0). Each failed call is made again; nothing is lost or recorded
-    twice, no worker is declared lost, and the run completes."""
-    name, requests = f"rr{between[0]}", 300
-    body = loop(name, requests, 1.0) if between == "coordinator" else ASKING.format(name=name, requests=requests)
+@pytest.mark.parametrize("carrying", ["records", "asks"])
+def test_connection_resets_are_retried_and_lose_nothing(tmp_path: Path, cluster: str, carrying: str) -> None:
+    """Ray connections between the coordinator and each worker's actor reset again and again
+    while calls are in flight (`ss -K`), as they carry records (a closed loop's fetches, nearly
+    always in flight: one reset used to declare a healthy worker lost) or asks for requests and
+    their answers (single-turn sessions, an ask per request: one reset used to end a worker
+    quietly, its requests never sent nor counted, exit 0). Each failed call is made again; no ask
+    is answered twice, nothing is lost or recorded twice, no worker is declared lost, and the run
+    completes."""
+    name, requests = f"rr{carrying[0]}", 300
+    body = loop(name, requests, 1.0) if carrying == "records" else ASKING.format(name=name, requests=requests)
     sc = write_scenario(tmp_path / f"{name}.toml", body)
     out = tmp_path / "out"
     with EmbeddedEmulator("redbooks-g4", 5.0, timing_log=tmp_path / "served.jsonl") as emu:
         args = ["run", str(sc), "--ray", cluster, "--endpoint", emu.base_url, "--out", str(out)]
-        proc = _popen(args + (["--arm", "reuse"] if between == "coordinator" else []))
+        proc = _popen(args + (["--arm", "reuse"] if carrying == "records" else []))
         _wait(lambda: result_lines(out) >= 6 and {0, 1, 2} <= _reported(out), proc)
         actors = [ray.get(_worker(k, proc).info.remote())["pid"] for k in range(NODES)]
-        if between == "coordinator":
-            pairs = [(proc.pid, a) for a in actors]
-        else:
-            pairs = [(a, d) for a in actors for d in _dispatch_pids()]
+        pairs = [(proc.pid, a) for a in actors]
         resets = 0
         while proc.poll() is None:  # to its end
             resets += sum(_reset(client, server) for client, server in pairs)

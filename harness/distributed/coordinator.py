@@ -1,15 +1,16 @@
 """The coordinator of a distributed arm, whatever launched its workers: one model for `--workers`
 (local processes, local.py) and `--ray` (actors, raypool.py).
 
-Every worker takes its requests from the arm's Dispatch (dispatch.py) in batches and ships its
-finished records back as they end (worker.py). The coordinator hears from each worker as events
-(messages.py: `Up`, `Records`, `Ended`, `Failed`, or `Lost` from the launcher), one at a time from
-one queue: the records go into the arm's one requests.jsonl at once, and what it tracks (progress,
-the ledger of schedule items and session turns) follows. It starts the arm's clock for all (`Go`)
+Every worker takes its requests in batches from the arm's Dispatch (dispatch.py), which the
+coordinator holds, and ships its finished records back as they end (worker.py). The coordinator
+hears from each worker as events (messages.py: `Up`, `Records`, `Ended`, `Failed`, or `Lost` from
+the launcher) and asks (`Want`, `ReadyAt`: answered to it as the Dispatch answers them), one at a
+time from one queue: the records go into the arm's one requests.jsonl at once, and what it
+tracks (progress, the ledger of schedule items and session turns) follows. It starts the arm's clock for all (`Go`)
 and stops them all (`Stop`) the moment the run is told to stop.
 
 A worker is lost when its launcher says so, when it fails, when it ends before its share ran out
-though the run was not stopping (its Dispatch answered no more: a worker never goes quiet by
+though the run was not stopping (its pipe to its launcher closed: a worker never goes quiet by
 itself), or when it says nothing for `lost_after_s` (not even a heartbeat, worker.HEARTBEAT_S):
 silence judged after reading what has already come, and not counting the coordinator's own stalls
 (a paused process, a VM pause) against the workers. A lost worker's requests that it took and did
@@ -19,7 +20,8 @@ or the arm fails saying by how much it is off. run.json's `distributed` names th
 happened to them, and the count.
 
 A launcher only places and supervises (`Pool`'s abstract methods): it starts the workers, carries
-what the coordinator says to one (`tell`), kills one, asks the Dispatch, and says where each runs.
+what they say to the coordinator's queue and what the coordinator says to one (`tell`), kills one,
+and says where each runs.
 """
 
 from __future__ import annotations
@@ -33,10 +35,24 @@ from typing import Any, ClassVar
 from harness.core import aio
 from harness.core.clock import ModelClock
 from harness.core.errors import EndpointError
-from harness.distributed.dispatch import CLOSED_BATCH_S, untagged
+from harness.distributed.dispatch import CLOSED_BATCH_S, Dispatch, untagged
 from harness.distributed.ledger import Ledger
-from harness.distributed.messages import Ask, Ended, Event, Failed, Go, Gone, Lost, Records, Share, Stop, TakenBy, Up
-from harness.distributed.worker import FLUSH_S, HEARTBEAT_S, ID_STRIDE, combine_health, deal
+from harness.distributed.messages import (
+    Ended,
+    Failed,
+    Go,
+    Items,
+    Lost,
+    ReadyAt,
+    Records,
+    Share,
+    StartAt,
+    Stop,
+    Told,
+    Up,
+    Want,
+)
+from harness.distributed.worker import FLUSH_S, HEARTBEAT_S, ID_STRIDE, Outgoing, combine_health, deal
 from harness.results import RequestRecord, RunWriter
 from harness.workloads.base import Plan, Sender
 
@@ -86,7 +102,9 @@ class Pool(ABC):
             for pos, k in enumerate(workers)
         }
         self.times = [spec.clock.wall_s(t) for t in plan.times]
-        self.events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self.table = Dispatch(list(plan.schedule), self.times, {k: s.connections for k, s in self.shares.items()})
+        self.answering: set[asyncio.Task[None]] = set()  # asks the Dispatch has yet to answer (a start line)
+        self.events: asyncio.Queue[tuple[int, Outgoing]] = asyncio.Queue()
         self.heard: dict[int, float] = {}  # worker -> when it was last heard from (monotonic s)
         self.looked = self.vouched = time.monotonic()  # when the silence rule last looked; when Alive last went out
         self.running: set[int] = set()  # started, neither ended nor lost
@@ -108,12 +126,8 @@ class Pool(ABC):
         """Start every worker of self.shares; each puts its events on self.events."""
 
     @abstractmethod
-    async def tell(self, k: int, said: Go | Stop) -> None:
+    async def tell(self, k: int, said: Told) -> None:
         """Carry `said` to worker k (no error if it is gone)."""
-
-    @abstractmethod
-    async def dispatch(self, ask: Ask) -> Any:
-        """The arm's Dispatch's answer to `ask` (None if it is gone: the run then ends)."""
 
     @abstractmethod
     def vouch(self) -> None:
@@ -165,6 +179,9 @@ class Pool(ABC):
             except asyncio.CancelledError:
                 self._cut_short()
                 raise
+            finally:
+                for task in self.answering:  # start lines of an arm that is over
+                    task.cancel()
         healths = [self.healths[k] for k in sorted(self.healths)]
         out = combine_health(healths, len(self.shares)) if healths else {"processes": len(self.shares)}
         return {**out, "engine": self.engine}
@@ -192,11 +209,15 @@ class Pool(ABC):
         while not self.events.empty():
             await self._handle(*self.events.get_nowait())
 
-    async def _handle(self, k: int, event: Event) -> None:
-        if k not in self.running:  # a lost worker's last words: not counted
+    async def _handle(self, k: int, event: Outgoing) -> None:
+        if k not in self.running:  # a lost worker's last words: not counted, nor its asks answered
             return
         self.heard[k] = time.monotonic()
         match event:
+            case Want() | ReadyAt():  # answered when the Dispatch has (a start line waits for the others)
+                task = asyncio.ensure_future(self._answer(k, event))
+                self.answering.add(task)
+                task.add_done_callback(self.answering.discard)
             case Records(lines):
                 self._record(lines)
             case Ended():
@@ -225,10 +246,15 @@ class Pool(ABC):
             self.sender.stop.set()
         if end.interrupted and not self.sender.stop.is_set():
             # it stopped short though nobody told it to: what it took and did not send is lost
-            await self._lose(k, "it stopped before its share of the schedule ran out (its Dispatch stopped answering)")
+            await self._lose(k, "it stopped before its share of the schedule ran out, though the run was not stopping")
             return
         self.running.discard(k)
-        await self.dispatch(Gone(k))
+        self.table.gone(k)
+
+    async def _answer(self, k: int, ask: Want | ReadyAt) -> None:
+        told = await self.table.answer(ask)
+        assert isinstance(told, Items | StartAt), told
+        await self.tell(k, told)
 
     def starting(self, k: int) -> bool:
         """Worker k's launcher vouches for it while it starts (its process lives and has not said
@@ -266,8 +292,8 @@ class Pool(ABC):
         self.running.discard(k)
         self.lost[k] = reason
         self.kill(k)
-        await self.dispatch(Gone(k))
-        taken = await self.dispatch(TakenBy(k)) or []
+        self.table.gone(k)
+        taken = self.table.taken(k)
         at_s = self.sender.spec.clock.since_start(time.perf_counter_ns()) if self.started else 0.0
         lost = [self._lost_record(k, i, p, extra, at_s, reason) for i, p, extra in self.ledger.lose(taken)]
         for r in lost:

@@ -1,7 +1,7 @@
 """The schedule of a distributed arm, shared by its workers: the coordinator's side (`Dispatch`:
 who takes which request, an open loop's start line) and a worker's side (`FedOrder`: the batches
-it asks for, sized by its pace). Plain Python with no transport: `--workers` calls a Dispatch in
-the coordinator's process on its workers' behalf, `--ray` holds one in an actor the workers call.
+it asks for, sized by its pace). Plain Python with no transport: the coordinator holds the
+Dispatch and answers its workers' asks, which their launchers carry as they carry the rest.
 """
 
 from __future__ import annotations
@@ -17,13 +17,10 @@ from dataclasses import dataclass, field
 from harness.config import kinds
 from harness.distributed.messages import (
     Ask,
-    Gone,
     Item,
     Items,
     ReadyAt,
-    Reset,
     StartAt,
-    TakenBy,
     Want,
 )
 from harness.results import RequestRecord
@@ -52,7 +49,7 @@ START_MARGIN_NS = 50_000_000
 
 class Dispatch:
     """The schedule, shared by the workers of one arm (one call at a time: the coordinator's own
-    event loop, or an asyncio Ray actor beside it).
+    event loop).
 
     A closed loop's requests (and sessions) go to whichever worker asks next. An open loop's are
     dealt to the workers in turn, weighted by their connections, and each worker takes its own by
@@ -61,28 +58,7 @@ class Dispatch:
     line: the measured part starts once every worker still there has its warm-up answered."""
 
     def __init__(self, order: list[Item], times_wall_s: list[float], workers: dict[int, int]) -> None:
-        self.line = _Line()
-        self.reset(order, times_wall_s, workers)
-
-    async def answer(self, ask: Ask) -> Items | StartAt | list[Item] | None:
-        """Every ask, of a worker or of the coordinator (messages.py), answered."""
-        match ask:
-            case Want(worker, n, seq):
-                return Items(self.take(worker, n, seq))
-            case ReadyAt(worker, ns):
-                return StartAt(await self.start_line(worker, ns))
-            case TakenBy(worker):
-                return self.taken(worker)
-            case Gone(worker):
-                self.gone(worker)
-            case Reset(order, times, weights):
-                self.reset(order, times, weights)
-        return None
-
-    def reset(self, order: list[Item], times_wall_s: list[float], workers: dict[int, int]) -> None:
-        """A new arm's schedule, and its workers with their connections (a Ray actor serves
-        every arm of the run)."""
-        self.line.reached.set()  # a worker still waiting at the last arm's start line: it stops waiting
+        """An arm's schedule, and its workers with their connections."""
         self.line = _Line()
         self.order, self.times, self.weights = order, times_wall_s, workers
         self.next = 0
@@ -94,6 +70,14 @@ class Dispatch:
         if times_wall_s:
             for k, items in in_turn(order, workers).items():
                 self.own[k].extend(items)
+
+    async def answer(self, ask: Ask) -> Items | StartAt:
+        """A worker's ask (messages.py), answered."""
+        match ask:
+            case Want(worker, n, seq):
+                return Items(self.take(worker, n, seq), seq)
+            case ReadyAt(worker, ns):
+                return StartAt(await self.start_line(worker, ns))
 
     def take(self, worker: int, n: int, seq: int | None = None) -> list[Item]:
         """Up to n of this worker's next requests: of a closed loop, fewer as the schedule runs out
@@ -202,6 +186,7 @@ class FedOrder(Schedule):
         self.tell, self.worker, self.times, self.connections = tell, worker, times_wall_s, connections
         self.clock = clock
         self.seq = 0  # its asks' numbers
+        self.answered = 0  # the last ask answered
         self.batch_s = batch_s
         self.limit = kinds.get(kind).batch_limit
         self.offset_ns = offset_ns
@@ -217,21 +202,26 @@ class FedOrder(Schedule):
         self.ended = False
 
     def hear(self) -> None:
-        """A word from the coordinator itself (`Alive`, `Go`; the Dispatch, an actor of its own
-        under Ray, may outlive it)."""
+        """A fresh word from the coordinator (`Alive`, `Go`; not an answer, which may have been
+        on its way since before the worker was declared lost)."""
         self.heard_ns = self.clock()
         self.word.set()
 
     def end(self) -> None:
         """Stopped: nothing more is handed out, what it holds included (taken and not sent: the
         coordinator counts it). A stop wakes a worker the switch holds, and that must not send
-        what it held: a thawed worker stopped by its actor once the Dispatch was gone sent it."""
+        what it held: a thawed worker, stopped once its pipe closed, sent it."""
         self.ended = self.done = True
         self.buf.clear()
         self.word.set()
         self.came.set()
 
-    def arrive(self, got: list[Item]) -> None:
+    def arrive(self, got: list[Item], seq: int) -> None:
+        """The answer to ask `seq`; told again (a call made again after its reply was lost), or
+        to an earlier ask, it changes nothing."""
+        if seq <= self.answered:
+            return
+        self.answered = seq
         self.asked, self.done = False, not got
         self.buf.extend(got)
         self.low = len(got) // 2

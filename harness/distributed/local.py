@@ -1,6 +1,6 @@
 """`kvbench run --workers N`: an arm sent by N processes on this host, one event loop each, so
-that the client can use more than one core; coordinated as a Ray run is (coordinator.py), the
-Dispatch in this process, each worker's messages over a pipe of its own (multiprocessing's).
+that the client can use more than one core; coordinated as a Ray run is (coordinator.py), each
+worker's messages over a pipe of its own (multiprocessing's).
 All processes share the monotonic clock, so times line up without offsets."""
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import platform
 import threading
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any, cast
+from typing import Any
 
 from harness.core import aio
 from harness.distributed.coordinator import Pool
-from harness.distributed.dispatch import Dispatch
-from harness.distributed.messages import Alive, Ask, Go, Items, Lost, ReadyAt, StartAt, Stop, Told, Want
+from harness.distributed.messages import Alive, Lost, Told
 from harness.distributed.worker import Outgoing, hear_pipe, process_main
 from harness.results import RunWriter
 from harness.workloads.base import Plan, Sender
@@ -34,11 +33,9 @@ class LocalPool(Pool):
     ) -> None:
         self.emulator_here = send_clock
         super().__init__(sender, kind, plan, sink, list(range(n)), lost_after_s)
-        self.table = Dispatch(list(plan.schedule), self.times, {k: s.connections for k, s in self.shares.items()})
         self.ctx = multiprocessing.get_context("spawn")
         self.procs: dict[int, Any] = {}
         self.conns: dict[int, Connection] = {}
-        self.answering: set[asyncio.Task[None]] = set()
 
     def send_clock(self, k: int) -> bool:
         return self.emulator_here
@@ -69,29 +66,19 @@ class LocalPool(Pool):
                 proc = self.procs[k]
                 proc.join(timeout=0.5)  # it is ending: its exit code
                 self.events.put_nowait((k, Lost(f"its process ended without a word (exit code {proc.exitcode})")))
-            case Want() | ReadyAt():  # answered when the Dispatch has (a start line waits for the others)
-                task = asyncio.ensure_future(self._answer(k, said))
-                self.answering.add(task)
-                task.add_done_callback(self.answering.discard)
             case _:
                 self.events.put_nowait((k, said))
-
-    async def _answer(self, k: int, ask: Want | ReadyAt) -> None:
-        self._send(k, cast(Items | StartAt, await self.table.answer(ask)))
 
     def _send(self, k: int, said: Told) -> None:
         with contextlib.suppress(OSError, ValueError):  # it is gone: its end is seen by the reader
             self.conns[k].send(said)
 
-    async def tell(self, k: int, said: Go | Stop) -> None:
+    async def tell(self, k: int, said: Told) -> None:
         self._send(k, said)
 
     def vouch(self) -> None:
         for k in self.running:
             self._send(k, Alive())
-
-    async def dispatch(self, ask: Ask) -> Any:
-        return await self.table.answer(ask)
 
     def starting(self, k: int) -> bool:
         return (proc := self.procs.get(k)) is not None and proc.is_alive()
@@ -105,8 +92,6 @@ class LocalPool(Pool):
         return {"hostname": platform.node(), "pid": proc.pid if proc is not None else None}
 
     async def describe(self) -> dict[str, Any]:
-        for task in self.answering:  # start lines of an arm that is over
-            task.cancel()
         for proc in self.procs.values():  # each has said its last word, or is lost
             proc.join(timeout=aio.GRACE_S)
             if proc.is_alive():

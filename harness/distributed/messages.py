@@ -1,19 +1,18 @@
 """The distribution layer's one vocabulary: every message between a worker, its launcher, the
-coordinator and the arm's Dispatch, as a frozen dataclass. Both carriers move them as they are
-(multiprocessing's pipe for `--workers`, Ray's calls for `--ray`: each pickles what it carries),
-so there is no encoding of kvbench's own beyond a record's tagged line (dispatch.tagged); each
-side has one handler that matches on these types.
+coordinator and the arm's Dispatch (which lives in the coordinator), as a frozen dataclass. Both
+carriers move them as they are (multiprocessing's pipe for `--workers`, Ray's calls for `--ray`:
+each pickles what it carries), so there is no encoding of kvbench's own beyond a record's tagged
+line (dispatch.tagged); each side has one handler that matches on these types.
 
 Which way each goes:
 - launcher -> worker process, first: its `Share` of the arm.
 - worker -> coordinator (its launcher carries them): `Up`, `Records`, then `Ended` or `Failed`;
-  a launcher adds `Lost` for a worker it saw die.
-- worker -> Dispatch (asks, answered to the worker): `Want` -> `Items`, `ReadyAt` -> `StartAt`.
-- coordinator -> worker: `Go`, `Stop`, and `Alive` at least once a heartbeat (carried by its
-  launcher: over the pipe, or relayed by a Ray worker's actor at each fetch).
-- coordinator -> Dispatch: `Reset`, `Gone`, `TakenBy` (answered with the items).
-- a Ray worker's actor -> coordinator: `Shipment`, the worker's events fetched by a call that
-  acknowledges the last one (raypool.py: what is not acknowledged is sent again).
+  a launcher adds `Lost` for a worker it saw die. Its asks of the Dispatch travel the same way:
+  `Want` (answered `Items`), `ReadyAt` (answered `StartAt`).
+- coordinator -> worker: the answers, `Go`, `Stop`, and `Alive` at least once a heartbeat
+  (carried by its launcher: over the pipe, or relayed by a Ray worker's actor at each fetch).
+- a Ray worker's actor -> coordinator: `Shipment`, the worker's events and asks fetched by a call
+  that acknowledges the last one (raypool.py: what is not acknowledged is sent again).
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ class Records:
 @dataclass(frozen=True)
 class Ended:
     """The worker's last word: what its client saw. `interrupted`: it stopped before its share of
-    the schedule ran out (told to, or its Dispatch answered no more)."""
+    the schedule ran out (told to, or its pipe to its launcher closed)."""
 
     client_health: dict[str, Any]
     warnings: list[str]
@@ -108,39 +107,19 @@ class ReadyAt:
     ns: int
 
 
-@dataclass(frozen=True)
-class Reset:
-    """A new arm's schedule and its workers with their connections."""
-
-    order: list[Item]
-    times_wall_s: list[float]
-    weights: dict[int, int]
-
-
-@dataclass(frozen=True)
-class Gone:
-    """Worker `worker` is done or lost."""
-
-    worker: int
-
-
-@dataclass(frozen=True)
-class TakenBy:
-    """Which items worker `worker` has taken this arm."""
-
-    worker: int
-
-
-Ask = Want | ReadyAt | Reset | Gone | TakenBy
+Ask = Want | ReadyAt
 
 # -- to a worker ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Items:
-    """The Dispatch's answer to a `Want`: none means the schedule has no more for this worker."""
+    """The Dispatch's answer to the `Want` numbered `seq`: none means the schedule has no more
+    for this worker. The same answer told twice (a call made again after its reply was lost) is
+    taken once."""
 
     items: list[Item]
+    seq: int
 
 
 @dataclass(frozen=True)
@@ -185,4 +164,4 @@ class Shipment:
     lost on the way loses nothing. An empty shipment keeps the last number."""
 
     seq: int
-    events: list[Event]
+    events: list[Event | Want | ReadyAt]

@@ -2,24 +2,23 @@
 coordinated as `--workers` processes are (coordinator.py); Ray places, carries and supervises.
 
 What Ray does: it places one `RayWorker` actor per CPU asked for in a placement group spread over
-the nodes (a cluster short of CPUs is said so within PLACE_TIMEOUT_S), and a `Dispatch` actor (the
-arm's schedule, dispatch.py) beside the coordinator; it carries every message, over its own
-connections (its ports, its TLS, its retries): a worker takes its batches and waits at an open
-loop's start line by calling the Dispatch, the coordinator fetches its records and heartbeats
-with one call after another (`RayWorker.shipped`, answered as soon as there is something), and
-the start and the stop are calls on the worker (`tell`); it says when an actor or its node dies
-(a call raises).
+the nodes (a cluster short of CPUs is said so within PLACE_TIMEOUT_S); it carries every message,
+over its own connections (its ports, its TLS, its retries): the coordinator fetches a worker's
+records, heartbeats and asks of the Dispatch (the arm's schedule, dispatch.py, in the coordinator
+as under `--workers`) with one call after another (`RayWorker.shipped`, answered as soon as there
+is something), and the answers, the start and the stop are calls on the worker (`tell`); it says
+when an actor or its node dies (a call raises).
 
 What a failed call means (every Ray call kvbench makes goes through `Retry`):
 - transient, Ray's `ActorUnavailableError` (a connection reset while the call was in flight, its
   reply lost): the call is made again, RETRY_S apart and doubling to RETRY_MAX_S, for as long as
   the liveness bound (`[distributed] lost_after_s`) since its first failure. Every call so retried
-  is idempotent: a take is numbered (messages.Want: asked again, it gets the same items), a fetch
-  acknowledges the last `Shipment` (what was not acknowledged is sent again, so a lost reply loses
-  no record), an arm's `run` asked again for the same arm starts nothing new, `Go`, `Stop`, the
-  clock's `now` and the Dispatch's other asks change nothing when repeated;
-- anything else (`ActorDiedError`, a node gone), or transient errors past the bound: the peer is
-  gone. A worker's is lost (its requests counted `lost`); the Dispatch's ends the run.
+  is idempotent: a fetch acknowledges the last `Shipment` (what was not acknowledged is sent again,
+  so a lost reply loses no record, and an ask in it is made once), an answer told again is taken
+  once (messages.Items: numbered as its ask), an arm's `run` asked again for the same arm starts
+  nothing new, `Go`, `Stop` and the clock's `now` change nothing when repeated;
+- anything else (`ActorDiedError`, a node gone), or transient errors past the bound: the worker is
+  gone, and lost (its requests counted `lost`).
 
 What kvbench does: each worker's actor starts a worker process exactly like a `--workers` one
 (worker.process_main) and relays its pipe; the coordinator measures each worker's
@@ -59,24 +58,16 @@ from harness.core import aio
 from harness.core.clock import CLOCK_WARN_NS, Offset
 from harness.core.errors import EndpointError, InputError, exit_at_once
 from harness.distributed.coordinator import Pool
-from harness.distributed.dispatch import Dispatch
 from harness.distributed.messages import (
     LAST_WORDS,
     Alive,
-    Ask,
-    Event,
     Failed,
-    Go,
     Lost,
-    ReadyAt,
     Records,
-    Reset,
     Share,
     Shipment,
-    Stop,
     Told,
     Up,
-    Want,
 )
 from harness.distributed.worker import HEARTBEAT_S, Outbox, Outgoing, hold_after_s
 from harness.results import RunWriter, versions
@@ -119,8 +110,7 @@ RAY_BATCH_S = 1.0
 # supervisor sets its own niceness the same way). Ray lowers every worker process it starts by 15
 # (worker_niceness), and the worker process a worker actor starts would inherit that: beside a busy
 # loop on its core it then had 3.4 % of the core against a lone process's 50 % (docs/performance.md).
-# At the raylet's niceness it shares its host as a --workers process does, and the Dispatch its
-# host as the coordinator beside it does.
+# At the raylet's niceness it shares its host as a --workers process does.
 NICE_ENV = {"RAY_worker_niceness": "0"}
 WORKER_ENV = {**NICE_ENV, "RAY_max_direct_call_object_size": str(INLINE_BYTES)}
 # How long the address --ray names has to accept a connection (s), and then to let kvbench join
@@ -146,18 +136,18 @@ class RayWorker:
     `now` and `shipped` are answered side by side). `run` starts the arm's worker process, the
     same program as a `--workers` process (worker.process_main, a plain interpreter: no Ray in it,
     whose threads taking Python's lock held a client loop on the actor's own thread for
-    milliseconds, and cost 15-25 % more CPU per request), and a thread that relays its pipe: its
-    asks go to the Dispatch as Ray calls, answered down the pipe as they come back; what it ships
-    waits for the coordinator, which fetches it with one `shipped` call after another. (Not a
-    streaming generator: those do not work through Ray Client, `ray://`.) The process ends when
-    this actor does (its pipe closes)."""
+    milliseconds, and cost 15-25 % more CPU per request), and a thread that relays its pipe: what
+    it says (its records and its asks of the Dispatch alike) waits for the coordinator, which
+    fetches it with one `shipped` call after another, and what the coordinator says goes down the
+    pipe (`tell`). (Not a streaming generator: those do not work through Ray Client, `ray://`.) The
+    process ends when this actor does (its pipe closes)."""
 
     def __init__(self, policy: Callable[[], None] | None = None) -> None:
         """`policy`: what sets this process's threads' scheduling (`batch_threads`, an actor's;
         a test that makes one in its own process passes something harmless)."""
         (policy or batch_threads)()
-        self.out: Outbox[Event] = Outbox()
-        self.held: deque[Event] = deque()  # taken from `out`, not yet fetched
+        self.out: Outbox[Outgoing] = Outbox()
+        self.held: deque[Outgoing] = deque()  # taken from `out`, not yet fetched
         self.sent: Shipment | None = None  # fetched, not yet acknowledged
         self.seq = 0  # the last shipment's number
         self.fetching = threading.Lock()  # one fetch at a time: a retry may overlap the call it retries
@@ -187,7 +177,7 @@ class RayWorker:
     def now(self) -> int:
         return time.perf_counter_ns()
 
-    def run(self, share: Share, dispatch: Any) -> int:
+    def run(self, share: Share) -> int:
         """Start the arm's worker process (its pid); what it ships comes from `shipped`. Asked
         again for the arm it already sends (a reply lost), it starts nothing new."""
         arm = (f"{share.spec.run_id}/{share.spec.arm.name}", share.index)
@@ -208,21 +198,14 @@ class RayWorker:
             self.sent, self.seq = None, 0
         # the headers (an API key) through Ray's RPC and the pipe, never argv or disk
         self._send(share)
-        relay = threading.Thread(
-            target=self._relay, args=(mine, proc, dispatch, share.lost_after_s, self.out), daemon=True
-        )
+        relay = threading.Thread(target=self._relay, args=(mine, proc, self.out), daemon=True)
         relay.start()
         return proc.pid
 
-    def _relay(
-        self, conn: Connection, proc: subprocess.Popen[bytes], dispatch: Any, bound_s: float, out: Outbox[Event]
-    ) -> None:
+    def _relay(self, conn: Connection, proc: subprocess.Popen[bytes], out: Outbox[Outgoing]) -> None:
         try:
             while True:
                 said: Outgoing = conn.recv()
-                if isinstance(said, Want | ReadyAt):
-                    self._ask(dispatch, said, Retry(bound_s))
-                    continue
                 self.up = self.up or isinstance(said, Up)
                 out.put(said)
                 if isinstance(said, LAST_WORDS):
@@ -231,25 +214,6 @@ class RayWorker:
             out.put(Failed(f"its worker process ended without a word (exit code {proc.wait()})"))
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(aio.GRACE_S)
-
-    def _ask(self, dispatch: Any, ask: Want | ReadyAt, retry: Retry) -> None:
-        """A worker's ask of the Dispatch; its answer goes down the pipe when it comes (an open
-        loop's start line comes once every worker is ready: the relay goes on meanwhile), the
-        ask made again after a transient error as `retry` says. If the Dispatch is gone (with the
-        coordinator's node), the worker is told to stop: it ends `interrupted` though the run is
-        not stopping, which the coordinator, if it is still there, counts as this worker's loss.
-        """
-
-        def answer(done: Any) -> None:
-            try:
-                self._send(done.result())
-            except Exception as e:  # ray.exceptions.RayError
-                if (wait := retry.after(e)) is None:
-                    self._send(Stop())
-                else:
-                    threading.Timer(wait, self._ask, args=(dispatch, ask, retry)).start()
-
-        dispatch.answer.remote(ask).future().add_done_callback(answer)
 
     def _send(self, said: Told | Share) -> None:
         with self.sending, contextlib.suppress(OSError, ValueError):  # it is gone: the relay says so
@@ -293,8 +257,8 @@ class RayWorker:
         """The arm's worker process lives and has not said it is up."""
         return self.proc is not None and not self.up and self.proc.poll() is None
 
-    def tell(self, said: Go | Stop) -> None:
-        """The coordinator's `Go` or `Stop`, down the pipe."""
+    def tell(self, said: Told) -> None:
+        """What the coordinator says, down the pipe."""
         self._send(said)
 
 
@@ -352,11 +316,11 @@ def batch_threads() -> None:
                 os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
 
 
-def ration(held: deque[Event], limit: int) -> list[Event]:
+def ration(held: deque[Outgoing], limit: int) -> list[Outgoing]:
     """The first of `held`'s events whose records come to at most `limit` bytes, taken off it; a
     batch of records larger than that is cut after a whole line (a single line larger than
     `limit` goes alone). Never nothing, when something is held."""
-    got: list[Event] = []
+    got: list[Outgoing] = []
     size = 0
     while held:
         item = held[0]
@@ -397,7 +361,6 @@ class Cluster:
     members: list[Member]
     node_ip: str  # the coordinator's
     ray_version: str
-    dispatch: Any  # the Dispatch actor, beside the coordinator
     lost_after_s: float
 
     @property
@@ -565,7 +528,7 @@ async def start(
     each has answered; None if `stop` is set first (what Ray started ends with ray.shutdown)."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     cpus = int(ray.cluster_resources().get("CPU", 0))
     n = workers or cpus
@@ -591,16 +554,6 @@ async def start(
         ).remote()
         for k in range(n)
     ]
-    # on the coordinator's node, whose loss ends the run anyway; not "soft": Ray would then
-    # prefer a node with CPUs, and a worker's node that dies would take the schedule with it.
-    # Made now, so that its process starts beside the workers' (about 2 s on 2 cores) rather than
-    # after them, on the arm's first call
-    beside = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    dispatch = (
-        ray.remote(num_cpus=0)(Dispatch)
-        .options(scheduling_strategy=beside, runtime_env={"env_vars": NICE_ENV})
-        .remote([], [], {})
-    )
     try:
         infos = await _answers(actors, stop, say)
     except ray.exceptions.RayError as e:
@@ -622,7 +575,7 @@ async def start(
             "reach: give an endpoint every client host can reach (the emulator: `kvbench emulator --host 0.0.0.0` "
             "and --endpoint)"
         )
-    return Cluster(address, members, here, ray.__version__, dispatch, lost_after_s)
+    return Cluster(address, members, here, ray.__version__, lost_after_s)
 
 
 def worker_actor(**options: Any) -> Any:
@@ -683,8 +636,6 @@ class RayPool(Pool):
         return self.emulated and self.members[k].info["node_ip"] == self.cluster.node_ip
 
     async def start(self) -> None:
-        weights = {k: share.connections for k, share in self.shares.items()}
-        await self.dispatch(Reset(list(self.plan.schedule), self.times, weights))
         headers = dict(self.sender.client.headers)
         for k, m in self.members.items():
             try:
@@ -701,7 +652,6 @@ class RayPool(Pool):
         run = functools.partial(
             actor.run.remote,
             replace(self.shares[k], headers=headers, offset_ns=self.offsets[k].offset_ns),
-            self.cluster.dispatch,
         )
         try:
             try:
@@ -731,20 +681,9 @@ class RayPool(Pool):
         """Nothing to do: each fetch of a worker's records is the coordinator's word, which its
         actor relays (RayWorker.shipped)."""
 
-    async def tell(self, k: int, said: Go | Stop) -> None:
+    async def tell(self, k: int, said: Told) -> None:
         with contextlib.suppress(self.ray.exceptions.RayError):  # gone: its stream says so
             await retried(functools.partial(self.members[k].actor.tell.remote, said), self.lost_after_s)
-
-    async def dispatch(self, ask: Ask) -> Any:
-        """The Dispatch's answer; if it is gone (with the coordinator's node, or the head node
-        through ray://), the run cannot go on: it ends, and what came is kept."""
-        try:
-            return await retried(functools.partial(self.cluster.dispatch.answer.remote, ask), self.lost_after_s)
-        except self.ray.exceptions.RayError as e:
-            if not self.sender.aborted:
-                self.sender.aborted = f"the Dispatch actor beside the coordinator was lost ({_first_line(e)})"
-                self.sender.stop.set()
-            return None
 
     def kill(self, k: int) -> None:
         m = self.members[k]

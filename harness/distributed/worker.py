@@ -104,8 +104,8 @@ class WorkerSide:
         if isinstance(said, Alive | Go):  # the coordinator's own word
             self.order.hear()
         match said:
-            case Items(items):
-                self.order.arrive([(i, p) for i, p in items])
+            case Items(items, seq):
+                self.order.arrive([(i, p) for i, p in items], seq)
             case Go(t0_ns):
                 _resolve(self.go_at, t0_ns + self.offset_ns)
             case StartAt(ns):
