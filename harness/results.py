@@ -106,7 +106,7 @@ class RequestRecord:
     itl_s: list[float]
     ok: bool
     error: str | None
-    error_kind: str | None  # "connect" | "http" | "timeout" | "stream" | "empty" | "protocol"
+    error_kind: str | None  # "connect" | "http" | "timeout" | "stream" | "empty" | "protocol" | ... (results/README.md)
     http_status: int | None
     retried: bool
     # Written only where they apply (a sweep's lines have no `worker`, and so on).

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 # After Ctrl-C (or SIGTERM in a worker process), in-flight requests get this long (wall-clock)
-# to finish before they are dropped.
+# to finish before they are cut short (each recorded `interrupted`).
 GRACE_S = 5.0
 # After a second Ctrl-C, how long the run still takes to keep the records of what it cut short
 # before whatever it is doing is cancelled (s): the stop is at once, and nothing in flight is
@@ -23,7 +23,7 @@ HURRY_S = 1.0
 class Stopping(asyncio.Event):
     """A run's stop. Set (Ctrl-C, SIGTERM, a worker told `Stop`): nothing new is sent, what is in
     flight gets its grace. `hurry()` (pressed again): the grace ends at once; what is in flight is
-    cut short and recorded so (wire.client.CutShort), not dropped."""
+    cut short and recorded so (wire.client.InFlightCancelled), not dropped."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -77,8 +77,9 @@ Outbox = queue.SimpleQueue
 class WorkerSide:
     """One worker's share of an arm, in its client's event loop. What is said to it comes to `hear`
     (from another thread: `hear_threadsafe`): a batch of the schedule (`Items`), the arm's start
-    (`Go`, coordinator ns), an open loop's start line (`StartAt`), `Stop` (or `Stop(now=True)`). Everything it says,
-    its asks of the Dispatch included, goes into `out` for its launcher to carry."""
+    (`Go`, coordinator ns), an open loop's start line (`StartAt`), `Stop` (or `Stop(now=True)`).
+    Everything it says, its asks of the Dispatch included, goes into `out` for its launcher to
+    carry."""
 
     def __init__(self, share: Share, out: Outbox[Outgoing]) -> None:
         self.share, self.offset_ns, self.out = share, share.offset_ns, out
