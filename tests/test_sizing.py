@@ -192,6 +192,30 @@ def test_a_shared_tier_divides_its_bandwidth_among_the_loads_it_serves() -> None
     assert per_second.max() == pytest.approx(1000.0)  # never more than the tier gives
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_a_tiers_read_bandwidth_is_each_stretchs_bytes_in_the_bins_it_spans(seed: int) -> None:
+    """Stretches of delivery (start, end, bytes/s), some spanning many bins, some instants
+    (t, t, bytes), binned at once: each bin gets what a stretch-by-stretch, bin-by-bin sum gives
+    (worked here the slow way), and every byte is counted once."""
+    rng = np.random.default_rng(seed)
+    starts = rng.uniform(0, 20, 300)
+    ends = np.where(rng.random(300) < 0.2, starts, starts + rng.exponential(1.5, 300))
+    rates = rng.uniform(1e6, 1e11, 300)
+    stretches = np.stack([starts, ends, rates], axis=1)
+    bin_s = 0.25
+    slow = np.zeros(int(ends.max() // bin_s) + 1)
+    for a, b, rate in stretches:
+        if b <= a:
+            slow[int(a // bin_s)] += rate
+            continue
+        for k in range(int(a // bin_s), int(b // bin_s) + 1):
+            slow[k] += rate * max(0.0, min(b, (k + 1) * bin_s) - max(a, k * bin_s))
+    got = simulate.Result(*(np.zeros(0),) * 5, loads=[], delivered=[stretches]).read_bandwidth(0, bin_s)
+    assert got == pytest.approx(slow / bin_s, rel=1e-12)
+    whole = np.where(ends > starts, rates * (ends - starts), rates).sum()
+    assert got.sum() * bin_s == pytest.approx(whole, rel=1e-12)
+
+
 def test_separate_instances_do_not_share_bandwidth_and_a_free_tier_costs_nothing() -> None:
     """Two per-worker instances each serve one load at full bandwidth; a tier without a bandwidth
     (a GPU's own memory) loads at once; a request reads its tiers fastest first."""

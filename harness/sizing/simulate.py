@@ -83,14 +83,17 @@ class Result:
         stretches = self.delivered[tier]
         if not len(stretches):
             return np.zeros(0)
-        out = np.zeros(int(stretches[:, 1].max() // bin_s) + 1)
-        for a, b, rate in stretches:
-            if b <= a:  # an instant: its bytes in its bin
-                out[int(a // bin_s)] += rate
-                continue
-            for k in range(int(a // bin_s), int(b // bin_s) + 1):
-                out[min(k, len(out) - 1)] += rate * max(0.0, min(b, (k + 1) * bin_s) - max(a, k * bin_s))
-        return out / bin_s
+        a, b, rate = stretches[:, 0], stretches[:, 1], stretches[:, 2]
+        # each stretch's share of each bin it spans, all at once (a loop over the stretches in
+        # Python took 8 % of a sizing): a row per (stretch, bin)
+        first, last = (a // bin_s).astype(np.int64), (b // bin_s).astype(np.int64)
+        spans = np.maximum(last - first, 0) + 1
+        row = np.repeat(np.arange(len(a)), spans)
+        k = first[row] + np.arange(len(row)) - np.repeat(np.cumsum(spans) - spans, spans)
+        overlap = np.maximum(0.0, np.minimum(b[row], (k + 1) * bin_s) - np.maximum(a[row], k * bin_s))
+        instant = b[row] <= a[row]  # its bytes in its bin
+        got = np.where(instant, rate[row], rate[row] * overlap)
+        return np.bincount(k, weights=got, minlength=int(b.max() // bin_s) + 1) / bin_s
 
 
 ARRIVE, LOADED, TRANSFERRED, PREFILLED = 0, 1, 2, 3
@@ -118,13 +121,18 @@ def run(loop: Any, reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float,
     first = np.zeros(k + 1, dtype=np.int64)
     for t in range(k):
         first[t + 1] = first[t] + (int(instance[:, t].max()) + 1 if n else 0)
+    workers = int(worker.max()) + 1 if n else 0
     slots = np.zeros(int(first[k]), dtype=np.int64)
     for t in range(k):
-        pairs = np.unique(np.stack([instance[:, t], worker]), axis=1) if n else np.zeros((2, 0), dtype=np.int64)
-        np.add.at(slots, first[t] + pairs[0], 1)
+        # the workers reading each instance: a table of (instance, worker) pairs seen, where a
+        # sort of the pairs (np.unique over columns) took half of a sizing's time
+        seen = np.zeros((int(first[t + 1] - first[t]), workers), dtype=bool)
+        seen[instance[:, t], worker] = True
+        slots[first[t] : first[t + 1]] = seen.sum(axis=1)
     slot_at = np.concatenate([[0], np.cumsum(slots)]).astype(np.int64)
-    order = np.argsort(worker, kind="stable").astype(np.int64)  # each worker's requests in arrival order
-    workers = int(worker.max()) + 1 if n else 0
+    # each worker's requests in arrival order (a stable sort of small integers: numpy's radix sort)
+    narrow = worker.astype(np.int16) if workers <= np.iinfo(np.int16).max else worker
+    order = np.argsort(narrow, kind="stable").astype(np.int64)
     queue_at = np.concatenate([[0], np.cumsum(np.bincount(worker, minlength=workers))]).astype(np.int64)
     out = loop(
         reqs.arrival_s.astype(np.float64),
