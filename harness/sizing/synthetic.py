@@ -25,12 +25,12 @@ def shared_documents(
     shared = rng.integers(1, doc_blocks + 1, size=requests)
     per_request = shared + own_blocks
     total = int(per_request.sum())
-    request = np.repeat(np.arange(requests, dtype=np.int64), per_request)
+    request = np.repeat(np.arange(requests, dtype=np.int32), per_request)
     starts = np.cumsum(per_request) - per_request
     position = np.arange(total, dtype=np.int64) - np.repeat(starts, per_request)
     in_doc = position < np.repeat(shared, per_request)
     own = np.arange(total, dtype=np.int64) + documents * doc_blocks  # unique to each reference
     blocks = np.where(in_doc, np.repeat(doc * doc_blocks, per_request) + position, own)
     # every block but the last is served when it hits (the prompt fills all of them)
-    serves = np.where(position < np.repeat(per_request - 1, per_request), block_tokens, 0).astype(np.int64)
+    serves = np.where(position < np.repeat(per_request - 1, per_request), block_tokens, 0).astype(np.int32)
     return References(blocks, request, serves, total * block_tokens, requests)
