@@ -133,7 +133,10 @@ def _placed(w: Workload, plan: Plan, cached: bool = True) -> tuple[Requests, lis
         nothing = np.zeros((refs.requests, 0), dtype=np.int64)
         return Requests(w.arrival_s, worker, w.prompt_tokens, w.output_tokens, nothing, nothing), []
     instance = np.stack([plan.fleet.group(worker, t.scope) for t in plan.tiers], axis=1)
-    distances = [scoped_distances(refs, instance[refs.request, k]) for k in range(len(plan.tiers))]
+    # each reference's instance, at 16 bits where they fit (a reference's copy of its request's
+    # instance is 1.5 GB at 64 bits for 10^7 requests)
+    narrow = instance.astype(np.int16) if instance.size and instance.max() <= np.iinfo(np.int16).max else instance
+    distances = [scoped_distances(refs, narrow[:, k][refs.request]) for k in range(len(plan.tiers))]
     tier = served_by(distances, [t.capacity_blocks for t in plan.tiers])
     tier_tokens = np.zeros((refs.requests, len(plan.tiers)), dtype=np.int64)
     hit = tier < len(plan.tiers)

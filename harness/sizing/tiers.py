@@ -48,7 +48,7 @@ def scoped_distances(refs: References, group: np.ndarray) -> np.ndarray:
         return compiled_loop()(dense, n_keys, refs.request, ones, np.broadcast_to(np.int16(0), len(group)))
     # the groups are tier instances, numbered from 0 (fewer than 2^15): 16 bits to sort by (numpy's
     # radix sort) and to hand the loop
-    narrow = group.astype(np.int16) if group.max() <= np.iinfo(np.int16).max else group
+    narrow = group.astype(np.int16, copy=False) if group.max() <= np.iinfo(np.int16).max else group
     order = np.argsort(narrow, kind="stable")
     out = np.empty(len(order), dtype=np.float64)
     # requests stay contiguous within a group (all of a request's references go to one worker)
