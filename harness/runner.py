@@ -39,7 +39,7 @@ from harness.inputs.prompts import PromptBuilder
 from harness.monitor import selfcheck
 from harness.monitor.progress import RunProgress
 from harness.monitor.selfcheck import LoopMonitor
-from harness.results import RunWriter, iso, machine, read_requests, utc_stamp, versions
+from harness.results import REQUESTS, RunWriter, iso, machine, read_table, utc_stamp, versions
 from harness.server import checks, endpoint, metrics
 from harness.server.scrape import Scraper
 from harness.traffic import make_driver
@@ -437,7 +437,7 @@ class ArmLifecycle:
         health = self.health or {}
         writer.meta["client_health"] = health
         writer.meta.update(sender.info)
-        records = read_requests(writer.folder, itl=False)
+        records = read_table(writer.folder / REQUESTS, itl=False)
         reads = stats.first_token_reads(records, self.t.clock.scale)
         writer.meta["first_token_stamps"] = {**{k: reads[k] for k in ("kernel", "user")}, "kernel_clock": KERNEL_CLOCK}
         health["lateness"] = {k: reads[k] for k in ("late_ms", "shared_reads")}
@@ -452,7 +452,7 @@ class ArmLifecycle:
             if sender.scraper is None:
                 self.scraper.record("run", self.before, await self.scraper.snapshot(), records)
             writer.meta["server_metrics"] = _finish_metrics(self.scraper, writer.folder, sender)
-        if resent := sum(r.retried for r in records):  # the server saw these ids twice
+        if resent := int(records.flag("retried").sum()):  # the server saw these ids twice
             health["resent"] = resent
             sender.warn(f"{resent} requests were sent a second time, the first refused at once (see `retried`)")
         slo = self.t.scenario.slo

@@ -390,11 +390,12 @@ def test_a_result_file_that_is_a_device_or_a_pipe_is_refused_by_name(tmp_path: P
 
 def test_lines_longer_than_the_bound_are_skipped_in_bounded_memory(tmp_path: Path) -> None:
     """A line past the bound is read past a chunk at a time and given as None; the lines around
-    it are whole."""
+    it are whole, and each line's byte offset is where it begins."""
     f = tmp_path / "x"
     f.write_bytes(b"short\n" + b"y" * 1000 + b"\nafter\n" + b"z" * 10)
     with f.open("rb") as fh:
-        assert list(lines(fh, 64)) == [(1, b"short\n"), (2, None), (3, b"after\n"), (4, b"z" * 10)]
+        got = list(lines(fh, 64))
+    assert got == [(1, 0, b"short\n"), (2, 6, None), (3, 1007, b"after\n"), (4, 1013, b"z" * 10)]
 
 
 # --- defect 8: a response with no token is a failed request ----------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from harness.config.scenario import EmulatorCfg
@@ -146,3 +147,16 @@ def test_bad_session_keys_name_the_key(tmp_path: Path, extra: str, said: str) ->
     body = body.replace("[[arms]]", extra + "\n[[arms]]", 1)
     r = cli("validate", str(write_scenario(tmp_path / "s.toml", body)))
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_plot_of_many_turns_draws_one_in_k_and_says_so() -> None:
+    """The sessions section's scatter plots draw at most about PLOT_POINTS turns a run: every
+    k-th beyond, with "1 in k" in the run's label; below it, every turn as it is."""
+    from harness.analysis.kinds import sessions
+
+    n = 2 * sessions.PLOT_POINTS + 1
+    drawn = sessions._series("r", np.arange(n, dtype=float), np.arange(n, dtype=float) * 2)
+    assert drawn.label == "r (1 in 3)" and drawn.x == tuple(float(k) for k in range(0, n, 3))
+    assert drawn.y == tuple(2.0 * k for k in range(0, n, 3))
+    few = sessions._series("r", np.arange(5.0), np.arange(5.0))
+    assert few.label == "r" and len(few.x) == 5

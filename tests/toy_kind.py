@@ -103,7 +103,7 @@ class Bursts(Driver[BurstsConfig]):
 
 class BurstsFigures(Figures):
     def figures(
-        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
+        self, records: stats.Records, counted: stats.Records, slo: dict[str, float] | None
     ) -> dict[str, Any]:
         return {"bursts": len(by_burst(counted)), "burst_ttft_spread_s": spread(counted)}
 

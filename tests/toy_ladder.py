@@ -102,7 +102,7 @@ def by_rung(records: stats.Records) -> dict[int, tuple[int, list[RequestRecord],
 
 class LadderFigures(Figures):
     def figures(
-        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
+        self, records: stats.Records, counted: stats.Records, slo: dict[str, float] | None
     ) -> dict[str, Any]:
         return {"rungs": len(by_rung(counted))}
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from harness.analysis import stats
 from harness.config.scenario import Slo
-from harness.results import RunResult
+from harness.results import RunResult, Table
 
 # rates = "auto" goes this far beyond the saturated throughput, so that a rate fails
 AUTO_BEYOND = 1.2
@@ -257,7 +257,7 @@ def curves(runs: Sequence[RunResult]) -> list[ArmCurve]:
 def ceiling(probes: Sequence[RunResult]) -> Ceiling | None:
     """The arm's saturated throughput: of its closed-loop probes (one, or more where narrowing
     ran it again with more requests), the one with the most requests."""
-    kept = max((stats.measured(r.records) for r in probes), key=len, default=[])
+    kept = max((stats.measured(r.records) for r in probes), key=len, default=Table.of([]))
     t = stats.throughput(kept)
     rate = t.steady_req_per_s or t.req_per_s
     if not rate:

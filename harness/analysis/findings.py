@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness.analysis import stats
-from harness.results import RequestRecord
+from harness.results import RequestRecord, Table
 from harness.server import checks
 
 Records = Sequence[RequestRecord]
@@ -37,20 +37,17 @@ def length_bin(tokens: int | None) -> tuple[int, int] | None:
     return lo, 2 * lo - 1
 
 
-def group_stats(records: Records, by: Sequence[str] = ("arm", "phase", "target_tokens")) -> list[dict[str, Any]]:
+def group_stats(
+    records: Records, by: Sequence[str] = ("arm", "phase", "target_tokens"), gaps_held: int = stats.GAPS_HELD
+) -> list[dict[str, Any]]:
     """Per group: count, errors, mean/p50/p90/p99 of each metric, and intervals of the TTFT
-    median and mean (stats.interval). With more than MAX_LENGTH_GROUPS distinct lengths, `target_tokens`
-    groups are power-of-two bins (`tokens_bin` [lo, hi], `target_tokens` None); `tokens` says
-    which, as text."""
-    binned = "target_tokens" in by and len({r.target_tokens for r in records}) > MAX_LENGTH_GROUPS
-    if binned:
-        grouped: dict[tuple[Any, ...], list[RequestRecord]] = {}
-        for r in records:
-            key = tuple(length_bin(r.target_tokens) if k == "target_tokens" else getattr(r, k) for k in by)
-            grouped.setdefault(key, []).append(r)
-        items = sorted(grouped.items(), key=lambda kv: tuple((v is None, v) for v in kv[0]))
-    else:
-        items = list(stats.groups(records, by).items())
+    median and mean (stats.interval); ITL from at most about `gaps_held` gaps of the group's
+    (`itl_every`: 1, or k where from those of one request in k). With more than
+    MAX_LENGTH_GROUPS distinct lengths, `target_tokens` groups are power-of-two bins (`tokens_bin`
+    [lo, hi], `target_tokens` None); `tokens` says which, as text."""
+    t = Table.of(records)
+    binned = "target_tokens" in by and len(stats.distinct(t, "target_tokens")[0]) > MAX_LENGTH_GROUPS
+    items = list(stats.groups(t, by, {"target_tokens": length_bin} if binned else None).items())
     rows = []
     for key, g in items:
         row: dict[str, Any] = dict(zip(by, key, strict=True))
@@ -61,9 +58,11 @@ def group_stats(records: Records, by: Sequence[str] = ("arm", "phase", "target_t
         elif "target_tokens" in row:
             row["tokens"] = "-" if row["target_tokens"] is None else f"{row['target_tokens']:,}"
         row["count"] = len(g)
-        row["errors"] = sum(not r.ok for r in g)
+        row["errors"] = int((~g.ok).sum())
+        done = stats.ok(g)
+        row["itl_every"] = stats.gaps_every(done, gaps_held)
         for m in GROUP_METRICS:
-            d = stats.describe(stats.values(g, m))
+            d = stats.describe(stats.gaps(done, held=gaps_held) if m == "itl_s" else stats.values(g, m))
             for name in ("mean", "p50", "p90", "p99"):
                 row[f"{m}_{name}"] = d[name]
         ttft = stats.values(g, "ttft_s")
@@ -87,10 +86,10 @@ class CostFit:
 
 
 def _fit_points(records: Records, phase: str) -> tuple[np.ndarray, np.ndarray, int]:
-    rows = [r for r in records if r.ok and r.ttft_s is not None and r.phase == phase]
-    n = np.asarray([float(r.prompt_tokens if r.prompt_tokens is not None else r.target_tokens or 0) for r in rows])
-    t = np.asarray([float(r.ttft_s or 0.0) for r in rows])
-    return n, t, len({r.target_tokens for r in rows})
+    done = stats.ok(records)
+    rows = done.where(~np.isnan(done.numbers("ttft_s")) & done.text_is("phase", phase))
+    n = np.nan_to_num(stats.context_tokens(rows))
+    return n, rows.numbers("ttft_s"), len(stats.distinct(rows, "target_tokens")[0])
 
 
 def fit_prefill(records: Records) -> tuple[float, float] | None:
@@ -134,66 +133,69 @@ def restores(records: Records) -> dict[str, Any] | None:
     """Requests whose KV the engine restored from a file first (`warm_from = "disk"`): per
     length, what it read and how fast, the warm TTFT with the restore added (the load path's
     whole cost), and a least-squares fit restore_s = c + bytes / r over them. None without any."""
-    done = [r for r in records if r.ok and r.restore_s is not None and r.restore_bytes]
+    ok = stats.ok(records)
+    done = ok.where(~np.isnan(ok.numbers("restore_s")) & (np.nan_to_num(ok.numbers("restore_bytes")) != 0))
     if not done:
         return None
     rows = []
     for (n,), g in sorted(stats.groups(done, ("target_tokens",)).items(), key=lambda kv: kv[0][0] or 0):
-        secs = [r.restore_s or 0.0 for r in g]
-        rates = [(r.restore_bytes or 0) / t for r, t in zip(g, secs, strict=True) if t > 0]
+        secs, size = g.numbers("restore_s"), g.numbers("restore_bytes")
+        fast = secs > 0
         rows.append(
             {
                 "length": n,
                 "n": len(g),
-                "tokens": int(np.median([r.restore_tokens or 0 for r in g])),
-                "bytes": int(np.median([r.restore_bytes or 0 for r in g])),
+                "tokens": int(np.median(np.nan_to_num(g.numbers("restore_tokens")))),
+                "bytes": int(np.median(size)),
                 "restore_s_p50": float(np.median(secs)),
-                "gb_per_s_p50": float(np.median(rates)) / 1e9 if rates else None,
+                "gb_per_s_p50": float(np.median(size[fast] / secs[fast])) / 1e9 if fast.any() else None,
                 "warm_ttft_s_p50": stats.percentile(stats.values(g, "request_ttft_s"), 50),
                 "with_restore_s_p50": stats.percentile(stats.values(g, "ttft_s"), 50),
             }
         )
-    per_token = [(r.restore_bytes or 0) / r.restore_tokens for r in done if r.restore_tokens]
+    sizes, tokens = done.numbers("restore_bytes"), np.nan_to_num(done.numbers("restore_tokens"))
+    per_token = sizes[tokens != 0] / tokens[tokens != 0]
     out: dict[str, Any] = {
         "rows": rows,
-        "kv_bytes_per_token": float(np.median(per_token)) if per_token else None,
+        "kv_bytes_per_token": float(np.median(per_token)) if len(per_token) else None,
         "c_s": None,
         "gb_per_s": None,
     }
-    sizes = np.asarray([float(r.restore_bytes or 0) for r in done])
-    if len(set(sizes.tolist())) >= 2:
+    if len(np.unique(sizes)) >= 2:
         (c, slope), *_ = np.linalg.lstsq(
-            np.column_stack([np.ones_like(sizes), sizes]), np.asarray([r.restore_s or 0.0 for r in done]), rcond=None
+            np.column_stack([np.ones_like(sizes), sizes]), done.numbers("restore_s"), rcond=None
         )
         out["c_s"], out["gb_per_s"] = float(c), (1.0 / float(slope) / 1e9 if slope > 0 else None)
     return out
 
 
-def _shares(records: Records) -> list[float]:
-    return [r.cached_tokens / r.prompt_tokens for r in records if r.cached_tokens is not None and r.prompt_tokens]
+def _reported(t: Table) -> tuple[Table, np.ndarray, np.ndarray]:
+    """The records that report both their cached and prompt tokens, and those counts."""
+    both = t.where(~np.isnan(t.numbers("cached_tokens")) & ~np.isnan(t.numbers("prompt_tokens")))
+    return both, both.numbers("cached_tokens"), both.numbers("prompt_tokens")
 
 
 def cache_verification(records: Records, cold_allowance: int = 0, block: int | None = None) -> dict[str, Any]:
     """Were warm requests served from cache, and were cold ones cold?"""
     done = stats.ok(records)
-    warm = [r for r in done if r.phase == "warm"]
-    cold = [r for r in done if r.phase == "cold"]
-    reported = [r for r in warm if r.cached_tokens is not None and r.prompt_tokens is not None]
-    share = _shares(reported)
-    loop = [r for r in done if r.phase == "run" and r.cached_tokens is not None and r.prompt_tokens is not None]
-    loop_share = _shares(loop)
+    warm, cold = (done.where(done.text_is("phase", p)) for p in ("warm", "cold"))
+    reported, cached, prompt = _reported(warm)
+    share = cached[prompt != 0] / prompt[prompt != 0]
+    loop, loop_cached, loop_prompt = _reported(done.where(done.text_is("phase", "run")))
+    loop_share = loop_cached[loop_prompt != 0] / loop_prompt[loop_prompt != 0]
+    cold_cached = np.nan_to_num(cold.numbers("cached_tokens"), nan=-np.inf)
     return {
         "loop_requests": len(loop),
-        "loop_mean_cached_share": float(np.mean(loop_share)) if loop_share else None,
-        "loop_hits": sum(s > 0 for s in loop_share),
+        "loop_mean_cached_share": float(np.mean(loop_share)) if len(loop_share) else None,
+        "loop_hits": int((loop_share > 0).sum()),
         "warm_requests": len(warm),
         "warm_reported": len(reported),
         "warm_served_from_cache": sum(
-            checks.warm_hit(r.cached_tokens or 0, r.prompt_tokens or 0, block) for r in reported if r.prompt_tokens
+            checks.warm_hit(int(c), int(n), block) for c, n in zip(cached, prompt, strict=True) if n
         ),
-        "warm_mean_cached_share": float(np.mean(share)) if share else None,
+        "warm_mean_cached_share": float(np.mean(share)) if len(share) else None,
         "cold_requests": len(cold),
-        "cold_not_cold": sum(r.cached_tokens is not None and r.cached_tokens > cold_allowance for r in cold),
+        "cold_not_cold": int((cold_cached > cold_allowance).sum()),
     }
 
 

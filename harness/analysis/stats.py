@@ -1,6 +1,7 @@
 """The one statistics core: every figure kvbench derives from request records is computed here,
 for the terminal, run.json's summary, the report, the gate, `compare` and `baseline` alike, so
-the same run gives the same number everywhere. Pure functions over `RequestRecord`s.
+the same run gives the same number everywhere. Pure functions over `RequestRecord`s, worked on
+the columns of a `results.Table` (a list of records is made one first).
 
 Definitions:
 - TTFT: request start (headers on the socket) -> first token-bearing chunk, plus the step kvbench
@@ -10,6 +11,8 @@ Definitions:
   same holds for e2e, and a closed loop's span starts at its first restore. The request's own
   TTFT, without that step, is `request_ttft_s` (the record's `ttft_s` field).
 - percentiles: linear interpolation between the two nearest ranks (numpy's default).
+- ITL: every token gap of the requests that succeeded; where they number more than GAPS_HELD,
+  those of every k-th request (gaps_every), which the report says beside the figure.
 - req/s: completed requests / (last end - first start), as the Redbooks paper defines it.
 - steady-state req/s: completions between the 10th and 90th percentile of end times, divided by
   that span: ramp-up and drain left out.
@@ -45,13 +48,15 @@ Statistical tests and intervals come from scipy.stats, imported where one is com
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from harness.results import RequestRecord
+from harness.results import RequestRecord, Table
+from harness.results.record import TYPES
 
 Records = Sequence[RequestRecord]
 PER_REQUEST = ("ttft_s", "request_ttft_s", "first_byte_s", "first_content_s", "e2e_s", "itl_s", "tpot_s")
@@ -64,6 +69,14 @@ CI_RESAMPLES = 2000
 # `batch` at a time, so the interval of a million records costs 32 MB instead of 2,000 copies
 # of them (16 GB; the report of a 10^6-record run was killed at 24 GB).
 CI_BATCH_VALUES = 4_000_000
+# Up to this many groups, `groups` finds each group's records by a pass over the codes
+FEW_GROUPS = 64
+# Integers in a range up to this (a field's values, a group's code) are counted, a count per
+# value, instead of sorted: a pass over 10^7 of them, not a sort
+COUNTED_MAX = 4_000_000
+# The most token gaps an ITL figure is computed from (8 bytes each): a day-long run's billions
+# are sampled, every k-th request's gaps (gaps_every), and the figure says so
+GAPS_HELD = 4_000_000
 STEADY_QUANTILES = (0.1, 0.9)
 STEADY_BATCHES = 8  # batches of the steady-state interval (fewer where fewer gaps: at least 2)
 STEADY_MIN_GAPS_PER_BATCH = 3
@@ -77,32 +90,80 @@ SATURATION_MIN_REQUESTS = 12  # fewer cannot show a trend
 EMULATOR_LATE_SHARE = 0.02
 
 
-def ok(records: Iterable[RequestRecord]) -> list[RequestRecord]:
-    return [r for r in records if r.ok]
+def ok(records: Iterable[RequestRecord]) -> Table:
+    t = Table.of(records)
+    return t.where(t.ok)
+
+
+def erred(records: Iterable[RequestRecord]) -> Table:
+    """The records with an error text."""
+    t = Table.of(records)
+    return t.where(t.flag("erred"))
 
 
 def values(records: Iterable[RequestRecord], metric: str) -> np.ndarray:
     """The values of a per-request metric over the requests that succeeded (every gap for itl_s);
     TTFT and e2e with the restore before the request added (WITH_RESTORE)."""
+    done = ok(records)
     if metric == "itl_s":
-        gaps = [g for r in records if r.ok for g in r.itl_s]
-        return np.asarray(gaps, dtype=np.float64)
-    if metric in WITH_RESTORE:
-        got = [None if (v := getattr(r, metric)) is None else v + (r.restore_s or 0.0) for r in records if r.ok]
+        return gaps(done)
+    if metric == "tpot_s":
+        x = tpots(done)
+    elif metric in WITH_RESTORE and done.has("restore_s"):
+        x = done.numbers(metric) + np.nan_to_num(done.numbers("restore_s"))
+    elif metric in WITH_RESTORE:
+        x = done.numbers(metric)
     else:
-        got = [getattr(r, "ttft_s" if metric == "request_ttft_s" else metric) for r in records if r.ok]
-    return np.asarray([v for v in got if v is not None], dtype=np.float64)
+        x = done.numbers("ttft_s" if metric == "request_ttft_s" else metric)
+    given = ~np.isnan(x)
+    return x if given.all() else x[given]  # (a table's own column, read-only, where all are given)
 
 
-def begin(r: RequestRecord) -> float:
-    """When a request's cost began: its start, or the start of the restore kvbench did for it."""
-    return r.start_s - (r.restore_s or 0.0)
+def gaps(records: Iterable[RequestRecord], every: int | None = None, held: int = GAPS_HELD) -> np.ndarray:
+    """Every token gap of these records, in their order (none where they were read without);
+    beyond `held` gaps, those of every `gaps_every`-th record (or of every `every`-th: a bound
+    over several calls, as the gate's over a run's groups)."""
+    t = Table.of(records)
+    every = gaps_every(t, held) if every is None else every
+    if every > 1:
+        t = t[::every]
+    n = int(t.gap_counts.sum())
+    if not n:
+        return np.zeros(0, np.float64)
+    return np.fromiter((g for d in t.parsed() for g in d.get("itl_s") or ()), np.float64, n)
+
+
+def gaps_every(records: Iterable[RequestRecord], held: int = GAPS_HELD) -> int:
+    """1 where the records' token gaps number at most `held`; else k, the ITL figures' sample
+    being every k-th record's gaps (in the records' order)."""
+    t = Table.of(records)
+    return max(1, -(-int(t.gap_counts.sum()) // held))
+
+
+def tpots(t: Table) -> np.ndarray:
+    """Each record's TPOT (RequestRecord.tpot_s), NaN where it has none."""
+    n = t.numbers("completion_tokens")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = (t.numbers("e2e_s") - t.numbers("ttft_s")) / (n - 1)
+    return np.where(n >= 2, x, np.nan)
+
+
+def context_tokens(t: Table) -> np.ndarray:
+    """Each prompt's length (RequestRecord.context_tokens): the server's count, else the target."""
+    prompt = t.numbers("prompt_tokens")
+    return np.where(np.isnan(prompt), t.numbers("target_tokens"), prompt)
+
+
+def begins(t: Table) -> np.ndarray:
+    """When each request's cost began: its start, or the start of the restore kvbench did for it."""
+    start = t.numbers("start_s")
+    return start - np.nan_to_num(t.numbers("restore_s")) if t.has("restore_s") else start
 
 
 def restored(records: Iterable[RequestRecord]) -> bool:
     """Did kvbench bring any request's KV back itself before sending it (`restore_s`)? Then TTFT
     and e2e include that step, and the terminal and report say so (RESTORE_NOTE)."""
-    return any(r.restore_s is not None for r in records)
+    return bool((~np.isnan(Table.of(records).numbers("restore_s"))).any())
 
 
 RESTORE_NOTE = (
@@ -156,27 +217,29 @@ class Throughput:
     output_tokens_per_s: float | None
     duration_s: float | None
     mean_concurrency: float | None
-    timeline: list[tuple[float, int]] = field(default_factory=list)  # (time, requests in flight)
 
 
 def throughput(records: Records) -> Throughput:
-    done = ok(records)
-    failed = len(records) - len(done)
+    t = Table.of(records)
+    done = t.where(t.ok)
+    failed = len(t) - len(done)
     if not done:
         return Throughput(0, failed, None, None, None, None, None)
-    first = min(begin(r) for r in records)
+    begin = begins(t)
+    first = float(begin.min())
     ends = _ends(done)
     span = float(ends[-1]) - first
     steady, lo, hi = _steady(ends)
     inside = len(steady)
-    tokens = sum(r.completion_tokens or 0 for r in done)
-    events = sorted([(begin(r), 1) for r in records] + [(e, -1) for r in records if (e := r.end_s()) is not None])
-    timeline, level, area, prev = [], 0, 0.0, first
-    for t, d in events:
-        area += level * (t - prev)
-        level += d
-        prev = t
-        timeline.append((t, level))
+    tokens = total(done, "completion_tokens")
+    # requests in flight, integrated over the run: each request from its begin to its end, or
+    # to the last event where it has no end (worked in place: a run's 10^7 values at a time)
+    end = t.numbers("start_s") + t.numbers("e2e_s")
+    unended = np.isnan(end)
+    last = max(float(begin.max()), float(np.nanmax(end, initial=-np.inf)))
+    np.copyto(end, last, where=unended)
+    end -= begin
+    area = float(end.sum())
     positive = span > 0
     return Throughput(
         completed=len(done),
@@ -186,13 +249,23 @@ def throughput(records: Records) -> Throughput:
         output_tokens_per_s=tokens / span if positive else None,
         duration_s=span if positive else None,
         mean_concurrency=area / span if positive else None,
-        timeline=timeline,
     )
 
 
 def _ends(done: Records) -> np.ndarray:
     """When each of these (successful) requests ended, in order."""
-    return np.sort(np.asarray([r.start_s + (r.e2e_s or 0.0) for r in done], dtype=np.float64))
+    t = Table.of(done)
+    ends = np.nan_to_num(t.numbers("e2e_s"))
+    ends += t.numbers("start_s")
+    ends.sort()
+    return ends
+
+
+def total(t: Table, name: str) -> float:
+    """The sum of a number field over the records that have it."""
+    if (held := t.integers(name)) is not None:
+        return float(held[0].sum(dtype=np.int64))  # an absent value is held as 0
+    return float(np.nansum(t.numbers(name)))
 
 
 def _steady(ends: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -226,30 +299,32 @@ def steady_rate_ci(records: Records) -> tuple[float, float] | None:
 
 
 def lengths(records: Records) -> list[int]:
-    return sorted({r.target_tokens for r in records if r.target_tokens is not None})
+    x = Table.of(records).numbers("target_tokens")
+    return [int(v) for v in np.unique(x[~np.isnan(x)])]
 
 
 def emulator_late_share(records: Iterable[RequestRecord]) -> float | None:
     """The median share of their modelled TTFT by which the embedded emulator sent these requests'
     first tokens late (beyond its timer's granularity); None where no record says (another server)."""
-    shares = [
-        r.emulator_late_s / modelled
-        for r in records
-        if r.ok and r.emulator_late_s is not None and r.ttft_s is not None
-        if (modelled := r.ttft_s - r.emulator_late_s) > 0
-    ]
-    return percentile(shares, 50)
+    done = ok(records)
+    late, ttft = done.numbers("emulator_late_s"), done.numbers("ttft_s")
+    modelled = ttft - late
+    with np.errstate(invalid="ignore"):
+        told = modelled > 0  # False where either is absent (NaN)
+    return percentile(late[told] / modelled[told], 50)
 
 
 def sweep_rows(records: Records, intervals: bool = False) -> list[dict[str, Any]]:
     """Per prompt length: cold and warm TTFT medians, the speedup, and (on request) its interval;
     where the embedded emulator answered, how late it ran in each phase, and whether that makes
     the row not the model's (`emulator_late`)."""
+    t = Table.of(records)
+    target = t.numbers("target_tokens")
     rows = []
-    for n in lengths(records):
-        at = [r for r in records if r.target_tokens == n]
-        cold = values((r for r in at if r.phase == "cold"), "ttft_s")
-        warm = values((r for r in at if r.phase == "warm"), "ttft_s")
+    for n in lengths(t):
+        at = t.where(target == n)
+        phase = {p: at.where(at.text_is("phase", p)) for p in ("cold", "warm")}
+        cold, warm = values(phase["cold"], "ttft_s"), values(phase["warm"], "ttft_s")
         c50, w50 = percentile(cold, 50), percentile(warm, 50)
         row: dict[str, Any] = {
             "length": n,
@@ -260,9 +335,8 @@ def sweep_rows(records: Records, intervals: bool = False) -> list[dict[str, Any]
             "speedup": c50 / w50 if c50 is not None and w50 else None,
         }
         if restored(at):  # the warm figure above has the restore in it; the request alone:
-            alone = values((r for r in at if r.phase == "warm"), "request_ttft_s")
-            row["warm_request_ttft_p50_s"] = percentile(alone, 50)
-        late = {p: emulator_late_share(r for r in at if r.phase == p) for p in ("cold", "warm")}
+            row["warm_request_ttft_p50_s"] = percentile(values(phase["warm"], "request_ttft_s"), 50)
+        late = {p: emulator_late_share(phase[p]) for p in ("cold", "warm")}
         if any(v is not None for v in late.values()):
             row["cold_emulator_late_share"], row["warm_emulator_late_share"] = late["cold"], late["warm"]
             row["emulator_late"] = any(v is not None and v > EMULATOR_LATE_SHARE for v in late.values())
@@ -277,16 +351,17 @@ def summary(records: Records) -> dict[str, Any]:
     """What run.json's summary of any arm (or load of an arm) starts with: the counts, and TTFT
     and e2e over the measured requests that succeeded. A workload kind adds its own figures
     (analysis/kinds `Figures.summary`)."""
-    done = ok(records)
+    t = Table.of(records)
+    completed = int(t.ok.sum())
     out: dict[str, Any] = {
-        "requests": len(records),
-        "completed": len(done),
-        "failed": len(records) - len(done),
+        "requests": len(t),
+        "completed": completed,
+        "failed": len(t) - completed,
     }
-    kept = ok(measured(records))
+    kept = ok(measured(t))
     out["ttft_s"] = describe(values(kept, "ttft_s"))
     out["e2e_s"] = describe(values(kept, "e2e_s"))
-    if restored(records):
+    if restored(t):
         out["ttft_includes_restore"] = True
         out["request_ttft_s"] = describe(values(kept, "request_ttft_s"))
     return out
@@ -301,27 +376,32 @@ def rates(counted: Records) -> dict[str, Any]:
 def cached_share(records: Records) -> float | None:
     """Prompt tokens the server reported cached / prompt tokens, over the requests that
     succeeded and report both (None when none does)."""
-    both = [
-        (r.cached_tokens, r.prompt_tokens) for r in records if r.ok and r.cached_tokens is not None and r.prompt_tokens
-    ]
-    total = sum(p for _, p in both)
-    return sum(c for c, _ in both) / total if total else None
+    done = ok(records)
+    cached, prompt = done.numbers("cached_tokens"), done.numbers("prompt_tokens")
+    both = ~np.isnan(cached) & (np.nan_to_num(prompt) != 0)
+    total = float(prompt[both].sum())
+    return float(cached[both].sum()) / total if total else None
 
 
-def measured(records: Iterable[RequestRecord]) -> list[RequestRecord]:
+def measured(records: Iterable[RequestRecord]) -> Table:
     """The records that count: all but an open loop's warm-up."""
-    return [r for r in records if r.phase != "warmup"]
+    t = Table.of(records)
+    return t.where(~t.text_is("phase", "warmup"))
 
 
 def schedule_lag(records: Records) -> dict[str, Any]:
     """How late requests were sent against their schedule (model seconds), how many were held
     back (by max_concurrency, or a session by max_active), and the rate intended against the rate
     really sent."""
-    timed = sorted((r for r in records if r.intended_s is not None), key=lambda r: r.intended_s or 0.0)
-    lag = np.asarray([r.lag_s for r in timed], dtype=np.float64)
-    held = [r.held_s for r in timed if r.held_s]
+    t = Table.of(records)
+    intended = t.numbers("intended_s")
+    timed = ~np.isnan(intended)
+    intended, start = np.sort(intended[timed]), t.numbers("start_s")[timed]
+    lag = start - t.numbers("intended_s")[timed]
+    held = np.nan_to_num(t.numbers("held_s")[timed])
+    held = held[held != 0]
     out: dict[str, Any] = {
-        "requests": len(timed),
+        "requests": len(lag),
         "p50_s": percentile(lag, 50),
         "p99_s": percentile(lag, 99),
         "max_s": float(lag.max()) if len(lag) else None,
@@ -330,13 +410,13 @@ def schedule_lag(records: Records) -> dict[str, Any]:
         "intended_req_per_s": None,
         "sent_req_per_s": None,
     }
-    if len(timed) >= 2:
-        intended_span = (timed[-1].intended_s or 0.0) - (timed[0].intended_s or 0.0)
-        starts = sorted(r.start_s for r in timed)
+    if len(lag) >= 2:
+        intended_span = float(intended[-1] - intended[0])
+        first, last = float(start.min()), float(start.max())
         if intended_span > 0:
-            out["intended_req_per_s"] = (len(timed) - 1) / intended_span
-        if starts[-1] > starts[0]:
-            out["sent_req_per_s"] = (len(timed) - 1) / (starts[-1] - starts[0])
+            out["intended_req_per_s"] = (len(lag) - 1) / intended_span
+        if last > first:
+            out["sent_req_per_s"] = (len(lag) - 1) / (last - first)
     return out
 
 
@@ -344,44 +424,48 @@ def first_token_reads(records: Records, time_scale: float = 1.0) -> dict[str, An
     """Where the first tokens' stamps came from (kernel or user space), how late the client read
     the kernel-stamped ones (wall-clock ms: p50, p99, max), and how many of those came in one
     read with later data of their response (their stamp is the later data's: wire/stamps.py)."""
-    firsts = [r for r in records if r.ttft_s is not None]
-    kernel = [r for r in firsts if r.first_token_stamp == "kernel" and r.first_token_late_s is not None]
-    late_ms = np.asarray([r.first_token_late_s for r in kernel], dtype=np.float64) * 1e3 / time_scale
+    t = Table.of(records)
+    firsts = ~np.isnan(t.numbers("ttft_s"))
+    late = t.numbers("first_token_late_s")
+    kernel = firsts & t.text_is("first_token_stamp", "kernel") & ~np.isnan(late)
+    late_ms = late[kernel] * 1e3 / time_scale
     return {
-        "kernel": len(kernel),
-        "user": len(firsts) - len(kernel),
+        "kernel": int(kernel.sum()),
+        "user": int(firsts.sum() - kernel.sum()),
         "late_ms": {
             "p50": percentile(late_ms, 50),
             "p99": percentile(late_ms, 99),
             "max": float(late_ms.max()) if len(late_ms) else None,
         },
-        "shared_reads": sum(1 for r in kernel if r.first_token_shared),
+        "shared_reads": int((np.nan_to_num(t.numbers("first_token_shared")[kernel]) != 0).sum()),
     }
 
 
 def schedule_lag_of(records: Records, process: int) -> dict[str, Any] | None:
     """schedule_lag of what one client process or Ray worker sent at a time of a timed arm's
     measured part (None when it sent none at a time)."""
-    mine = [r for r in measured(records) if r.process == process and r.intended_s is not None]
+    kept = measured(records)
+    mine = kept.where((kept.numbers("process") == process) & ~np.isnan(kept.numbers("intended_s")))
     return schedule_lag(mine) if mine else None
 
 
-def meets(r: RequestRecord, slo: dict[str, float]) -> bool:
-    if not r.ok:
-        return False
+def meeting(records: Records, slo: dict[str, float]) -> np.ndarray:
+    """Whether each request met every limit of the SLO (see the module's definition)."""
+    t = Table.of(records)
+    met = t.ok.copy()
     for metric, limit in slo.items():
-        v = getattr(r, metric)
-        if v is None and metric == "tpot_s":
-            continue  # one output token: nothing after the first to be slow
-        if v is None or v > limit:
-            return False
-    return True
+        v = tpots(t) if metric == "tpot_s" else t.numbers(metric)
+        if metric == "tpot_s":
+            v = np.where(np.isnan(v), -np.inf, v)  # one output token: nothing after the first to be slow
+        with np.errstate(invalid="ignore"):
+            met &= v <= limit  # NaN (no value) fails
+    return met
 
 
 def goodput(records: Records, slo: dict[str, float]) -> dict[str, Any]:
     """The requests meeting every SLO limit: how many, their share, and per second."""
     kept = measured(records)
-    met = sum(meets(r, slo) for r in kept)
+    met = int(meeting(kept, slo).sum())
     span = throughput(kept).duration_s
     return {
         "limits": dict(slo),
@@ -392,29 +476,28 @@ def goodput(records: Records, slo: dict[str, float]) -> dict[str, Any]:
     }
 
 
-def in_flight_at_send(records: Records) -> list[tuple[float, int]]:
-    """(send time, requests in flight just before it was sent), in send order."""
-    ends = np.sort(np.asarray([e for r in records if (e := r.end_s()) is not None], dtype=np.float64))
-    starts = sorted(r.start_s for r in records)
-    out = []
-    for k, t in enumerate(starts):
-        out.append((t, k - int(np.searchsorted(ends, t, side="right"))))
-    return out
+def in_flight_at_send(records: Records) -> tuple[np.ndarray, np.ndarray]:
+    """Send times in order, and the requests in flight just before each was sent."""
+    t = Table.of(records)
+    end = t.numbers("start_s") + t.numbers("e2e_s")
+    ends = np.sort(end[~np.isnan(end)])
+    starts = np.sort(t.numbers("start_s"))
+    return starts, np.arange(len(starts)) - np.searchsorted(ends, starts, side="right")
 
 
 def saturation(records: Records) -> dict[str, Any]:
     """Did the load outgrow the server (see the module's definition)? `saturated` is None when
     there are too few requests to tell."""
-    kept = sorted(measured(records), key=lambda r: r.start_s)
-    done = [r for r in kept if r.ok and r.ttft_s is not None]
+    counted = measured(records)
+    kept = counted.take(np.argsort(counted.numbers("start_s"), kind="stable"))
+    done = kept.where(kept.ok & ~np.isnan(kept.numbers("ttft_s")))
     out: dict[str, Any] = {"saturated": None, "ttft_trend_p": None, "in_flight_trend_p": None, "ttft_growth": None}
     if len(done) < SATURATION_MIN_REQUESTS:
         return out
     from scipy.stats import kendalltau
 
-    ttft = np.asarray([r.ttft_s for r in done], dtype=np.float64)
-    t = np.asarray([r.start_s for r in done], dtype=np.float64)
-    level = np.asarray([n for _, n in in_flight_at_send(kept)], dtype=np.float64)
+    ttft, t = done.numbers("ttft_s"), done.numbers("start_s")
+    level = in_flight_at_send(kept)[1].astype(np.float64)
     q = max(1, len(ttft) // 4)
     first = float(np.median(ttft[:q]))
     growth = float(np.median(ttft[-q:])) / first if first > 0 else None
@@ -446,7 +529,8 @@ def arrival_fit(records: Records, arrivals: str, rate: float, shape: float) -> d
     """How the real send times match the arrival process asked for: the coefficient of
     variation of their gaps against the process's, and (poisson, gamma) the p-value of a
     Kolmogorov-Smirnov test of the gaps against the process's gap distribution at `rate`."""
-    starts = np.sort(np.asarray([r.start_s for r in records if r.intended_s is not None], dtype=np.float64))
+    t = Table.of(records)
+    starts = np.sort(t.numbers("start_s")[~np.isnan(t.numbers("intended_s"))])
     g = np.diff(starts)
     expected = {"constant": 0.0, "poisson": 1.0}.get(arrivals, 1.0 / float(np.sqrt(shape)))
     out: dict[str, Any] = {"gaps": len(g), "cv": None, "expected_cv": expected, "ks_p": None}
@@ -461,12 +545,98 @@ def arrival_fit(records: Records, arrivals: str, rate: float, shape: float) -> d
     return out
 
 
-def groups(records: Records, by: Sequence[str]) -> dict[tuple[Any, ...], list[RequestRecord]]:
-    """Records grouped by the values of some of their fields, in sorted key order."""
-    out: dict[tuple[Any, ...], list[RequestRecord]] = {}
-    for r in records:
-        out.setdefault(tuple(getattr(r, k) for k in by), []).append(r)
+def groups(
+    records: Records,
+    by: Sequence[str],
+    mapped: dict[str, Callable[[Any], Any]] | None = None,
+    *,
+    counted: int = COUNTED_MAX,
+    few: int = FEW_GROUPS,
+) -> dict[tuple[Any, ...], Table]:
+    """Records grouped by the values of some of their fields (each group in the records' order),
+    in sorted key order; a field in `mapped` by what its function makes of its value (a prompt
+    length's bin). `counted` and `few` choose how (COUNTED_MAX, FEW_GROUPS), not what."""
+    t = Table.of(records)
+    keys, fields = [], []
+    for name in by:
+        labels, code = distinct(t, name, counted)
+        if mapped and name in mapped:
+            labels, code = _mapped(labels, code, mapped[name])
+        keys.append(labels)
+        fields.append(code)
+    combos = math.prod(len(labels) for labels in keys)
+    codes: np.ndarray = np.zeros(len(t), np.int32 if combos < 2**31 else np.int64)  # 40 MB for 10^7 records
+    for labels, code in zip(keys, fields, strict=True):
+        np.multiply(codes, len(labels), out=codes)
+        np.add(codes, code, out=codes, casting="unsafe")  # within the combinations: no overflow
+    del fields
+    found = np.flatnonzero(np.bincount(codes)) if len(codes) and codes.max() < counted else np.unique(codes)
+    if len(found) == 1:  # one group: all of the records, no row numbers
+        rows: list[np.ndarray] | None = None
+    elif len(found) <= few:  # a pass over the codes per group: no sort of 10^7 of them
+        rows = [np.flatnonzero(codes == g) for g in found.tolist()]
+    else:
+        order = np.argsort(codes, kind="stable")
+        rows = np.split(order, np.searchsorted(codes[order], found[1:]))
+    out = {}
+    for k, g in enumerate(found.tolist()):
+        key = []
+        for labels in reversed(keys):
+            g, i = divmod(g, len(labels))
+            key.append(labels[i])
+        out[tuple(reversed(key))] = t if rows is None else t.take(rows[k])
     return dict(sorted(out.items(), key=lambda kv: tuple((v is None, v) for v in kv[0])))
+
+
+def distinct(t: Table, name: str, counted: int = COUNTED_MAX) -> tuple[list[Any], np.ndarray]:
+    """A field's distinct values (None among them where a record has none), and a code per
+    record into them."""
+    if str in TYPES.get(name, ()):
+        code, labels = t.codes(name)
+        seen = np.bincount(code, minlength=len(labels)) > 0 if len(code) else np.zeros(len(labels), bool)
+        renumbered = (np.cumsum(seen) - 1).astype(np.int32)
+        return [labels[c] for c in np.flatnonzero(seen).tolist()], renumbered[code]
+    if (held := t.integers(name)) is not None and len(held[0]):
+        return _distinct_integers(*held, counted)
+    x = t.numbers(name)
+    missing = np.isnan(x)
+    values, code = np.unique(x[~missing], return_inverse=True)
+    as_int = float not in TYPES.get(name, (float,))
+    found: list[Any] = [int(v) if as_int else float(v) for v in values]
+    out = np.full(len(t), len(found), np.int64)
+    out[~missing] = code
+    return found + [None] * bool(missing.any()), out
+
+
+def _distinct_integers(values: np.ndarray, missing: np.ndarray | None, counted: int) -> tuple[list[Any], np.ndarray]:
+    """distinct of integers (a prompt length, a worker): counted by value, not sorted, where
+    their range is small enough for a count per value."""
+    given = values if missing is None else values[~missing]
+    lo, hi = (int(given.min()), int(given.max())) if len(given) else (0, 0)
+    if hi - lo >= counted:
+        found, code = np.unique(given, return_inverse=True)
+        labels = [int(v) for v in found]
+        out = np.full(len(values), len(labels), np.int64)
+        out[slice(None) if missing is None else ~missing] = code
+    else:
+        shifted = values.astype(np.int32 if values.itemsize <= 4 else np.int64)  # the values fit: so does this
+        np.subtract(shifted, lo, out=shifted)
+        if missing is not None:
+            shifted[missing] = 0
+        seen = np.bincount(shifted if missing is None else shifted[~missing], minlength=hi - lo + 1) > 0
+        labels = [lo + int(v) for v in np.flatnonzero(seen)]
+        out = (np.cumsum(seen) - 1).astype(np.int32)[shifted]
+        if missing is not None:
+            out[missing] = len(labels)
+    return labels + [None] * bool(missing is not None and missing.any()), out
+
+
+def _mapped(labels: list[Any], code: np.ndarray, f: Callable[[Any], Any]) -> tuple[list[Any], np.ndarray]:
+    """Codes into `labels` as codes into what f makes of them (several may make the same)."""
+    made = [f(v) for v in labels]
+    index: dict[Any, int] = {}
+    to = np.asarray([index.setdefault(m, len(index)) for m in made], dtype=np.int64)
+    return list(index), to[code] if len(to) else code
 
 
 def drop(before: float, after: float) -> dict[str, float]:

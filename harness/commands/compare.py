@@ -9,7 +9,7 @@ from harness.analysis import stats
 from harness.config import kinds
 from harness.core.errors import ExitCode, InputError
 from harness.report.format import num
-from harness.results import RunResult, load_runs, skipped_warning
+from harness.results import RunResult, Table, load_runs, skipped_warning
 
 ALPHA = 0.05
 
@@ -37,7 +37,7 @@ def _group_rows(label: str, base: RunResult, cand: RunResult) -> list[Row]:
     cand_groups = stats.groups(cand.records, ("phase", "target_tokens"))
     for (phase, length), b in stats.groups(base.records, ("phase", "target_tokens")).items():
         where = f"{phase}" + (f" @ {int(length):,}" if length is not None else "")
-        c = cand_groups.get((phase, length), [])
+        c = cand_groups.get((phase, length), Table.of([]))
         for metric in ("ttft_s", "e2e_s"):
             x, y = stats.values(b, metric), stats.values(c, metric)
             if len(x) == 0 or len(y) == 0:

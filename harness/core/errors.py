@@ -172,6 +172,7 @@ class EndpointError(KvbenchError):
 # The largest input text file kvbench reads whole (scenario, gate rules, baseline): far above any
 # real one, and a bound on what a device or a runaway file can cost (`validate /dev/zero`).
 MAX_INPUT_BYTES = 16 << 20
+READ_CHUNK = 1 << 20
 
 
 def open_regular(path: Path, what: str) -> BinaryIO:
@@ -194,7 +195,12 @@ def read_input(path: Path, what: str, limit: int = MAX_INPUT_BYTES) -> str:
     """A whole input text file, at most `limit` bytes; InputError naming it otherwise."""
     with open_regular(path, what) as f:
         try:
-            data = f.read(limit + 1)
+            # a chunk at a time: f.read(limit + 1) would take a buffer of `limit` bytes for a file of a few KB
+            chunks, total = [], 0
+            while total <= limit and (chunk := f.read(min(READ_CHUNK, limit + 1 - total))):
+                chunks.append(chunk)
+                total += len(chunk)
+            data = b"".join(chunks)
         except OSError as e:
             raise InputError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
     if len(data) > limit:
@@ -205,19 +211,23 @@ def read_input(path: Path, what: str, limit: int = MAX_INPUT_BYTES) -> str:
         raise InputError(f"{path}: the {what} is not UTF-8 text: {e}") from None
 
 
-def lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
-    """(line number, line) of a file read a line at a time, each at most `limit` bytes: a longer
-    one is skipped to its end, a chunk at a time, and given as None (bounded memory, whatever
-    the file holds)."""
-    n = 0
+def lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, int, bytes | None]]:
+    """(line number, byte offset, line) of a file read a line at a time, each at most `limit`
+    bytes: a longer one is skipped to its end, a chunk at a time, and given as None (bounded
+    memory, whatever the file holds)."""
+    n = offset = 0
     while line := f.readline(limit + 1):
         n += 1
         if len(line) <= limit:
-            yield n, line
+            yield n, offset, line
+            offset += len(line)
             continue
+        at, size = offset, len(line)
         while line and not line.endswith(b"\n"):
             line = f.readline(limit)
-        yield n, None
+            size += len(line)
+        offset += size
+        yield n, at, None
 
 
 REDACTED = "[redacted]"

@@ -111,7 +111,10 @@ def _run_verdicts(
     if baseline is not None:
         doc, base_fig = baselines.load(baseline)
         baselines.check_compatible(doc["identity"], cand_identity)
-    verdicts = evaluate(rules, figures.of_runs(runs), base_fig)
+    cand_fig = figures.of_runs(runs, rules.metrics)
+    verdicts = evaluate(rules, cand_fig, base_fig)
+    for note in cand_fig.notes:
+        console.print(f"note: {escape(note)}")
     incomplete = [r.label for r in runs if r.meta.get("status") != "completed"]
     if incomplete:
         console.print(f"[yellow]warning:[/] not completed: {escape(', '.join(incomplete))}; judging partial results")

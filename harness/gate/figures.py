@@ -7,6 +7,7 @@ statistics core; an open loop's rate is its folder's offered rate, None elsewher
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +31,7 @@ class Figures:
     samples: dict[Key, dict[str, np.ndarray]] = field(default_factory=dict)
     errors: dict[Key, tuple[int, int]] = field(default_factory=dict)  # (failed, total)
     run_values: dict[Key, list[float]] = field(default_factory=dict)  # (arm, metric, length, rate)
+    notes: list[str] = field(default_factory=list)  # what the figures are of, where not every request
 
     def arms(self) -> list[str]:
         return sorted({k[0] for k in self.samples} | {k[0] for k in self.run_values})
@@ -71,17 +73,30 @@ def _matches(key: Key, sel: Selector) -> bool:
     )
 
 
-def of_runs(runs: list[RunResult]) -> Figures:
+def of_runs(
+    runs: list[RunResult], metrics: Iterable[str] = stats.PER_REQUEST, gaps_held: int = stats.GAPS_HELD
+) -> Figures:
+    """The runs' figures: every run-level one, and the per-request samples of `metrics` (those a
+    gate's rules judge: a day-long run's samples of every metric need not be held at once); a
+    run's ITL from at most about `gaps_held` of its token gaps."""
+    wanted = [m for m in stats.PER_REQUEST if m in set(metrics)]
     fig = Figures()
     for run in runs:
         rate = run.rate if run.load.get("mode") == "rate" else None
+        every = stats.gaps_every(stats.ok(run.records), gaps_held) if "itl_s" in wanted else 1
+        if every > 1:
+            fig.notes.append(
+                f"{run.label}: itl_s from the token gaps of 1 request in {every} (the run has more than "
+                f"{gaps_held:,} gaps)"
+            )
         for (phase, length), g in stats.groups(run.records, ("phase", "target_tokens")).items():
             key = (run.arm, str(phase), length, rate)
             entry = fig.samples.setdefault(key, {})
-            for m in stats.PER_REQUEST:
-                entry[m] = np.concatenate([entry.get(m, np.array([])), stats.values(g, m)])
+            for m in wanted:
+                got = stats.gaps(stats.ok(g), every) if m == "itl_s" else stats.values(g, m)
+                entry[m] = np.concatenate([entry.get(m, np.array([])), got])
             failed, total = fig.errors.get(key, (0, 0))
-            fig.errors[key] = (failed + sum(not r.ok for r in g), total + len(g))
+            fig.errors[key] = (failed + len(g) - len(stats.ok(g)), total + len(g))
         for (metric, length), value in run_level(run).items():
             fig.run_values.setdefault((run.arm, metric, length, rate), []).append(value)
     for curve in capacity.curves(runs):

@@ -46,6 +46,7 @@ def to_svg(fig: Figure) -> str:
     buf = io.StringIO()
     fig.tight_layout()
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    fig.clear()  # the figure's reference cycles would keep its data until a garbage collection
     svg = buf.getvalue()
     return svg[svg.index("<svg") :]
 
@@ -129,17 +130,27 @@ def bars(
     return to_svg(fig)
 
 
-def cdfs(series: Sequence[tuple[str, np.ndarray]], xlabel: str, name: str) -> str:
-    """Empirical CDFs, drawn through at most 500 quantiles each."""
+# An empirical CDF is drawn through at most this many quantiles
+CDF_POINTS = 500
+
+
+def cdf_points(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """What `cdfs` draws of a sample: its quantiles at CDF_POINTS shares, those shares, and its
+    size (taken at once, so that a run's 10^7 values need not be held until the plot)."""
+    q = np.linspace(0, 1, min(len(values), CDF_POINTS))
+    return (np.quantile(values, q) if len(values) else q), q, len(values)
+
+
+def cdfs(series: Sequence[tuple[str, tuple[np.ndarray, np.ndarray, int]]], xlabel: str, name: str) -> str:
+    """Empirical CDFs, each drawn through its cdf_points."""
     fig = _fig(name, h=3.8)
     ax = fig.add_subplot()
-    for i, (label, values) in enumerate(series):
-        if len(values) == 0:
+    for i, (label, (x, q, n)) in enumerate(series):
+        if n == 0:
             continue
-        q = np.linspace(0, 1, min(len(values), 500))
         st = dict(style(i))
         st.pop("marker")
-        ax.plot(np.quantile(values, q), q, label=f"{shown(label)} (n={len(values)})", **st)
+        ax.plot(x, q, label=f"{shown(label)} (n={n})", **st)
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("share of requests")

@@ -18,7 +18,7 @@ from harness.config.reference import redbooks
 from harness.monitor import selfcheck
 from harness.report import plots
 from harness.report.format import num
-from harness.results import RunResult, skipped_warning
+from harness.results import RunResult, Table, skipped_warning
 from harness.server import checks
 from harness.traffic.base import ACHIEVED_WARN_SHARE
 
@@ -88,7 +88,7 @@ def run_row(run: RunResult) -> dict[str, Any]:
         "time_scale": m.get("time_scale", 1.0),
         "times": m.get("times"),
         "requests": len(run.records),
-        "errors": sum(not r.ok for r in run.records),
+        "errors": len(run.records) - len(stats.ok(run.records)),
         "warnings": (m.get("warnings") or []) + ([skipped_warning([run])] if run.skipped else []),
         "version": versions.get("kvbench"),
         "commit": versions.get("git_commit"),
@@ -322,8 +322,8 @@ def cards(
 
 def distributions(runs: list[RunResult]) -> dict[str, Any]:
     have = [r for r in runs if r.records]
-    ttft = [(r.label, stats.values(r.records, "ttft_s")) for r in have]
-    e2e = [(r.label, stats.values(r.records, "e2e_s")) for r in have]
+    ttft = [(r.label, plots.cdf_points(stats.values(r.records, "ttft_s"))) for r in have]
+    e2e = [(r.label, plots.cdf_points(stats.values(r.records, "e2e_s"))) for r in have]
     return {
         "ttft_cdf": Markup(plots.cdfs(ttft, "TTFT (s, log scale)", "cdf-ttft")) if ttft else None,
         "e2e_cdf": Markup(plots.cdfs(e2e, "end-to-end latency (s, log scale)", "cdf-e2e")) if e2e else None,
@@ -340,10 +340,6 @@ def _traffic_line(run: RunResult) -> tuple[np.ndarray, np.ndarray] | None:
     return np.array(ts), np.array([per_t[t] for t in ts])
 
 
-def _nan(x: float | None) -> float:
-    return np.nan if x is None else x
-
-
 # A timeline draws at most about this many requests: a run with more is drawn every k-th (in the
 # order of its records), and says so
 TIMELINE_REQUESTS = 20_000
@@ -358,9 +354,8 @@ def timelines(runs: list[RunResult]) -> dict[str, Any]:
         every = -(-len(r.records) // TIMELINE_REQUESTS)  # a line per request stops being readable
         for (name,), all_of in stats.groups(r.records, (key,)).items():
             g = all_of[::every]
-            start = np.asarray([x.start_s for x in g], dtype=float)
-            first = np.asarray([x.start_s + _nan(x.ttft_s) for x in g], dtype=float)
-            end = np.asarray([_nan(x.end_s()) for x in g], dtype=float)
+            start = g.numbers("start_s")
+            first, end = start + g.numbers("ttft_s"), start + g.numbers("e2e_s")
             groups.append((str(name), start, first, end))
         traffic = _traffic_line(r)
         out.append(
@@ -388,14 +383,19 @@ def verification(runs: list[RunResult]) -> dict[str, Any]:
     ]
     errors = []
     for r in runs:
-        counts = Counter(str(x.error) for x in r.records if x.error is not None)
+        counts = Counter(str(x.error) for x in stats.erred(r.records))
         errors += [{"label": r.label, "error": e, "count": n} for e, n in counts.most_common(20)]
     group_tables = []
     for r in runs:
         if r.records:
             rows = findings.group_stats(r.records)
             group_tables.append({"label": r.label, "rows": rows, "binned": any("tokens_bin" in x for x in rows)})
-    return {"cache_rows": cache_rows, "errors": errors, "group_tables": group_tables}
+    return {
+        "cache_rows": cache_rows,
+        "errors": errors,
+        "group_tables": group_tables,
+        "gaps_held": f"{stats.GAPS_HELD:,}",
+    }
 
 
 def traffic(runs: list[RunResult]) -> dict[str, Any]:
@@ -556,7 +556,8 @@ def clients(runs: list[RunResult]) -> dict[str, Any]:
         placed = {w["worker"]: w for w in (run.meta.get("distributed") or {}).get("workers", [])}
         for i, h in enumerate(per):
             k = h.get("worker", i)
-            mine = [r for r in run.records if r.process == k]
+            mine = Table.of(run.records)
+            mine = mine.where(mine.numbers("process") == k)
             lag = stats.schedule_lag_of(run.records, k) or {}
             where = placed.get(k, {})
             clock = where.get("clock_start") or {}
@@ -567,7 +568,7 @@ def clients(runs: list[RunResult]) -> dict[str, Any]:
                     "host": h.get("hostname") or (run.meta.get("client") or {}).get("hostname"),
                     "node": h.get("node_ip"),
                     "requests": len(mine),
-                    "failed": sum(not r.ok for r in mine),
+                    "failed": len(mine) - len(stats.ok(mine)),
                     "lag_p99_ms": (h.get("loop_lag_ms") or {}).get("p99"),
                     "cpu_mean": (h.get("cpu_share_of_one_core") or {}).get("mean"),
                     "schedule_lag_p99_ms": _ms(lag.get("p99_s")),

@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from harness.core.clock import ModelClock
 from harness.core.errors import write_file
-from harness.results import RequestRecord
+from harness.results import RequestRecord, Table
 from harness.server import metrics
 from harness.server.checks import HIGH_COLD_HIT_RATIO, LOW_WARM_HIT_RATIO
 from harness.server.endpoint import redact, within
@@ -27,7 +29,7 @@ class Phase:
     deltas: metrics.Snapshot = field(default_factory=dict)
     requests: int = 0
     prompt_tokens: int = 0
-    client_ttft: list[float] = field(default_factory=list)
+    client_ttft: list[np.ndarray] = field(default_factory=list)  # each recorded batch's, in order
 
 
 class Scraper:
@@ -75,16 +77,20 @@ class Scraper:
         return snap if ok else None
 
     def record(
-        self, phase: str, before: metrics.Snapshot | None, after: metrics.Snapshot | None, records: list[RequestRecord]
+        self,
+        phase: str,
+        before: metrics.Snapshot | None,
+        after: metrics.Snapshot | None,
+        records: Iterable[RequestRecord],
     ) -> None:
         p = self.phases.setdefault(phase, Phase())
         if before is not None and after is not None:
             metrics.add(p.deltas, metrics.delta(before, after, self.gauges), self.gauges)
-        for r in records:
-            p.requests += 1
-            p.prompt_tokens += r.prompt_tokens or 0
-            if r.ok and r.ttft_s is not None:
-                p.client_ttft.append(r.ttft_s)
+        t = Table.of(records)
+        p.requests += len(t)
+        p.prompt_tokens += int(np.nansum(t.numbers("prompt_tokens")))
+        ttft = t.numbers("ttft_s")[t.ok]
+        p.client_ttft.append(ttft[~np.isnan(ttft)])
 
     async def sample_every(self, interval_s: float, clock: ModelClock) -> None:
         """A snapshot every `interval_s` model seconds, placed on the arm's time line."""
@@ -100,7 +106,8 @@ class Scraper:
         for name, p in self.phases.items():
             m = metrics.mapped(p.deltas, p.prompt_tokens)
             ratio = metrics.hit_ratio(m)
-            client_mean = sum(p.client_ttft) / len(p.client_ttft) if p.client_ttft else None
+            ttft = np.concatenate(p.client_ttft).tolist() if p.client_ttft else []
+            client_mean = sum(ttft) / len(ttft) if ttft else None
             server_mean = m.get("server_ttft_mean_s")
             phases[name] = {
                 "requests": p.requests,

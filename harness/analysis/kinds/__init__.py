@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
@@ -63,13 +64,11 @@ class Figures:
         counted = stats.measured(records)
         out.update(stats.rates(counted))
         out.update(self.figures(records, counted, slo))
-        if "schedule_lag" not in out and any(r.intended_s is not None for r in counted):
+        if "schedule_lag" not in out and (~np.isnan(counted.numbers("intended_s"))).any():
             out["schedule_lag"] = stats.schedule_lag(counted)
         return out
 
-    def figures(
-        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
-    ) -> dict[str, Any]:
+    def figures(self, records: stats.Records, counted: stats.Records, slo: dict[str, float] | None) -> dict[str, Any]:
         """The kind's own summary figures, over the measured records (`counted`) of all."""
         return {}
 
@@ -137,9 +136,7 @@ class ReusesAcrossRequests(Figures):
     summary says what share of the prompt tokens the server served from cache, and the terminal
     says it beside what an infinite cache could have."""
 
-    def figures(
-        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
-    ) -> dict[str, Any]:
+    def figures(self, records: stats.Records, counted: stats.Records, slo: dict[str, float] | None) -> dict[str, Any]:
         return {"cached_share": stats.cached_share(counted)}
 
     def lines(self, s: dict[str, Any]) -> list[str]:

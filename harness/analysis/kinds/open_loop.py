@@ -11,9 +11,7 @@ from harness.results import RequestRecord, RunResult
 
 
 class OpenLoopFigures(Figures):
-    def figures(
-        self, records: stats.Records, counted: list[RequestRecord], slo: dict[str, float] | None
-    ) -> dict[str, Any]:
+    def figures(self, records: stats.Records, counted: stats.Records, slo: dict[str, float] | None) -> dict[str, Any]:
         t = stats.throughput(counted)
         out: dict[str, Any] = {
             "steady_req_per_s": t.steady_req_per_s,

@@ -7,12 +7,16 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 from harness.analysis import stats
 from harness.analysis.kinds import Parts, ReusesAcrossRequests, Scatter, Section, Series, workload_tokens
-from harness.results import RequestRecord, RunResult
+from harness.results import RequestRecord, RunResult, Table
 
 # Idle-time buckets of the report (seconds between a session's turns, model time).
 IDLE_BUCKETS_S = (0.0, 1.0, 5.0, 15.0, 60.0, 300.0, math.inf)
+# A plot draws at most about this many turns of a run (every k-th beyond it, and says so)
+PLOT_POINTS = 20_000
 COLUMNS = ("requests", "TTFT p50 (s)", "TTFT p99 (s)", "cached share")
 READ = (
     "How to read this: every turn resends the session's whole history, so all but its newest message could "
@@ -82,39 +86,58 @@ class SessionsFigures(ReusesAcrossRequests):
 
 def by_turn(records: stats.Records) -> tuple[tuple[object, ...], ...]:
     """TTFT and the cached share of prompt tokens per turn."""
-    turns = stats.groups([r for r in records if r.turn is not None], ("turn",))
-    return tuple(_row(str(t), g) for (t,), g in turns.items())
+    t = Table.of(records)
+    turns = stats.groups(t.where(~np.isnan(t.numbers("turn"))), ("turn",))
+    return tuple(_row(str(n), g) for (n,), g in turns.items())
 
 
 def by_idle(records: stats.Records) -> tuple[tuple[object, ...], ...]:
     """TTFT and the cached share per bucket of idle time before the turn (first turns, which
     follow no idle time, apart)."""
-    rows = [_row("first turn", [r for r in records if r.turn == 1])]
+    t = Table.of(records)
+    idle = t.numbers("idle_s")
+    rows = [_row("first turn", t.where(t.numbers("turn") == 1))]
     for lo, hi in itertools.pairwise(IDLE_BUCKETS_S):
-        inside = [r for r in records if r.idle_s is not None and lo <= r.idle_s < hi]
+        inside = t.where((idle >= lo) & (idle < hi))  # False where there is none (NaN)
         rows.append(_row(f"{lo:g}-{hi:g} s" if math.isfinite(hi) else f">= {lo:g} s", inside))
     return tuple(r for r in rows if r[1])
 
 
-def _row(label: str, records: stats.Records) -> tuple[object, ...]:
+def _row(label: str, records: Table) -> tuple[object, ...]:
     ttft = stats.values(records, "ttft_s")
     share = stats.cached_share(records)
     shown = "-" if share is None else f"{share * 100:.1f} %"
     return (label, len(records), stats.percentile(ttft, 50), stats.percentile(ttft, 99), shown)
 
 
+def _column(t: Table, name: str) -> np.ndarray:
+    return stats.context_tokens(t) if name == "context_tokens" else t.numbers(name)
+
+
 def _points(runs: list[RunResult], x: str, y: str) -> tuple[Series, ...]:
     out = []
     for run in runs:
-        ok = [q for q in run.records if q.ok and getattr(q, x) is not None and getattr(q, y) is not None]
-        out.append(Series(run.label, tuple(getattr(q, x) for q in ok), tuple(getattr(q, y) for q in ok)))
+        done = stats.ok(run.records)
+        xs, ys = _column(done, x), _column(done, y)
+        both = ~np.isnan(xs) & ~np.isnan(ys)
+        out.append(_series(run.label, xs[both], ys[both]))
     return tuple(out)
 
 
 def _shares(run: RunResult) -> Series:
-    ok = [q for q in run.records if q.ok and q.idle_s is not None and q.prompt_tokens]
-    y = tuple((q.cached_tokens or 0) / (q.prompt_tokens or 1) for q in ok)
-    return Series(run.label, tuple(q.idle_s or 0.0 for q in ok), y)
+    done = stats.ok(run.records)
+    idle, prompt = done.numbers("idle_s"), np.nan_to_num(done.numbers("prompt_tokens"))
+    told = ~np.isnan(idle) & (prompt != 0)
+    y = np.nan_to_num(done.numbers("cached_tokens")[told]) / prompt[told]
+    return _series(run.label, idle[told], y)
+
+
+def _series(label: str, x: np.ndarray, y: np.ndarray) -> Series:
+    """A run's points, every k-th of them beyond PLOT_POINTS (its label then says "1 in k")."""
+    every = -(-len(x) // PLOT_POINTS)
+    if every > 1:
+        label, x, y = f"{label} (1 in {every})", x[::every], y[::every]
+    return Series(label, tuple(x.tolist()), tuple(y.tolist()))
 
 
 FIGURES = SessionsFigures()

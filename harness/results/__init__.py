@@ -14,23 +14,25 @@ The format is documented in results/README.md; `SCHEMA_VERSION` changes when it 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import os
 import platform
 import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, Self, get_args, get_type_hints
+from typing import IO, Any
 
 import orjson
 
 from harness import __version__
 from harness.core.errors import InputError, files_error, lines, open_regular, read_input, replaced, write_file
+from harness.results.record import CUT_SHORT, KIND_FIELDS_MAX, RECORD_MAX_BYTES, KindRecord, RequestRecord, Scalar
+from harness.results.table import Table, read_table
+
+__all__ = ["KIND_FIELDS_MAX", "RECORD_MAX_BYTES", "KindRecord", "RequestRecord", "Scalar", "Table", "read_table"]
 
 SCHEMA_VERSION = 1
 
@@ -79,244 +81,6 @@ def git_commit() -> str | None:
 
 def versions() -> dict[str, Any]:
     return {"kvbench": __version__, "git_commit": git_commit()}
-
-
-Scalar = bool | int | float | str | None
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """One finished request: one line of requests.jsonl (fields documented in results/README.md).
-    Times are seconds since the request's start (`start_s`: since the arm's start), in model time."""
-
-    id: int
-    arm: str
-    phase: str  # "cold" | "warm" (sweep), "run" (closed loop)
-    prompt_id: str
-    target_tokens: int | None
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    completion_tokens: int | None
-    start_s: float
-    ttft_s: float | None
-    first_byte_s: float | None
-    first_content_s: float | None
-    headers_s: float | None
-    e2e_s: float | None
-    itl_s: list[float]
-    ok: bool
-    error: str | None
-    error_kind: str | None  # "connect" | "http" | "timeout" | "stream" | "empty" | "protocol" | ... (results/README.md)
-    http_status: int | None
-    retried: bool
-    # Written only where they apply (a sweep's lines have no `worker`, and so on).
-    repeat: int | None = None  # sweep: 0 cold, 1.. warm
-    worker: int | None = None  # closed loop: the connection that sent it
-    schedule_index: int | None = None  # closed loop: its place in the drawn schedule
-    process: int | None = None  # --workers N: the client process that sent it
-    attempts: int | None = None  # 2 when it was sent again (see `retried`); absent in older results
-    intended_s: float | None = None  # open loop: when the schedule meant it to be sent (vs start_s)
-    held_s: float | None = None  # open loop: how long max_concurrency held it back before sending
-    session: int | None = None  # sessions: the user's session
-    turn: int | None = None  # sessions: its turn (1, 2, ...)
-    idle_s: float | None = None  # sessions: since the end of the session's previous turn
-    # warm_from (a tier below the engine's active KV): what the engine said of the step before
-    # this warm request (tiers.py): tokens and bytes it read back, and how long that took
-    warm_from: str | None = None
-    restore_tokens: int | None = None
-    restore_bytes: int | None = None
-    restore_s: float | None = None
-    # Where the first token's time came from: "kernel" (the kernel's receive stamp of the read
-    # that carried it) or "user" (the time the client read it); how much later than the kernel's
-    # stamp the client read it; how many later token chunks that read held (its stamp is theirs
-    # when they arrived later: results/README.md)
-    first_token_stamp: str | None = None
-    first_token_late_s: float | None = None
-    first_token_shared: int | None = None
-    # the embedded emulator's: how late it sent the first token against its own model, beyond the
-    # loop's timer granularity (model seconds); judged per figure (stats.EMULATOR_LATE_SHARE)
-    emulator_late_s: float | None = None
-    # the X-Request-Id the request was sent with (`id` is renumbered across processes; this joins
-    # a record with the server's own logs)
-    request_id: str | None = None
-    # the workload kind's own fields, apart from those every kind shares: its KindRecord's
-    # (`KindSpec.record`), read back typed by `TheKindsRecord.of(record)`
-    kind_fields: dict[str, Scalar] | None = None
-
-    @property
-    def lag_s(self) -> float | None:
-        """How late the request was sent against its schedule (open loop)."""
-        return None if self.intended_s is None else self.start_s - self.intended_s
-
-    @property
-    def tpot_s(self) -> float | None:
-        """Time per output token after the first (vLLM's TPOT): (e2e - TTFT) / (tokens - 1)."""
-        n = self.completion_tokens
-        if self.e2e_s is None or self.ttft_s is None or n is None or n < 2:
-            return None
-        return (self.e2e_s - self.ttft_s) / (n - 1)
-
-    def to_json(self) -> bytes:
-        d = self.as_dict()
-        for f in _OPTIONAL:
-            if d[f] is None:
-                del d[f]
-        return orjson.dumps(d)
-
-    @classmethod
-    def from_json(cls, d: Any, itl: bool = True) -> RequestRecord:
-        """A parsed line; unknown keys (a later kvbench's) are ignored. `itl=False` leaves out the
-        per-token gaps: a million requests' gaps need not be in memory to summarise a run.
-        Raises ValueError naming the first field that is not what this format says."""
-        if not isinstance(d, dict):
-            raise ValueError(f"expected a JSON object, got {type(d).__name__}")
-        values: dict[str, Any] = {f: d.get(f) for f in _FIELDS}
-        for f, kinds in _TYPES.items():
-            v = values[f]
-            if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
-                raise ValueError(f"{f}: expected {_WHAT[kinds]}, got {json.dumps(v)[:40]}")
-        gaps = d.get("itl_s") or []
-        if not isinstance(gaps, list) or not all(type(g) is float or type(g) is int for g in gaps):
-            raise ValueError("itl_s: expected a list of numbers")
-        values["itl_s"] = gaps if itl else []
-        for f in _REPEATED_TEXT:  # one string object per distinct value: a million records share a few
-            if values[f] is not None:
-                values[f] = sys.intern(values[f])
-        values["ok"], values["retried"] = bool(d.get("ok")), bool(d.get("retried"))
-        values["kind_fields"] = _kind_fields(d.get("kind_fields"))
-        return cls(**values)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in _FIELDS}
-
-    def end_s(self) -> float | None:
-        return None if self.e2e_s is None else self.start_s + self.e2e_s
-
-    @property
-    def context_tokens(self) -> int | None:
-        """The prompt's length: the server's count, else kvbench's target."""
-        return self.prompt_tokens if self.prompt_tokens is not None else self.target_tokens
-
-
-_FIELDS = tuple(f.name for f in fields(RequestRecord))
-_OPTIONAL = (
-    "repeat",
-    "worker",
-    "schedule_index",
-    "process",
-    "attempts",
-    "intended_s",
-    "held_s",
-    "session",
-    "turn",
-    "idle_s",
-    "warm_from",
-    "restore_tokens",
-    "restore_bytes",
-    "restore_s",
-    "first_token_stamp",
-    "first_token_late_s",
-    "first_token_shared",
-    "emulator_late_s",
-    "request_id",
-    "kind_fields",
-)
-_REPEATED_TEXT = ("arm", "phase", "prompt_id", "error_kind", "warm_from", "first_token_stamp")
-_OPTIONAL_NUMBERS = ("intended_s", "held_s", "idle_s", "restore_s", "first_token_late_s", "emulator_late_s")
-_OPTIONAL_TEXT = ("warm_from", "first_token_stamp", "request_id")
-_NUMBER, _MAYBE_NUMBER, _MAYBE_INT, _MAYBE_TEXT = (
-    (int, float),
-    (int, float, type(None)),
-    (int, type(None)),
-    (str, type(None)),
-)
-_WHAT = {
-    _NUMBER: "a number",
-    _MAYBE_NUMBER: "a number or null",
-    _MAYBE_INT: "an integer or null",
-    _MAYBE_TEXT: "a string or null",
-    (int,): "an integer",
-    (str,): "a string",
-    (bool, type(None)): "true or false",
-}
-_TYPES: dict[str, tuple[type, ...]] = {
-    "id": (int,),
-    "arm": (str,),
-    "phase": (str,),
-    "prompt_id": (str,),
-    "start_s": _NUMBER,
-    **{f: _MAYBE_INT for f in ("target_tokens", "prompt_tokens", "cached_tokens", "completion_tokens", "http_status")},
-    **{f: _MAYBE_INT for f in _OPTIONAL if f not in (*_OPTIONAL_NUMBERS, *_OPTIONAL_TEXT, "kind_fields")},
-    **{f: _MAYBE_NUMBER for f in ("ttft_s", "first_byte_s", "first_content_s", "headers_s", "e2e_s")},
-    **{f: _MAYBE_NUMBER for f in _OPTIONAL_NUMBERS},
-    **{f: _MAYBE_TEXT for f in ("error", "error_kind", *_OPTIONAL_TEXT)},
-    **{f: (bool, type(None)) for f in ("ok", "retried")},
-}
-
-
-# A kind's own fields: at most this many, each a JSON scalar
-KIND_FIELDS_MAX = 64
-_SCALARS = (bool, int, float, str, type(None))
-
-
-def _kind_fields(v: Any) -> dict[str, Scalar] | None:
-    if v is None:
-        return None
-    if (
-        not isinstance(v, dict)
-        or len(v) > KIND_FIELDS_MAX
-        or not all(isinstance(x, _SCALARS) and not (isinstance(x, float) and not math.isfinite(x)) for x in v.values())
-    ):
-        raise ValueError(
-            f"kind_fields: expected an object of at most {KIND_FIELDS_MAX} numbers, texts, booleans or nulls"
-        )
-    return {str(k): sys.intern(x) if isinstance(x, str) else x for k, x in v.items()}
-
-
-class KindRecord:
-    """Base of a workload kind's own per-request fields (its `KindSpec.record`): a frozen
-    dataclass of scalars (int, float, str, bool, each may be None). A request's record carries
-    them as `kind_fields`, apart from the fields every kind shares; `of` gives them back typed.
-
-        @dataclass(frozen=True)
-        class RungRecord(KindRecord):
-            rung: int
-            rung_tokens: int
-    """
-
-    def fields(self) -> dict[str, Scalar]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
-
-    @classmethod
-    def of(cls, record: RequestRecord) -> Self | None:
-        """The record's kind fields as this type; None when it has none, or they do not fit (a
-        record of another kind, or a line written by hand)."""
-        got = record.kind_fields
-        if got is None:
-            return None
-        values = {}
-        for name, hint in _declared(cls):  # type: ignore[arg-type]  # (a class is hashable)
-            v = got.get(name)
-            if not _fits(v, hint):
-                return None
-            values[name] = v
-        return cls(**values)
-
-
-@functools.cache
-def _declared(cls: type) -> tuple[tuple[str, Any], ...]:
-    """A KindRecord type's fields and their types, worked out once per type (not per record)."""
-    hints = get_type_hints(cls)
-    return tuple((f.name, hints[f.name]) for f in fields(cls))
-
-
-def _fits(v: Any, hint: Any) -> bool:
-    allowed = get_args(hint) or (hint,)
-    if isinstance(v, bool):
-        return bool in allowed
-    if isinstance(v, int):
-        return int in allowed or float in allowed
-    return isinstance(v, tuple(a for a in allowed if isinstance(a, type)))
 
 
 class RunWriter:
@@ -378,10 +142,6 @@ class RunWriter:
 
 REQUESTS = "requests.jsonl"
 RUN = "run.json"
-# Bounds of what a reader takes from a result folder (bounded memory, whatever a file holds): a
-# line of requests.jsonl or traffic.jsonl (a record with 100,000 token gaps is about 1.5 MB), and a
-# whole run.json or metrics.json (a day's time series of counters fits).
-RECORD_MAX_BYTES = 64 << 20
 RESULT_JSON_MAX_BYTES = 256 << 20
 
 
@@ -397,7 +157,7 @@ def iter_requests(path: Path, itl: bool = True, skipped: list[str] | None = None
     (`kvbench export --table requests` of a day-long run)."""
     file = path / REQUESTS if path.is_dir() else path
     with open_regular(file, "requests file") as f:
-        for n, line in lines(f, RECORD_MAX_BYTES):
+        for n, _, line in lines(f, RECORD_MAX_BYTES):
             if line is None:
                 if skipped is not None:
                     skipped.append(f"{file}:{n}: longer than {RECORD_MAX_BYTES >> 20} MiB: not a record")
@@ -406,7 +166,7 @@ def iter_requests(path: Path, itl: bool = True, skipped: list[str] | None = None
                 record = RequestRecord.from_json(orjson.loads(line), itl)
             except (orjson.JSONDecodeError, ValueError) as e:
                 if skipped is not None:
-                    why = "cut short (the run was stopped while writing it)" if not line.endswith(b"\n") else str(e)
+                    why = CUT_SHORT if not line.endswith(b"\n") else str(e)
                     skipped.append(f"{file}:{n}: {why}")
                 continue
             yield record
@@ -418,7 +178,7 @@ class RunResult:
 
     folder: Path
     meta: dict[str, Any]
-    records: list[RequestRecord]
+    records: Table  # columns, and each record read back from its line (results/table.py)
     traffic: dict[str, Any] | None = None  # traffic.json
     traffic_rows: list[dict[str, Any]] = field(default_factory=list)  # traffic.jsonl
     server_metrics: dict[str, Any] | None = None  # metrics.json
@@ -572,7 +332,8 @@ def read_run(folder: Path, itl: bool = True, records: bool = True) -> RunResult:
     if not (meta["scenario"].get("workload") or {}).get("kind"):
         raise InputError(f"{folder / RUN}: scenario.workload.kind: missing; is this a run.json kvbench wrote?")
     skipped: list[str] = []
-    read = read_requests(folder, itl, skipped) if records and (folder / REQUESTS).exists() else []
+    held = records and (folder / REQUESTS).exists()
+    read = read_table(folder / REQUESTS, itl, skipped) if held else Table.of([])
     run = RunResult(folder, meta, read, skipped=skipped)
     if (folder / "metrics.json").exists():
         run.server_metrics = _json_file(folder / "metrics.json")
@@ -591,7 +352,7 @@ def _traffic_rows(file: Path, skipped: list[str]) -> list[dict[str, Any]]:
     UTF-8, a field missing or not a number) is left out and said in `skipped`."""
     rows = []
     with open_regular(file, "traffic file") as f:
-        for n, line in lines(f, RECORD_MAX_BYTES):
+        for n, _, line in lines(f, RECORD_MAX_BYTES):
             if line is None:
                 skipped.append(f"{file}:{n}: longer than {RECORD_MAX_BYTES >> 20} MiB")
                 continue
