@@ -596,8 +596,9 @@ def distinct(t: Table, name: str, counted: int = COUNTED_MAX) -> tuple[list[Any]
         seen = np.bincount(code, minlength=len(labels)) > 0 if len(code) else np.zeros(len(labels), bool)
         renumbered = (np.cumsum(seen) - 1).astype(np.int32)
         return [labels[c] for c in np.flatnonzero(seen).tolist()], renumbered[code]
-    if (held := t.integers(name)) is not None and len(held[0]):
-        return _distinct_integers(*held, counted)
+    held = t.integers(name)
+    if held is not None and len(held[0]) and (by_count := _distinct_integers(*held, counted)) is not None:
+        return by_count
     x = t.numbers(name)
     missing = np.isnan(x)
     values, code = np.unique(x[~missing], return_inverse=True)
@@ -608,26 +609,24 @@ def distinct(t: Table, name: str, counted: int = COUNTED_MAX) -> tuple[list[Any]
     return found + [None] * bool(missing.any()), out
 
 
-def _distinct_integers(values: np.ndarray, missing: np.ndarray | None, counted: int) -> tuple[list[Any], np.ndarray]:
-    """distinct of integers (a prompt length, a worker): counted by value, not sorted, where
-    their range is small enough for a count per value."""
+def _distinct_integers(
+    values: np.ndarray, missing: np.ndarray | None, counted: int
+) -> tuple[list[Any], np.ndarray] | None:
+    """distinct of integers (a prompt length, a worker) counted by value, not sorted; None where
+    their range is too wide for a count per value."""
     given = values if missing is None else values[~missing]
     lo, hi = (int(given.min()), int(given.max())) if len(given) else (0, 0)
     if hi - lo >= counted:
-        found, code = np.unique(given, return_inverse=True)
-        labels = [int(v) for v in found]
-        out = np.full(len(values), len(labels), np.int64)
-        out[slice(None) if missing is None else ~missing] = code
-    else:
-        shifted = values.astype(np.int32 if values.itemsize <= 4 else np.int64)  # the values fit: so does this
-        np.subtract(shifted, lo, out=shifted)
-        if missing is not None:
-            shifted[missing] = 0
-        seen = np.bincount(shifted if missing is None else shifted[~missing], minlength=hi - lo + 1) > 0
-        labels = [lo + int(v) for v in np.flatnonzero(seen)]
-        out = (np.cumsum(seen) - 1).astype(np.int32)[shifted]
-        if missing is not None:
-            out[missing] = len(labels)
+        return None
+    shifted = values.astype(np.int32 if values.itemsize <= 4 else np.int64)  # the values fit: so does this
+    np.subtract(shifted, lo, out=shifted)
+    if missing is not None:
+        shifted[missing] = 0
+    seen = np.bincount(shifted if missing is None else shifted[~missing], minlength=hi - lo + 1) > 0
+    labels: list[Any] = [lo + int(v) for v in np.flatnonzero(seen)]
+    out = (np.cumsum(seen) - 1).astype(np.int32)[shifted]
+    if missing is not None:
+        out[missing] = len(labels)
     return labels + [None] * bool(missing is not None and missing.any()), out
 
 
