@@ -346,6 +346,28 @@ def test_a_scenario_folder_with_a_damaged_run_json_is_a_clear_error_in_every_rea
         assert r.returncode == 2 and says in r.stderr, (args, r.stderr)
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("metrics.json", "1", "metrics.json: expected a JSON object, got 1"),
+        ("metrics.json", '{"phases": 3}', "metrics.json.phases: expected an object, got 3"),
+        ("metrics.json", '{"phases": {"run": {"mapped": []}}}', "metrics.json.phases.run.mapped: expected an object"),
+        ("traffic.json", '{"warnings": "x"}', 'traffic.json.warnings: expected a list, got "x"'),
+    ],
+    ids=["metrics-an-int", "phases-an-int", "mapped-a-list", "traffic-warnings-text"],
+)
+def test_a_side_file_of_the_wrong_shape_is_a_clear_error(tmp_path: Path, name: str, content: str, says: str) -> None:
+    """metrics.json or traffic.json valid JSON but not what kvbench writes (`1`, found by the
+    result-folder fuzzer at 2,000 cases): an AttributeError traceback in the report before; now
+    the file and key are named, exit 2."""
+    folder = damaged(tmp_path)
+    (folder / name).write_text(content)
+    for args in (("report", str(folder), "-o", str(tmp_path / "r.html")), ("compare", str(folder), str(folder))):
+        r = cli(*args)
+        no_traceback(r)
+        assert r.returncode == 2 and says in r.stderr, (args, r.stderr)
+
+
 def test_damaged_traffic_lines_are_left_out_and_said(tmp_path: Path) -> None:
     """traffic.jsonl cut short, not JSON, not UTF-8, or a field that is not a number: those lines
     are left out and said, the others plotted (a line that was not JSON raised a traceback)."""

@@ -298,6 +298,32 @@ _RUN_JSON: dict[str, Any] = {
 
 
 _REQUIRED = ("run_id", "scenario_name", "arm", "status", "scenario")
+# What readers rely on in metrics.json (each of its `phases` as _METRICS_PHASE) and traffic.json
+_METRICS_JSON: dict[str, Any] = {"phases": {}, "unreachable": {}}
+_METRICS_PHASE: dict[str, Any] = {
+    "requests": int,
+    "server_hit_ratio": _NUMBER_OR_INT,
+    "mapped": {"families": [str]},
+    **dict.fromkeys(("client_ttft_mean_s", "server_ttft_mean_s", "client_minus_server_ttft_s"), _NUMBER_OR_INT),
+}
+_TRAFFIC_JSON: dict[str, Any] = {
+    "tool": str,
+    "emulated": bool,
+    "note": str,
+    "warnings": [str],
+    "per_client": {},
+    **dict.fromkeys(("target_bytes_per_s", "achieved_bytes_per_s", "achieved_share"), _NUMBER_OR_INT),
+}
+
+
+def _side_file(path: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """A side file of a run folder (metrics.json, traffic.json): a JSON object whose keys readers
+    rely on have the types `spec` says; InputError naming the first that does not."""
+    got = _json_file(path)
+    if not isinstance(got, dict):
+        raise InputError(f"{path}: expected a JSON object, got {json.dumps(got)[:40]}")
+    _check_types(got, spec, str(path))
+    return got
 
 
 def _check_types(value: Any, spec: Any, where: str) -> None:
@@ -336,9 +362,11 @@ def read_run(folder: Path, itl: bool = True, records: bool = True) -> RunResult:
     read = read_table(folder / REQUESTS, itl, skipped) if held else Table.of([])
     run = RunResult(folder, meta, read, skipped=skipped)
     if (folder / "metrics.json").exists():
-        run.server_metrics = _json_file(folder / "metrics.json")
+        run.server_metrics = _side_file(folder / "metrics.json", _METRICS_JSON)
+        for name, phase in (run.server_metrics.get("phases") or {}).items():
+            _check_types(phase, _METRICS_PHASE, f"{folder / 'metrics.json'}.phases.{name}")
     if (folder / "traffic.json").exists():
-        run.traffic = _json_file(folder / "traffic.json")
+        run.traffic = _side_file(folder / "traffic.json", _TRAFFIC_JSON)
         if (folder / "traffic.jsonl").exists():
             run.traffic_rows = _traffic_rows(folder / "traffic.jsonl", skipped)
     return run
