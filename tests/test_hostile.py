@@ -352,9 +352,14 @@ def test_a_scenario_folder_with_a_damaged_run_json_is_a_clear_error_in_every_rea
         ("metrics.json", "1", "metrics.json: expected a JSON object, got 1"),
         ("metrics.json", '{"phases": 3}', "metrics.json.phases: expected an object, got 3"),
         ("metrics.json", '{"phases": {"run": {"mapped": []}}}', "metrics.json.phases.run.mapped: expected an object"),
+        (
+            "metrics.json",
+            '{"phases": {"run": {"mapped": {"dynamo_router_kv_hit_ratio": "high"}}}}',
+            'metrics.json.phases.run.mapped.dynamo_router_kv_hit_ratio: expected a number, got "high"',
+        ),
         ("traffic.json", '{"warnings": "x"}', 'traffic.json.warnings: expected a list, got "x"'),
     ],
-    ids=["metrics-an-int", "phases-an-int", "mapped-a-list", "traffic-warnings-text"],
+    ids=["metrics-an-int", "phases-an-int", "mapped-a-list", "router-ratio-text", "traffic-warnings-text"],
 )
 def test_a_side_file_of_the_wrong_shape_is_a_clear_error(tmp_path: Path, name: str, content: str, says: str) -> None:
     """metrics.json or traffic.json valid JSON but not what kvbench writes (`1`, found by the

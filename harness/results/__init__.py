@@ -303,7 +303,22 @@ _METRICS_JSON: dict[str, Any] = {"phases": {}, "unreachable": {}}
 _METRICS_PHASE: dict[str, Any] = {
     "requests": int,
     "server_hit_ratio": _NUMBER_OR_INT,
-    "mapped": {"families": [str]},
+    "mapped": {
+        "families": [str],
+        **dict.fromkeys(
+            (
+                "dynamo_router_kv_hit_ratio",
+                "external_hit_tokens",
+                "kvbm_matched_tokens",
+                "kvbm_onboard_blocks_d2d",
+                "kvbm_offload_blocks_d2d",
+                "prefix_cache_hit_tokens",
+            ),
+            _NUMBER_OR_INT,
+        ),
+        "tier_hit_tokens": {},
+        "cached_tokens_by_source": {},
+    },
     **dict.fromkeys(("client_ttft_mean_s", "server_ttft_mean_s", "client_minus_server_ttft_s"), _NUMBER_OR_INT),
 }
 _TRAFFIC_JSON: dict[str, Any] = {

@@ -80,9 +80,9 @@ def captured_reuse(run: RunResult) -> dict[str, Any] | None:
     possible, measured = trace.get("possible_cached_share"), stats.cached_share(run.records)
     mapped = ((run.server_metrics or {}).get("phases", {}).get("run") or {}).get("mapped") or {}
     if isinstance(mapped.get("tier_hit_tokens"), dict):  # the emulator: G1 .. G4
-        by_tier = {str(k): float(v) for k, v in mapped["tier_hit_tokens"].items()}
+        by_tier = {str(k): float(v) for k, v in mapped["tier_hit_tokens"].items() if _count(v)}
     elif isinstance(mapped.get("cached_tokens_by_source"), dict):  # vLLM 0.32+: device, host, p2p, disk
-        by_tier = {str(k): float(v) for k, v in mapped["cached_tokens_by_source"].items() if v}
+        by_tier = {str(k): float(v) for k, v in mapped["cached_tokens_by_source"].items() if _count(v) and v}
     else:  # vLLM and the like: the GPU's own prefix cache, and what came from outside it
         pairs = (("device", "prefix_cache_hit_tokens"), ("external", "external_hit_tokens"))
         by_tier = {k: float(mapped[f]) for k, f in pairs if mapped.get(f)}
@@ -101,6 +101,11 @@ def captured_reuse(run: RunResult) -> dict[str, Any] | None:
         ],
         "by_tier": by_tier,
     }
+
+
+def _count(v: object) -> bool:
+    """A tier's count as metrics.json holds it: a number (anything else in a damaged file is left out)."""
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 FIGURES = TraceFigures()
