@@ -299,8 +299,7 @@ def steady_rate_ci(records: Records) -> tuple[float, float] | None:
 
 
 def lengths(records: Records) -> list[int]:
-    x = Table.of(records).numbers("target_tokens")
-    return [int(v) for v in np.unique(x[~np.isnan(x)])]
+    return [n for n in distinct(Table.of(records), "target_tokens")[0] if n is not None]
 
 
 def emulator_late_share(records: Iterable[RequestRecord]) -> float | None:
