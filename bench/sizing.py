@@ -5,6 +5,7 @@ request's own, Zipf popularity of exponent alpha).
 
     python bench/sizing.py [requests]      # default 1000000
     python bench/sizing.py fleet [requests]  # default 1000000
+    python bench/sizing.py sweep [requests] [processes]  # default 10000000 2
 
 Prints: the plain-Python loop against the compiled one on the same 20,000 requests (the ratio);
 then per alpha the exact curve's time, the sampled curve's (1 %, two seeds), the share of
@@ -16,12 +17,21 @@ the same 20,000 requests (the ratio; the results must be identical), then one co
 sized whole (`fleet.size`: routes, scoped distances, both simulations, curves, and the SLO
 capacity search's ~20 more simulations) on 64 workers, 8 a node, a free G1 of 80 GB per worker
 and a G4 of 100 TB shared at 100 GB/s, Poisson arrivals at 100 req/s, alpha 1.
+
+`sweep`: the same fleet swept over the G4's capacity (25, 50, 100, 200 TB) and read bandwidth
+(50, 100, 200, 400 GB/s), 16 configurations, by the command's own sweep (`commands/size.py`
+`each_sized`: each Placement and Baseline once, then the configurations, in `processes` spawned
+processes), without request rows: the workload's generation, the sweep's time and its largest
+process's peak RSS (this one's, or any child's), and each configuration's G4 share, read p99,
+TTFT p50 and SLO capacity ratio.
 """
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -96,7 +106,41 @@ def fleet_sizing(n: int) -> None:
     )
 
 
+def sweep(n: int, processes: int) -> None:
+    from harness.commands.size import each_sized
+
+    t0 = time.perf_counter()
+    w = workload(n)
+    print(f"{n:,} requests ({len(w.refs.blocks):,} block references) generated in {time.perf_counter() - t0:.1f} s")
+    base = plan()
+    g1, g4 = base.tiers
+    plans = [
+        replace(
+            base,
+            tiers=(g1, replace(g4, capacity_blocks=tb * 10**12 // (BLOCK * KV), timing=simulate.Tier(0.001, gb * 1e9))),
+        )
+        for tb in (25, 50, 100, 200)
+        for gb in (50, 100, 200, 400)
+    ]
+    t0 = time.perf_counter()
+    done = dict(each_sized(w, plans, processes, rows=False))
+    took = time.perf_counter() - t0
+    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    print(f"{len(plans)} configurations in {processes} processes: {took:.1f} s, largest peak RSS {peak / 2**20:.2f} GB")
+    for i, p in enumerate(plans):
+        f = done[i].figures
+        g4f, slo, g4 = f["tiers"][1], f["slo"], p.tiers[1]
+        print(
+            f"  G4 {g4.capacity_blocks * BLOCK * KV / 1e12:5.0f} TB {(g4.timing.bandwidth or 0) / 1e9:4.0f} GB/s: "
+            f"G4 share {g4f['share']:.3f}, read p99 {g4f['read_bytes_per_s']['p99'] / 1e9:6.1f} GB/s, "
+            f"TTFT p50 {f['ttft_s']['p50']:.3f} s, SLO capacity ratio {slo['capacity_ratio']}"
+        )
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["sweep"]:
+        sweep(int(sys.argv[2]) if len(sys.argv) > 2 else 10_000_000, int(sys.argv[3]) if len(sys.argv) > 3 else 2)
+        return
     if sys.argv[1:2] == ["fleet"]:
         fleet_sizing(int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000)
         return

@@ -262,6 +262,59 @@ def test_the_compiled_event_loop_gives_what_it_gives_as_python(seed: int) -> Non
         assert np.array_equal(compiled.loads[k], plain.loads[k]) and len(compiled.loads[k])
         assert np.array_equal(compiled.delivered[k], plain.delivered[k])
     assert (compiled.ttft_s >= compiled.prefill_s - 1e-9).all() and (compiled.start_s > reqs.arrival_s).any()  # queued
+    # the SLO capacity search's runs, without loads or stretches: the same times
+    bare = simulate.run(simulate.compiled_event_loop(), reqs, timing, 73728.0, COST, loads=False)
+    for f in ("start_s", "load_s", "prefill_s", "ttft_s", "e2e_s"):
+        assert np.array_equal(getattr(compiled, f), getattr(bare, f)), f
+    assert not any(len(x) for x in (*bare.loads, *bare.delivered))
+    # and stopped by a miss budget: the same answer as the whole run's, compiled or as Python
+    for ttft_s in np.quantile(compiled.ttft_s, [0.05, 0.5, 0.9, 0.99]):
+        for share in (0.0, 0.5, 0.9, 0.95, 1.0):
+            expected = float(np.mean(compiled.ttft_s <= ttft_s)) >= share
+            assert simulate.holds(reqs, timing, 73728.0, COST, float(ttft_s), share) == expected, (ttft_s, share)
+            allowed = (float(ttft_s), simulate.miss_budget(n, share))
+            stopped = simulate.run(simulate.event_loop, reqs, timing, 73728.0, COST, False, allowed)
+            assert stopped.stopped == (not expected)
+
+
+def test_the_miss_budget_is_the_most_misses_the_share_allows_as_it_is_computed() -> None:
+    for n in (1, 2, 3, 7, 10, 99, 100, 1000, 12345):
+        for share in (0.0, 0.1, 0.3, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0):
+            m = simulate.miss_budget(n, share)
+            assert (n - m) / n >= share and (m == n or (n - m - 1) / n < share), (n, share, m)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_compiled_tallies_give_what_they_give_as_python_and_what_numpy_counts(seed: int) -> None:
+    """The per-request tokens of each tier and a curve's tallies (tiers.py), compiled and as plain
+    Python, against the same counts made with numpy's masks."""
+    rng = np.random.default_rng(seed)
+    refs = synthetic.shared_documents(300, 15, 8, 2, 1.0, 16, seed=seed)
+    n, t = len(refs.serves), 3
+    distances = [np.where(rng.random(n) < 0.2, np.inf, rng.integers(0, 60, n).astype(np.float64)) for _ in range(t)]
+    caps = [7, 20, 45]
+    tier = tiers.served_by(distances, caps)
+    expected = np.zeros((refs.requests, t), dtype=np.int64)
+    for k in range(t):
+        expected[:, k] = np.bincount(refs.request[tier == k], weights=refs.serves[tier == k], minlength=refs.requests)
+    got = tiers.tokens_per_request(refs, tier, t)
+    assert np.array_equal(got, expected)
+    assert np.array_equal(tiers.tier_tally(tier, refs.request, refs.serves, refs.requests, t), expected)
+    at = np.array([3.0, 10.0, 30.0, 50.0])
+    for k in range(t):
+        beyond = None if k == t - 1 else np.logical_or.reduce([distances[j] < caps[j] for j in range(k + 1, t)])
+        compiled = tiers.curve_tallies(distances[k], tier, refs.serves, beyond, at, k)
+        plain = tiers.curve_tally(distances[k], tier, refs.serves, beyond, at, k)
+        assert compiled[0] == plain[0] and all(
+            np.array_equal(a, b) for a, b in zip(compiled[1:], plain[1:], strict=True)
+        )
+        faster, own, taken = compiled
+        assert faster == refs.serves[tier < k].sum()
+        first = np.searchsorted(at, distances[k], side="right")
+        rest = tier >= k
+        assert np.array_equal(own, np.bincount(first[rest], weights=refs.serves[rest], minlength=len(at) + 1))
+        held = rest & (beyond if beyond is not None else False)
+        assert np.array_equal(taken, np.bincount(first[held], weights=refs.serves[held], minlength=len(at) + 1))
 
 
 def test_scoped_distances_do_not_depend_on_how_large_the_block_ids_are() -> None:
@@ -335,19 +388,93 @@ def test_the_kv_router_weighs_blocks_to_prefill_against_blocks_active_worked_by_
     assert routing.kv_router(refs, arrival, tokens, out, 16, 2, 100, cost).tolist() == [0, 1, 0, 1, 0]
 
 
-def test_a_workload_mapped_for_sizing_processes_is_the_workload_read_only() -> None:
-    """What a sweep's processes map (sizing/mapped.py) holds the workload's arrays as they are,
-    its block numbering included (not sorted again), read-only; the files go with the block."""
-    from harness.sizing import fleet, mapped
+def test_what_a_sweep_hands_its_processes_is_the_value_read_only(tmp_path: Path) -> None:
+    """What a sweep's processes load from the files store (sizing/shared.py) is the value put:
+    the workload's arrays as they are, its block numbering included (not sorted again), a
+    Placement's distances, an empty array; read-only."""
+    from harness.sizing import fleet, shared
 
     refs = synthetic.shared_documents(500, 20, 8, 2, 1.0, 16, seed=3)
     per = np.bincount(refs.request, minlength=500)
     w = fleet.Workload(refs, np.arange(500) * 0.1, per * 16 - 3, np.full(500, 7), 16)
-    with mapped.mapped(w) as m:
-        got = m.load()
-        assert "dense" in vars(got.refs)  # numbered in the parent, given as it is
-        for a, b in ((got.refs.blocks, refs.blocks), (got.refs.dense[0], refs.dense[0]), (got.arrival_s, w.arrival_s)):
-            assert np.array_equal(a, b) and not a.flags.writeable
-        assert (got.refs.prompt_tokens, got.refs.requests, got.block_tokens) == (refs.prompt_tokens, 500, 16)
-        folder = m.folder
-    assert not folder.exists()
+    _ = refs.dense
+    store = shared.Files(tmp_path)
+    got = store.put(w).load()
+    assert "dense" in vars(got.refs)  # numbered in the parent, given as it is
+    for a, b in ((got.refs.blocks, refs.blocks), (got.refs.dense[0], refs.dense[0]), (got.arrival_s, w.arrival_s)):
+        assert np.array_equal(a, b) and a.dtype == b.dtype and not a.flags.writeable
+    assert (got.refs.prompt_tokens, got.refs.requests, got.block_tokens) == (refs.prompt_tokens, 500, 16)
+    placed = fleet.placement(w, _plan(cluster_g4=10))
+    back = store.put(placed).load()
+    assert all(np.array_equal(a, b) for a, b in zip(back.distances, placed.distances, strict=True))
+    assert store.put(np.zeros(0)).load().shape == (0,)
+
+
+def _workload(n: int = 3_000, seed: int = 5) -> Any:
+    from harness.sizing import fleet
+
+    refs = synthetic.shared_documents(n, 60, 12, 2, 1.0, 16, seed=seed)
+    per = np.bincount(refs.request, minlength=n)
+    arrival = np.cumsum(np.random.default_rng(seed).exponential(0.002, n))
+    return fleet.Workload(refs, arrival, per * 16 - 3, np.full(n, 5), 16)
+
+
+def _plan(
+    g1: int = 40, g2: int = 200, cluster_g4: int = 600, g4_bandwidth: float = 2e9, routing: str = "round_robin"
+) -> Any:
+    """Three tiers of every scope over 8 workers, 4 a node, with an SLO."""
+    from harness.sizing import fleet
+
+    tiers_ = (
+        fleet.TierPlan("G1", "worker", g1, simulate.Tier(0.0, None)),
+        fleet.TierPlan("G2", "node", g2, simulate.Tier(0.0001, 20e9)),
+        fleet.TierPlan("G4", "cluster", cluster_g4, simulate.Tier(0.001, g4_bandwidth)),
+    )
+    cost = simulate.Cost(2e-5, 1e-9, 0.001)
+    return fleet.Plan(tiers.Fleet(8, 4), tiers_, 4096.0, cost, 0.05, 0.9, 0.1, routing)
+
+
+@pytest.mark.parametrize("routing_", ["round_robin", "prefix", "kv_router"])
+def test_a_configuration_sized_from_a_placement_and_baseline_it_shares_is_the_one_sized_alone(routing_: str) -> None:
+    """A sweep computes each Placement and Baseline once for the configurations that share their
+    keys: every figure and row of a configuration sized so equals the same configuration sized
+    alone, whichever configuration of the group computed them."""
+    from harness.sizing import fleet
+
+    w = _workload()
+    first = _plan(routing=routing_)
+    others = [_plan(cluster_g4=c, g4_bandwidth=b, routing=routing_) for c in (150, 2_400) for b in (0.5e9, 8e9)]
+    others += [_plan(g2=g2, routing=routing_) for g2 in (50, 800)]
+    placed, base = fleet.placement(w, first), fleet.baseline(w, first)
+    for plan in others:
+        assert fleet.placement_key(plan) == fleet.placement_key(first)
+        assert fleet.baseline_key(plan) == fleet.baseline_key(first)
+        alone, shared_ = fleet.size(w, plan), fleet.size(w, plan, placed, base)
+        assert alone.figures == shared_.figures
+        assert all(np.array_equal(alone.rows[k], shared_.rows[k]) for k in alone.rows)
+    assert (
+        fleet.placement_key(_plan(g1=80, routing=routing_)) != fleet.placement_key(first) or routing_ == "round_robin"
+    )
+
+
+def test_each_tiers_curve_is_what_the_tiers_serve_at_each_of_its_capacities() -> None:
+    """The capacity curves (one pass per tier) against their definition: at each multiple of a
+    tier's capacity, the others unchanged, the tokens each reference's fastest holder serves
+    (tiers.served_by), for tiers of every scope and sizes from a few blocks to more than all."""
+    from harness.sizing import fleet
+
+    w = _workload(2_000, seed=9)
+    for g1, g2, g4 in ((3, 20, 90), (40, 200, 600), (10, 5, 4_000), (200, 1_000, 50)):
+        plan = _plan(g1, g2, g4)
+        distances = fleet.placement(w, plan).distances
+        caps = [t.capacity_blocks for t in plan.tiers]
+        figures = fleet.size(w, plan).figures
+        for k, tier in enumerate(figures["tiers"]):
+            for point in tier["curve"]["points"]:
+                at = list(caps)
+                at[k] = int(caps[k] * point["multiple"])
+                by = tiers.served_by(distances, at)
+                total = w.refs.prompt_tokens
+                assert point["capacity_blocks"] == at[k]
+                assert point["tier_share"] == float(w.refs.serves[by == k].sum() / total)
+                assert point["share"] == float(w.refs.serves[by < 3].sum() / total)

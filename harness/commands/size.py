@@ -8,6 +8,7 @@ configuration (requests.csv.gz). The terminal gets the figures a storage archite
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import csv
 import functools
@@ -15,6 +16,7 @@ import gzip
 import json
 import multiprocessing
 import signal
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,8 +33,20 @@ from harness.inputs import traces
 from harness.inputs.traces import TraceRequest
 from harness.results import utc_stamp, versions
 from harness.sizing import config, recorded, result
-from harness.sizing.fleet import CAPACITY_STEPS, Plan, Sized, TierPlan, Workload, from_trace, size
-from harness.sizing.mapped import Mapped, mapped
+from harness.sizing.fleet import (
+    CAPACITY_STEPS,
+    Plan,
+    Sized,
+    TierPlan,
+    Workload,
+    baseline,
+    baseline_key,
+    from_trace,
+    placement,
+    placement_key,
+    size,
+)
+from harness.sizing.shared import Files, Handle, Here, Kept, Store
 from harness.sizing.simulate import Cost, Tier
 from harness.sizing.tiers import Fleet
 
@@ -129,7 +143,7 @@ def _main(
             (folder / CONFIGURATIONS_JSONL).open("w", encoding="utf-8") as f,
             _rows_to(folder / result.REQUESTS if keep else None) as put_rows,
         ):
-            for i, sized in _sized(workload, plans, processes, keep, ray is not None):
+            for i, sized in each_sized(workload, plans, processes, keep, ray is not None):
                 one = {"index": i, **_configuration(configurations[i], plans[i], sized.figures)}
                 with signals_held():  # its rows and its line whole, or neither begun
                     put_rows(i, sized)  # first: a configuration said done has all its rows
@@ -255,35 +269,71 @@ def _plan(spec: config.SizingSpec, c: config.Configuration, block_bytes: int, kv
     )
 
 
-def _sized(
+def each_sized(
     workload: Workload, plans: list[Plan], processes: int, rows: bool, on_ray: bool = False
 ) -> Iterator[tuple[int, Sized]]:
     """Each plan sized (its index, as each is done; its request rows only if `rows`): in this
     process, in `processes` processes (spawned: nothing of this one's state is copied into them
     but what they are given), or in `processes` of the joined Ray cluster's (`on_ray`: Ray's
-    multiprocessing pool, its actors on the cluster's nodes). Stopped (Ctrl-C, SIGTERM, an
-    error), the processes are terminated at once, not left to finish their configuration; and
-    local ones end with kvbench if it is killed."""
+    multiprocessing pool, its actors on the cluster's nodes). What several configurations share
+    is computed once: each distinct Placement (routes and stack distances) and Baseline (every
+    prompt recomputed), first, then the configurations, each with its own. Stopped (Ctrl-C,
+    SIGTERM, an error), the processes are terminated at once, not left to finish their
+    configuration; and local ones end with kvbench if it is killed."""
     if not on_ray and (processes == 1 or len(plans) == 1):
-        for i, plan in enumerate(plans):
-            yield _size_one((i, workload, plan, rows))
+        yield from _in_turn(workload, plans, rows)
         return
     n = min(processes, len(plans))
+    _ = workload.refs.dense  # numbered here once (cached, handed over with it), not in every process
     with contextlib.ExitStack() as stack:
+        store: Store
         if on_ray:
             from harness.distributed import raypool
 
-            pool = raypool.process_pool(n)
-            given: Workload | Mapped = workload
+            pool, store = raypool.process_pool(n), raypool.ObjectStore()
         else:
             pool = multiprocessing.get_context("spawn").Pool(n, initializer=_child)
-            given = stack.enter_context(mapped(workload))  # (its files removed once the pool has stopped)
+            # (its files removed once the pool has stopped)
+            store = Files(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvbench-size-"))))
         try:
-            yield from pool.imap_unordered(_size_one, [(i, given, plan, rows) for i, plan in enumerate(plans)])
+            given = store.put(workload)
+            shared = {k: plan for plan in plans for k in _shared_keys(plan)}
+            tasks = [(k, given, plan, store) for k, plan in shared.items()]
+            handles = dict(pool.imap_unordered(_share_one, tasks))
+            yield from pool.imap_unordered(
+                _size_one,
+                [(i, given, plan, *(handles[k] for k in _shared_keys(plan)), rows) for i, plan in enumerate(plans)],
+            )
             pool.close()
         finally:
             pool.terminate()
             pool.join()
+
+
+def _shared_keys(plan: Plan) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The keys of what a plan may share with others: its Placement's, its Baseline's."""
+    return ("placement", *placement_key(plan)), ("baseline", *baseline_key(plan))
+
+
+def _in_turn(workload: Workload, plans: list[Plan], rows: bool) -> Iterator[tuple[int, Sized]]:
+    """Each plan sized in this process, those of one Placement one after the other, each Placement
+    and Baseline computed once and dropped after the last plan that needs it."""
+    keys = [_shared_keys(plan) for plan in plans]
+    first: dict[tuple[Any, ...], int] = {}
+    for i, (key, _) in enumerate(keys):
+        first.setdefault(key, i)
+    left = collections.Counter(k for pair in keys for k in pair)
+    held: dict[tuple[Any, ...], Handle] = {}
+    for i in sorted(range(len(plans)), key=lambda i: first[keys[i][0]]):
+        for k in keys[i]:
+            if k not in held:
+                held[k] = _share_one((k, Kept(workload), plans[i], Here()))[1]
+        placed, base = (held[k] for k in keys[i])
+        yield _size_one((i, Kept(workload), plans[i], placed, base, rows))
+        for k in keys[i]:
+            left[k] -= 1
+            if not left[k]:
+                del held[k]
 
 
 def _child() -> None:
@@ -293,12 +343,20 @@ def _child() -> None:
     die_with_parent()
 
 
-def _size_one(task: tuple[int, Workload | Mapped, Plan, bool]) -> tuple[int, Sized]:
-    """One plan sized (its workload as given, or mapped from its files); its rows dropped where
-    they are not wanted (not carried back from a process: a configuration of 10^7 requests has
-    about 1 GB of them)."""
-    i, given, plan, rows = task
-    sized = size(given.load() if isinstance(given, Mapped) else given, plan)
+def _share_one(task: tuple[tuple[Any, ...], Handle, Plan, Store]) -> tuple[tuple[Any, ...], Handle]:
+    """What the plan shares under the key (its Placement, or its Baseline), computed and put into
+    the store."""
+    key, given, plan, store = task
+    w = given.load()
+    return key, store.put(placement(w, plan) if key[0] == "placement" else baseline(w, plan))
+
+
+def _size_one(task: tuple[int, Handle, Plan, Handle, Handle, bool]) -> tuple[int, Sized]:
+    """One plan sized from its workload, Placement and Baseline as handed over; its rows dropped
+    where they are not wanted (not carried back from a process: a configuration of 10^7
+    requests has about 1 GB of them)."""
+    i, given, plan, placed, base, rows = task
+    sized = size(given.load(), plan, placed.load(), base.load())
     return i, sized if rows else Sized(sized.figures, {})
 
 

@@ -446,6 +446,30 @@ def process_pool(processes: int) -> Any:
     return Pool(processes)
 
 
+@dataclass(frozen=True)
+class Stored:
+    """A value in Ray's object store (ObjectStore.put): any process of the cluster loads it, its
+    arrays read from the store without a copy on the node that holds them."""
+
+    ref: Any  # ray.ObjectRef
+
+    def load(self) -> Any:
+        import ray
+
+        return ray.get(self.ref)
+
+
+class ObjectStore:
+    """What a sizing sweep's processes on the cluster share (sizing/shared.py's Store), put into
+    Ray's object store once: the workload by kvbench, each Placement and Baseline by the process
+    that computed it."""
+
+    def put(self, value: Any) -> Stored:
+        import ray
+
+        return Stored(ray.put(value))
+
+
 def _init(address: str, loop: asyncio.AbstractEventLoop, done: asyncio.Future[BaseException | None]) -> None:
     """ray.init (in the join thread); its error, or None, to `done`."""
     got = _connect(address)

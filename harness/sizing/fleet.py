@@ -20,9 +20,9 @@ import numpy as np
 
 from harness.inputs.traces import TraceRequest
 from harness.sizing import routing
-from harness.sizing.simulate import Cost, Requests, Result, Tier, simulate
+from harness.sizing.simulate import Cost, Requests, Result, Tier, holds, simulate
 from harness.sizing.stack import References, references
-from harness.sizing.tiers import Fleet, scoped_distances, served_by
+from harness.sizing.tiers import Fleet, curve_tallies, scoped_distances, served_by, tokens_per_request
 
 # A tier's capacity curve: its share served at these multiples of its configured capacity.
 CURVE_MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -127,21 +127,77 @@ def _placed(w: Workload, plan: Plan, cached: bool = True) -> tuple[Requests, lis
     """The requests as the timing takes them: each one's worker, the instance of each tier it
     reads (a column per tier) and the tokens each tier serves it; and each tier's scoped
     distances (a reference's instance is its request's). Not `cached`: every prompt recomputed."""
-    refs = w.refs
-    worker = _routes(w, plan, cached)
     if not cached:
-        nothing = np.zeros((refs.requests, 0), dtype=np.int64)
-        return Requests(w.arrival_s, worker, w.prompt_tokens, w.output_tokens, nothing, nothing), []
+        nothing = np.zeros((w.refs.requests, 0), dtype=np.int64)
+        return Requests(w.arrival_s, _routes(w, plan, cached), w.prompt_tokens, w.output_tokens, nothing, nothing), []
+    p = placement(w, plan)
+    return _requests(w, plan, p)[0], list(p.distances)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a plan's requests go and what each tier's streams look like: each request's worker,
+    the instance of each tier it reads (a column per tier), and each tier's scoped prefix
+    distances (one per reference). What the tier capacities and bandwidths do not change: the
+    configurations of a sweep that share `placement_key` share it, and it is most of a
+    configuration's work on a large trace (sorting and the distance pass, per tier)."""
+
+    worker: np.ndarray
+    instance: np.ndarray
+    distances: tuple[np.ndarray, ...]
+
+
+def placement_key(plan: Plan) -> tuple[Any, ...]:
+    """What a plan's Placement depends on: the fleet, the routing, the tiers' scopes, and the
+    capacity the routing matches prompts against (none for round-robin: `_routes`)."""
+    own = [t.capacity_blocks for t in plan.tiers if t.scope == "worker"]
+    matched = None if plan.routing == "round_robin" or not own else max(own) if plan.routing == "kv_router" else own[0]
+    return plan.fleet, plan.routing, tuple(t.scope for t in plan.tiers), matched, plan.cost
+
+
+def placement(w: Workload, plan: Plan) -> Placement:
+    """The plan's routes and each tier's scoped distances (Placement)."""
+    refs = w.refs
+    worker = _routes(w, plan)
     instance = np.stack([plan.fleet.group(worker, t.scope) for t in plan.tiers], axis=1)
     # each reference's instance, at 16 bits where they fit (a reference's copy of its request's
     # instance is 1.5 GB at 64 bits for 10^7 requests)
     narrow = instance.astype(np.int16) if instance.size and instance.max() <= np.iinfo(np.int16).max else instance
-    distances = [scoped_distances(refs, narrow[:, k][refs.request]) for k in range(len(plan.tiers))]
-    tier = served_by(distances, [t.capacity_blocks for t in plan.tiers])
-    tier_tokens = np.zeros((refs.requests, len(plan.tiers)), dtype=np.int64)
-    hit = tier < len(plan.tiers)
-    np.add.at(tier_tokens, (refs.request[hit], tier[hit]), refs.serves[hit])
-    return Requests(w.arrival_s, worker, w.prompt_tokens, w.output_tokens, tier_tokens, instance), distances
+    distances = tuple(scoped_distances(refs, narrow[:, k][refs.request]) for k in range(len(plan.tiers)))
+    return Placement(worker, instance, distances)
+
+
+def _requests(w: Workload, plan: Plan, p: Placement) -> tuple[Requests, np.ndarray]:
+    """The requests with the tokens each tier serves them at the plan's capacities; and which
+    tier serves each reference (served_by)."""
+    tier = served_by(p.distances, [t.capacity_blocks for t in plan.tiers])
+    tier_tokens = tokens_per_request(w.refs, tier, len(plan.tiers))
+    return Requests(w.arrival_s, p.worker, w.prompt_tokens, w.output_tokens, tier_tokens, p.instance), tier
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Every prompt recomputed on the plan's fleet, routed as its router would route with nothing
+    cached: each request's TTFT, the prefill GPU-seconds, and the SLO figures (None without an
+    SLO). The tiers do not change it: the configurations of a sweep that share `baseline_key`
+    share it."""
+
+    ttft_s: np.ndarray
+    prefill_gpu_s: float
+    slo: dict[str, Any] | None
+
+
+def baseline_key(plan: Plan) -> tuple[Any, ...]:
+    """What a plan's Baseline depends on (its routes without a cache ignore the capacities)."""
+    return plan.fleet, plan.routing, plan.cost, plan.slo_ttft_s, plan.slo_share
+
+
+def baseline(w: Workload, plan: Plan) -> Baseline:
+    """The plan's fleet recomputing every prompt (Baseline)."""
+    none, _ = _placed(w, plan, cached=False)
+    recompute = simulate(none, [], plan.kv_bytes_per_token, plan.cost)
+    slo = None if plan.slo_ttft_s is None else _arm_slo(w, plan, none, [], recompute, cached=False)
+    return Baseline(recompute.ttft_s, float(recompute.prefill_s.sum()), slo)
 
 
 @dataclass(frozen=True)
@@ -176,14 +232,16 @@ def row_columns(tiers: Sequence[str]) -> list[str]:
     ]
 
 
-def size(w: Workload, plan: Plan) -> Sized:
-    """Every figure of the fleet, and a row per request."""
+def size(w: Workload, plan: Plan, placed: Placement | None = None, base: Baseline | None = None) -> Sized:
+    """Every figure of the fleet, and a row per request. `placed` and `base`: the plan's
+    Placement and Baseline where a sweep computed them once for several configurations (they
+    must be of this plan's `placement_key` and `baseline_key`)."""
     refs = w.refs
-    reqs, distances = _placed(w, plan)
+    placed = placement(w, plan) if placed is None else placed
+    base = baseline(w, plan) if base is None else base
+    reqs, tier = _requests(w, plan, placed)
     tier_tokens, timing = reqs.tier_tokens, [t.timing for t in plan.tiers]
     cached = simulate(reqs, timing, plan.kv_bytes_per_token, plan.cost)
-    none, _ = _placed(w, plan, cached=False)
-    recompute = simulate(none, [], plan.kv_bytes_per_token, plan.cost)
     columns = [
         np.arange(refs.requests),
         w.arrival_s,
@@ -197,22 +255,23 @@ def size(w: Workload, plan: Plan) -> Sized:
         cached.prefill_s,
         cached.ttft_s,
         cached.e2e_s,
-        recompute.ttft_s,
+        base.ttft_s,
     ]
     rows = dict(zip(row_columns([t.name for t in plan.tiers]), columns, strict=True))
-    return Sized(_figures(w, plan, reqs, distances, cached, none, recompute), rows)
+    return Sized(_figures(w, plan, reqs, tier, placed.distances, cached, base), rows)
 
 
 def _figures(
     w: Workload,
     plan: Plan,
     reqs: Requests,
-    distances: list[np.ndarray],
+    tier: np.ndarray,
+    distances: Sequence[np.ndarray],
     cached: Result,
-    none: Requests,
-    recompute: Result,
+    base: Baseline,
 ) -> dict[str, Any]:
-    """Every figure of the fleet (sizing.json's `figures`)."""
+    """Every figure of the fleet (sizing.json's `figures`); `tier`: which tier serves each
+    reference (served_by)."""
     refs, timing = w.refs, [t.timing for t in plan.tiers]
     instance, tier_tokens, capacities = reqs.instance, reqs.tier_tokens, [t.capacity_blocks for t in plan.tiers]
     total = int(w.prompt_tokens.sum())
@@ -230,18 +289,18 @@ def _figures(
                 "served_tokens": int(served[k]),
                 "share": float(served[k] / total) if total else 0.0,
                 "read_bytes_per_s": _bandwidth(cached, k, plan.bandwidth_bin_s),
-                "curve": _curve(refs, distances, capacities, k),
+                "curve": _curve(refs, distances, tier, capacities, k),
             }
             for k, t in enumerate(plan.tiers)
         ],
         "computed_tokens": int(total - served.sum()),
         "ttft_s": _quantiles(cached.ttft_s),
-        "recompute_ttft_s": _quantiles(recompute.ttft_s),
+        "recompute_ttft_s": _quantiles(base.ttft_s),
         "e2e_s": _quantiles(cached.e2e_s),
         "queue_s": _quantiles(cached.start_s - w.arrival_s),
         "prefill_gpu_s": float(cached.prefill_s.sum()),
-        "recompute_prefill_gpu_s": float(recompute.prefill_s.sum()),
-        "slo": _slo(w, plan, {"cached": (reqs, timing, cached), "recompute": (none, [], recompute)}),
+        "recompute_prefill_gpu_s": base.prefill_gpu_s,
+        "slo": None if plan.slo_ttft_s is None else _slo(plan, _arm_slo(w, plan, reqs, timing, cached, True), base.slo),
     }
 
 
@@ -267,25 +326,36 @@ def _bandwidth(result: Result, k: int, bin_s: float) -> dict[str, float | None]:
     }
 
 
-def _curve(refs: References, distances: list[np.ndarray], capacities: list[int], k: int) -> dict[str, Any]:
+def _curve(
+    refs: References, distances: Sequence[np.ndarray], tier: np.ndarray, capacities: list[int], k: int
+) -> dict[str, Any]:
     """Tier k at each of CURVE_MULTIPLES of its capacity (the other tiers unchanged): the share
     of prompt tokens it serves itself (`tier_share`), and the whole hierarchy's (`share`: a slower
     tier takes over what a smaller one no longer holds). The knee: the smallest of those
-    capacities past which every doubling of tier k adds less than KNEE_GAIN to what it serves."""
-    points = []
+    capacities past which every doubling of tier k adds less than KNEE_GAIN to what it serves.
+
+    One pass over the references for every multiple (`served_by` at each of them took 13 s a tier
+    at 10^7 requests): a reference no faster tier serves (`tier`, served_by's answer at the
+    configured capacities, is k or more) is served by tier k at capacity C when its distance
+    there is below C, else by a slower tier if one holds it (the same rule)."""
     total = refs.prompt_tokens
-    for m in CURVE_MULTIPLES:
-        caps = list(capacities)
-        caps[k] = int(capacities[k] * m)
-        tier = served_by(distances, caps)
-        points.append(
-            {
-                "multiple": m,
-                "capacity_blocks": caps[k],
-                "share": float(refs.serves[tier < len(caps)].sum() / total) if total else 0.0,
-                "tier_share": float(refs.serves[tier == k].sum() / total) if total else 0.0,
-            }
-        )
+    caps = [int(capacities[k] * m) for m in CURVE_MULTIPLES]  # ascending, as the multiples
+    beyond = None  # whether a slower tier holds each reference
+    for j in range(k + 1, len(capacities)):
+        held = distances[j] < capacities[j]
+        beyond = held if beyond is None else beyond | held
+    faster, own, taken = curve_tallies(distances[k], tier, refs.serves, beyond, np.asarray(caps, np.float64), k)
+    own, taken = np.cumsum(own), np.cumsum(taken)
+    points = [
+        {
+            "multiple": m,
+            "capacity_blocks": c,
+            # tier k's, and what the slower tiers serve of the rest
+            "share": float((faster + own[i] + taken[-1] - taken[i]) / total) if total else 0.0,
+            "tier_share": float(own[i] / total) if total else 0.0,
+        }
+        for i, (m, c) in enumerate(zip(CURVE_MULTIPLES, caps, strict=True))
+    ]
     # past the last doubling that still adds KNEE_GAIN (a tier's share may be flat before it
     # rises: the knee is where it is flat for good); None if even the last one adds that much
     gains = [b["tier_share"] - a["tier_share"] >= KNEE_GAIN for a, b in itertools.pairwise(points)]
@@ -294,44 +364,49 @@ def _curve(refs: References, distances: list[np.ndarray], capacities: list[int],
     return {"points": points, "knee_blocks": knee}
 
 
-def _slo(w: Workload, plan: Plan, runs: dict[str, tuple[Requests, list[Tier], Result]]) -> dict[str, Any] | None:
+def _slo(plan: Plan, cached: dict[str, Any], recompute: dict[str, Any] | None) -> dict[str, Any]:
     """At the workload's rate: the share of requests within the TTFT SLO, with the tiers ("cached")
-    and recomputing every prompt ("recompute"). And the SLO capacity both ways: the highest
+    and recomputing every prompt ("recompute": the Baseline's), each with its SLO capacity
+    (_arm_slo), and the ratio of the two capacities (the paper's SLO capacity ratio, here
+    simulated)."""
+    assert recompute is not None  # (the Baseline of a plan with an SLO has its figures)
+    out: dict[str, Any] = {"ttft_s": plan.slo_ttft_s, "share": plan.slo_share, "speedup_ceiling": 2**CAPACITY_STEPS}
+    out["cached"], out["recompute"] = cached, recompute
+    up, base = cached["capacity_speedup"], recompute["capacity_speedup"]
+    out["capacity_ratio"] = None if up is None or not base else up / base
+    return out
+
+
+def _arm_slo(
+    w: Workload, plan: Plan, reqs: Requests, timing: list[Tier], result: Result, cached: bool
+) -> dict[str, Any]:
+    """One way of serving (with the tiers, `cached`, or recomputing every prompt): the share of
+    requests within the TTFT SLO at the workload's rate, and the SLO capacity: the highest
     arrival speed-up (x the workload's rate, after rate_scale) at which at least slo_share of the
-    requests meet it, and the ratio of the two (the paper's SLO capacity ratio, here simulated).
-    Round-robin routes and the tier each block comes from do not depend on time (LRU order is
-    arrival order), so only the arrivals are scaled; prefix routes weigh each worker's queue, so
-    the requests are placed again at each speed-up."""
-    if plan.slo_ttft_s is None:
-        return None
+    requests meet it. Round-robin routes and the tier each block comes from do not depend on time
+    (LRU order is arrival order), so only the arrivals are scaled; prefix routes weigh each
+    worker's queue, so the requests are placed again at each speed-up."""
+    assert plan.slo_ttft_s is not None
     ttft_s = plan.slo_ttft_s
 
     def share(ttft: np.ndarray) -> float:
         return float(np.mean(ttft <= ttft_s)) if len(ttft) else 0.0
 
-    def holds(reqs: Requests, timing: list[Tier], cached: bool) -> Callable[[float], bool]:
-        def at(speedup: float) -> bool:
-            if plan.routing == "round_robin":
-                fast = replace(reqs, arrival_s=reqs.arrival_s / speedup)
-            else:
-                fast, _ = _placed(replace(w, arrival_s=w.arrival_s / speedup), plan, cached)
-            return share(simulate(fast, timing, plan.kv_bytes_per_token, plan.cost).ttft_s) >= plan.slo_share
+    def at(speedup: float) -> bool:
+        if plan.routing == "round_robin":
+            fast = replace(reqs, arrival_s=reqs.arrival_s / speedup)
+        else:
+            fast, _ = _placed(replace(w, arrival_s=w.arrival_s / speedup), plan, cached)
+        return holds(fast, timing, plan.kv_bytes_per_token, plan.cost, ttft_s, plan.slo_share)
 
-        return at
-
-    out: dict[str, Any] = {"ttft_s": ttft_s, "share": plan.slo_share, "speedup_ceiling": 2**CAPACITY_STEPS}
     span = float(w.arrival_s[-1] - w.arrival_s[0]) if len(w.arrival_s) > 1 else 0.0
     rate = (len(w.arrival_s) - 1) / span if span > 0 else None
-    for name, (reqs, timing, result) in runs.items():
-        cap = _capacity(holds(reqs, timing, name == "cached"))
-        out[name] = {
-            "within": share(result.ttft_s),
-            "capacity_speedup": cap,
-            "capacity_req_per_s": None if cap is None or rate is None else cap * rate,
-        }
-    cached, recompute = out["cached"]["capacity_speedup"], out["recompute"]["capacity_speedup"]
-    out["capacity_ratio"] = None if cached is None or not recompute else cached / recompute
-    return out
+    cap = _capacity(at)
+    return {
+        "within": share(result.ttft_s),
+        "capacity_speedup": cap,
+        "capacity_req_per_s": None if cap is None or rate is None else cap * rate,
+    }
 
 
 def _capacity(holds: Callable[[float], bool]) -> float | None:

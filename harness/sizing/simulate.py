@@ -76,6 +76,7 @@ class Result:
     e2e_s: np.ndarray
     loads: list[np.ndarray]
     delivered: list[np.ndarray]
+    stopped: bool = False  # by a miss budget (`holds`): the times of requests not yet done are 0
 
     def read_bandwidth(self, tier: int, bin_s: float) -> np.ndarray:
         """A tier's read bandwidth (bytes/s, all its instances together), exactly, averaged over
@@ -97,6 +98,9 @@ class Result:
 
 
 ARRIVE, LOADED, TRANSFERRED, PREFILLED = 0, 1, 2, 3
+# what the event loop gives: per request start, load, prefill, TTFT and end; the loads; the
+# stretches delivered; whether a miss budget stopped it
+LoopOut = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
 EPS_S = 1e-9  # two event times closer than this are the same moment (float rounding)
 
 
@@ -105,17 +109,53 @@ def simulate(reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float, cost:
     return run(compiled_event_loop(), reqs, tiers, kv_bytes_per_token, cost)
 
 
-def run(loop: Any, reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float, cost: Cost) -> Result:
+def holds(
+    reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float, cost: Cost, ttft_s: float, share: float
+) -> bool:
+    """Whether at least `share` of the requests meet a TTFT of `ttft_s` (the SLO capacity search's
+    question, some 20 times a configuration). The run keeps no loads, and stops as soon as more
+    requests have missed it than `share` allows: such a load fails whatever the others do (a
+    sweep's configurations spend most of their time in these runs, half of which fail)."""
+    n = len(reqs.arrival_s)
+    if not n:
+        return share <= 0.0  # (no request: a share of 0, as the SLO figures count it)
+    allowed = miss_budget(n, share)
+    result = run(compiled_event_loop(), reqs, tiers, kv_bytes_per_token, cost, False, (ttft_s, allowed))
+    return not result.stopped and float(np.mean(result.ttft_s <= ttft_s)) >= share
+
+
+def miss_budget(n: int, share: float) -> int:
+    """The most of n requests that may miss while the share that meets it is still at least
+    `share`, as the share is computed (the count that meets it over n, in floating point)."""
+    m = min(n, max(0, int(n * (1.0 - share))))
+    while m < n and (n - m - 1) / n >= share:
+        m += 1
+    while m > 0 and (n - m) / n < share:
+        m -= 1
+    return m
+
+
+def run(
+    loop: Any,
+    reqs: Requests,
+    tiers: list[Tier],
+    kv_bytes_per_token: float,
+    cost: Cost,
+    loads: bool = True,
+    budget: tuple[float, int] | None = None,
+) -> Result:
     """`simulate` with the event loop given (compiled, or `event_loop` itself as plain Python),
     and the arrays it takes: `costs` (KV bytes per token, prefill a and b, decode per token);
     `first[k]`, tier k's first instance number; `slot_at[j]`, where instance j's heap of loads
     (target bytes attained, request) starts in the flat heap arrays; `order[queue_at[w]:
     queue_at[w + 1]]`, worker w's requests in arrival order. It gives per request start, load,
     prefill, TTFT and end; the loads as rows (tier, instance, start, end, bytes) and the stretches
-    each tier delivered as (tier, start, end, bytes/s), split here by tier."""
+    each tier delivered as (tier, start, end, bytes/s), split here by tier (both only if `loads`).
+    Not `loads`: the loop records neither. `budget` (a TTFT, a count): the loop stops, and says
+    so, once more requests than the count have a longer TTFT."""
     n, k = len(reqs.arrival_s), len(tiers)
-    worker = reqs.worker.astype(np.int64)
-    instance = reqs.instance.astype(np.int64).reshape(n, k)
+    worker = reqs.worker.astype(np.int64, copy=False)
+    instance = reqs.instance.astype(np.int64, copy=False).reshape(n, k)
     # each tier's instances numbered across tiers; an instance's loads at once are at most one per
     # worker reading it (a worker loads one request at a time): that many heap slots each
     first = np.zeros(k + 1, dtype=np.int64)
@@ -135,11 +175,11 @@ def run(loop: Any, reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float,
     order = np.argsort(narrow, kind="stable").astype(np.int64)
     queue_at = np.concatenate([[0], np.cumsum(np.bincount(worker, minlength=workers))]).astype(np.int64)
     out = loop(
-        reqs.arrival_s.astype(np.float64),
+        reqs.arrival_s.astype(np.float64, copy=False),
         worker,
-        reqs.prompt_tokens.astype(np.int64),
-        reqs.output_tokens.astype(np.int64),
-        reqs.tier_tokens.astype(np.int64).reshape(n, k),
+        reqs.prompt_tokens.astype(np.int64, copy=False),
+        reqs.output_tokens.astype(np.int64, copy=False),
+        reqs.tier_tokens.astype(np.int64, copy=False).reshape(n, k),
         instance,
         np.array([t.latency_s for t in tiers], dtype=np.float64),
         np.array([np.nan if t.bandwidth is None else t.bandwidth for t in tiers], dtype=np.float64),
@@ -148,11 +188,14 @@ def run(loop: Any, reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float,
         slot_at,
         order,
         queue_at,
+        loads,
+        np.inf if budget is None else budget[0],
+        n if budget is None else budget[1],
     )
-    start, load, prefill, ttft, e2e, loads, delivered = out
-    by_tier = [loads[loads[:, 0] == t][:, 1:] for t in range(k)]
+    start, load, prefill, ttft, e2e, rows, delivered, stopped = out
+    by_tier = [rows[rows[:, 0] == t][:, 1:] for t in range(k)]
     stretches = [delivered[delivered[:, 0] == t][:, 1:] for t in range(k)]
-    return Result(start, load, prefill, ttft, e2e, by_tier, stretches)
+    return Result(start, load, prefill, ttft, e2e, by_tier, stretches, bool(stopped))
 
 
 @functools.cache
@@ -165,7 +208,19 @@ def compiled_event_loop() -> Any:
         from numba.extending import register_jitable
     except ImportError:
         raise InputError("sizing needs numba: pip install 'kvbench[sizing]'") from None
-    for helper in (_take, _next_step, _advance, _due, _heap_push, _heap_pop, _loaded, _delivered):
+    for helper in (
+        _take,
+        _next_step,
+        _advance,
+        _due,
+        _heap_push,
+        _heap_pop,
+        _loaded,
+        _delivered,
+        _joined,
+        _transferred,
+        _free_load,
+    ):
         register_jitable(helper)
     return numba.njit(cache=True, nogil=True)(event_loop)
 
@@ -187,21 +242,25 @@ def event_loop(
     slot_at: np.ndarray,
     order: np.ndarray,
     queue_at: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    record: bool,
+    slo_s: float,
+    budget: int,
+) -> LoopOut:  # pragma: no cover
     """The simulation's events in time order (ties: arrivals first, then as pushed; `run` says
     what it takes and gives). A shared instance gives each of its loads bandwidth / n: all advance
-    alike in attained bytes, and a load ends when they reach its target. (Run compiled; the tests
-    run it as Python too.)"""
+    alike in attained bytes, and a load ends when they reach its target. A free tier without
+    latency gives its bytes at once, with no event. (Run compiled; the tests run it as Python.)"""
     (kv, a, b, d), (n, tiers) = (costs[0], costs[1], costs[2], costs[3]), tier_tokens.shape
     start, load, pre, ttft, began = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
     stage = np.zeros(n, dtype=np.int64)  # the tier a request loads from next
-    loads, delivered, counts = np.zeros((n * tiers, 5)), np.zeros((n * tiers, 4)), np.zeros(2, dtype=np.int64)
+    rows = n * tiers if record else 0
+    loads, delivered, counts = np.zeros((rows, 5)), np.zeros((rows, 4)), np.zeros(2, dtype=np.int64)
     inst, active = np.zeros((len(slot_at) - 1, 3)), np.zeros(len(slot_at) - 1, dtype=np.int64)
     heap_target, heap_req = np.zeros(slot_at[-1]), np.zeros(slot_at[-1], dtype=np.int64)
     head, arrived = queue_at[:-1].copy(), queue_at[:-1].copy()  # each worker's next to serve, and end
     busy = np.zeros(len(queue_at) - 1, dtype=np.bool_)
     events = [(0.0, 0, 0, 0)][1:]  # (time, order pushed, kind, request or instance)
-    seq, nxt = n, 0  # (arrivals come in order: `nxt` is the next)
+    seq, nxt, misses = n, 0, 0  # (arrivals come in order: `nxt` is the next)
     while nxt < n or events:
         if nxt < n and (not events or arrival[nxt] <= events[0][0]):
             now, kind, what = arrival[nxt], ARRIVE, nxt
@@ -214,45 +273,96 @@ def event_loop(
             if kind == ARRIVE:
                 arrived[w] += 1
             else:
-                ttft[what] = now - arrival[what]
-                busy[w] = False
+                ttft[what], busy[w] = now - arrival[what], False
+                misses += ttft[what] > slo_s
+                if misses > budget:
+                    break
             if not busy[w]:
                 go = _take(w, now, order, head, arrived, busy, start)
         elif kind == LOADED:
             k = stage[what]
             if np.isnan(bandwidth[k]):  # a free tier: its bytes at once
-                _delivered(delivered, counts, k, now, now, tier_tokens[what, k] * kv)
-                go = _loaded(what, now, stage, instance, began, tier_tokens, kv, loads, counts)
+                go = _free_load(what, now, stage, instance, began, tier_tokens, kv, loads, counts, delivered)
             else:
-                j = first[k] + instance[what, k]
-                _advance(inst, active, j, now, bandwidth[k])
-                _heap_push(
-                    heap_target, heap_req, slot_at[j], active[j], inst[j, SERVED] + tier_tokens[what, k] * kv, what
-                )
-                active[j] += 1
-                again = j
+                j, size = first[k] + instance[what, k], tier_tokens[what, k] * kv
+                again = _joined(what, j, now, bandwidth[k], size, inst, active, heap_target, heap_req, slot_at)
         elif active[what]:  # TRANSFERRED: instance `what`'s first load may be done now
-            j = what
-            k = stage[heap_req[slot_at[j]]]
-            if _due(inst, active, heap_target, slot_at, j, bandwidth[k]) <= now + EPS_S:
-                _advance(inst, active, j, now, bandwidth[k])
-                target, i = _heap_pop(heap_target, heap_req, slot_at[j], active[j])
-                active[j] -= 1
-                inst[j, SERVED] = max(inst[j, SERVED], target)
-                if active[j]:
-                    again = j
-                else:
-                    _delivered(delivered, counts, k, inst[j, SINCE], now, bandwidth[k])
+            k = stage[heap_req[slot_at[what]]]
+            if _due(inst, active, heap_target, slot_at, what, bandwidth[k]) <= now + EPS_S:
+                i, again = _transferred(what, k, now, bandwidth[k], inst, active, heap_target, heap_req, slot_at)
+                if again < 0:
+                    _delivered(delivered, counts, k, inst[what, SINCE], now, bandwidth[k])
                 go = _loaded(i, now, stage, instance, began, tier_tokens, kv, loads, counts)
         if go >= 0:
-            seq += 1
             t, step = _next_step(go, now, stage, tier_tokens, prompt, latency, start, load, pre, began, a, b)
+            while step == LOADED and t == now and np.isnan(bandwidth[stage[go]]):
+                # a free tier without latency (an event each cost 20 % of the loop)
+                _free_load(go, now, stage, instance, began, tier_tokens, kv, loads, counts, delivered)
+                t, step = _next_step(go, now, stage, tier_tokens, prompt, latency, start, load, pre, began, a, b)
+            seq += 1
             heapq.heappush(events, (t, seq, step, go))
         if again >= 0:
             seq += 1
             due = _due(inst, active, heap_target, slot_at, again, bandwidth[stage[heap_req[slot_at[again]]]])
             heapq.heappush(events, (due if due != 0.0 else now, seq, TRANSFERRED, again))
-    return start, load, pre, ttft, ttft + output * d, loads[: counts[0]], delivered[: counts[1]]
+    return start, load, pre, ttft, ttft + output * d, loads[: counts[0]], delivered[: counts[1]], misses > budget
+
+
+def _joined(
+    i: int,
+    j: int,
+    now: float,
+    bandwidth: float,
+    size: float,
+    inst: np.ndarray,
+    active: np.ndarray,
+    heap_target: np.ndarray,
+    heap_req: np.ndarray,
+    slot_at: np.ndarray,
+) -> int:  # pragma: no cover
+    """Request i's load of `size` bytes joins instance j's loads now: j, whose next end to set out."""
+    _advance(inst, active, j, now, bandwidth)
+    _heap_push(heap_target, heap_req, slot_at[j], active[j], inst[j, SERVED] + size, i)
+    active[j] += 1
+    return j
+
+
+def _transferred(
+    j: int,
+    k: int,
+    now: float,
+    bandwidth: float,
+    inst: np.ndarray,
+    active: np.ndarray,
+    heap_target: np.ndarray,
+    heap_req: np.ndarray,
+    slot_at: np.ndarray,
+) -> tuple[int, int]:  # pragma: no cover
+    """Instance j (of tier k) done with its first load now: the request whose load it was, and j
+    again if it has more loads in flight (their next end to set out), else -1."""
+    _advance(inst, active, j, now, bandwidth)
+    target, i = _heap_pop(heap_target, heap_req, slot_at[j], active[j])
+    active[j] -= 1
+    inst[j, SERVED] = max(inst[j, SERVED], target)
+    return i, (j if active[j] else -1)
+
+
+def _free_load(
+    i: int,
+    now: float,
+    stage: np.ndarray,
+    instance: np.ndarray,
+    began: np.ndarray,
+    tier_tokens: np.ndarray,
+    kv: float,
+    loads: np.ndarray,
+    counts: np.ndarray,
+    delivered: np.ndarray,
+) -> int:  # pragma: no cover
+    """Request i's load from its current tier, a free one, ended now: its bytes at once."""
+    k = stage[i]
+    _delivered(delivered, counts, k, now, now, tier_tokens[i, k] * kv)
+    return _loaded(i, now, stage, instance, began, tier_tokens, kv, loads, counts)
 
 
 def _take(
@@ -370,9 +480,10 @@ def _loaded(
 ) -> int:  # pragma: no cover
     """Request i's load from its current tier ended: recorded, and the request on to its next."""
     k = stage[i]
-    row = loads[counts[0]]
-    row[0], row[1], row[2], row[3], row[4] = k, instance[i, k], began[i], now, tier_tokens[i, k] * kv
-    counts[0] += 1
+    if len(loads):  # (recorded)
+        row = loads[counts[0]]
+        row[0], row[1], row[2], row[3], row[4] = k, instance[i, k], began[i], now, tier_tokens[i, k] * kv
+        counts[0] += 1
     stage[i] = k + 1
     return i
 
@@ -381,6 +492,7 @@ def _delivered(
     delivered: np.ndarray, counts: np.ndarray, k: int, since: float, until: float, rate: float
 ) -> None:  # pragma: no cover
     """A stretch in which tier k delivered `rate` bytes/s (an instant: `rate` is its bytes)."""
-    row = delivered[counts[1]]
-    row[0], row[1], row[2], row[3] = k, since, until, rate
-    counts[1] += 1
+    if len(delivered):  # (recorded)
+        row = delivered[counts[1]]
+        row[0], row[1], row[2], row[3] = k, since, until, rate
+        counts[1] += 1
