@@ -22,7 +22,7 @@ from harness.core import aio
 from harness.core.errors import InputError
 from harness.results import read_requests, read_run
 from harness.workloads import open_loop, schedule
-from harness.workloads.base import Plan
+from harness.workloads.base import Timed
 from tests.conftest import cli, kvbench, write_scenario
 
 BASE = """
@@ -491,11 +491,11 @@ def test_young_objects_are_frozen_while_an_open_loop_sends() -> None:
 def test_the_connections_an_open_loop_opens_ahead() -> None:
     """Its share of the arrivals within one warm-up latency, plus three Poisson deviations; none
     without a measured span or a latency."""
-    plan = Plan(total=12, times=(0.0, 0.005, *(0.01 * k for k in range(1, 11))), warmup=2)  # 100 req/s
+    plan = Timed((0.0, 0.005, *(0.01 * k for k in range(1, 11))), warmup=2)  # 100 req/s
     assert open_loop.in_flight(plan, 1.0, 1.0) == math.ceil(100 + 3 * 10)
     assert open_loop.in_flight(plan, 1.0, 0.5) == math.ceil(50 + 3 * math.sqrt(50))
     assert open_loop.in_flight(plan, 0.0, 1.0) == 0
-    assert open_loop.in_flight(Plan(total=3, times=(0.0, 0.1, 0.1), warmup=1), 1.0, 1.0) == 0
+    assert open_loop.in_flight(Timed((0.0, 0.1, 0.1), warmup=1), 1.0, 1.0) == 0
 
 
 def test_the_capacity_sentence_follows_the_sign() -> None:

@@ -101,7 +101,7 @@ class Pool(ABC):
             )
             for pos, k in enumerate(workers)
         }
-        self.times = [spec.clock.wall_s(t) for t in plan.times]
+        self.times = [spec.clock.wall_s(t) for t in plan.timed.times] if plan.timed else []
         self.table = Dispatch(list(plan.schedule), self.times, {k: s.connections for k, s in self.shares.items()})
         self.answering: set[asyncio.Task[None]] = set()  # asks the Dispatch has yet to answer (a start line)
         self.events: asyncio.Queue[tuple[int, Outgoing]] = asyncio.Queue()
@@ -319,7 +319,7 @@ class Pool(ABC):
         return RequestRecord(
             id=(max(self.shares) + 2) * ID_STRIDE + self.sender.seq,  # unique until renumbered
             arm=spec.arm.name,
-            phase="warmup" if i < plan.warmup else "run",
+            phase="warmup" if plan.timed and i < plan.timed.warmup else "run",
             prompt_id=prompt.id,
             target_tokens=prompt.target_tokens,
             prompt_tokens=None,

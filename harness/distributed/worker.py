@@ -86,7 +86,8 @@ class WorkerSide:
         self.loop = asyncio.get_running_loop()
         self.stop = aio.Stopping()
         self.go_at: asyncio.Future[int] = self.loop.create_future()
-        times = [share.spec.clock.wall_s(t) for t in share.plan.times]
+        timed = share.plan.timed
+        times = [share.spec.clock.wall_s(t) for t in timed.times] if timed else []
         quiet_ns = round(hold_after_s(share.lost_after_s) * 1e9)
         self.order = FedOrder(
             out.put,

@@ -10,7 +10,7 @@ import random
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 from rich.markup import escape
@@ -369,27 +369,32 @@ class Sender:
 
 
 @dataclass(frozen=True)
-class SessionPlan:
-    """One user's conversation: its prompts (indexes into Plan.prompts) in turn order, the think
-    time after each turn but the last, and when it starts (model s after the arm's start)."""
+class Timed:
+    """A schedule sent on time (an open loop's arrivals, a trace at its timestamps): each schedule
+    index's send time (model s after the arm's start), and how many of the first are a warm-up,
+    sent but not counted (the measured part starts once they are answered)."""
 
-    prompts: tuple[int, ...]
-    think_s: tuple[float, ...]
-    start_s: float = 0.0
+    times: tuple[float, ...]
+    warmup: int = 0
+
+
+Own = TypeVar("Own")
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(Generic[Own]):
     """What a workload settles before the arm's clock starts: its prompts and its schedule of
-    (schedule index, prompt index) pairs. Arms of one run share it."""
+    (schedule index, prompt index) pairs; when each is sent, where the schedule is timed (None:
+    as fast as the connections take them); what run.json records of it (a trace's); and what the
+    kind plans beyond that, its own type (`own`: the sessions kind's conversations). Arms of one
+    run share it."""
 
     total: int  # requests the arm will send
     prompts: tuple[Prompt, ...] = ()
     schedule: tuple[tuple[int, int], ...] = ()
-    times: tuple[float, ...] = ()  # open loop: send time of each schedule index (model s after the start)
-    warmup: int = 0  # open loop: the first schedule indexes that are sent but not counted
-    info: dict[str, Any] = field(default_factory=dict)  # what run.json records of the plan (a trace's)
-    sessions: tuple[SessionPlan, ...] = ()  # sessions: the schedule's index i is sessions[i]
+    timed: Timed | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    own: Own | None = None
 
 
 class Schedule(AsyncIterator[tuple[int, int]]):

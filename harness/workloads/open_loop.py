@@ -36,7 +36,7 @@ from harness.core.errors import write_file
 from harness.results import load_runs
 from harness.wire.turns import Turns
 from harness.workloads import closed_loop, schedule
-from harness.workloads.base import Load, Plan, Schedule, Sender, build_pool
+from harness.workloads.base import Load, Plan, Schedule, Sender, Timed, build_pool
 from harness.workloads.kind import ArmsDone, Driver, MeasureLoad
 
 # Loop timers fire to the millisecond; the last SPIN_S before a send time is waited by yielding
@@ -79,7 +79,7 @@ class OpenLoop(Driver[OpenLoopConfig]):
             warmup = 0
         rng = random.Random(f"{seed}/schedule/{load.label}")
         order = tuple((i, rng.randrange(w.pool)) for i in range(n))
-        return Plan(n, pool, order, times, warmup)
+        return Plan(n, pool, order, Timed(times, warmup) if load.mode == "rate" else None)
 
     async def drive(
         self, sender: Sender, plan: Plan, take: Schedule | None = None, connections: int | None = None, first: int = 0
@@ -247,7 +247,7 @@ async def send_timed(
     connections: int | None = None,
     warmup_shares_prefixes: bool = False,
 ) -> None:
-    """Each request of the plan at its time (plan.times, after the warm-up is answered), with at
+    """Each request of the plan at its time (plan.timed, after the warm-up is answered), with at
     most `cap` in flight. With `connections`, this is one of several processes sharing the
     schedule, with that share of the arm's connections (and so of its arrivals). The connections
     it is expected to need are opened once the warm-up is answered."""
@@ -262,7 +262,8 @@ class TimedSends:
     warm-up's latencies, and the shift that starts the measured part once the warm-up is in."""
 
     def __init__(self, sender: Sender, plan: Plan, cap: int | None, warmup_shares_prefixes: bool) -> None:
-        self.sender, self.plan, self.cap = sender, plan, cap
+        assert plan.timed is not None, "a timed schedule"
+        self.sender, self.plan, self.timed, self.cap = sender, plan, plan.timed, cap
         self.warmup_shares_prefixes = warmup_shares_prefixes
         self.clock = sender.spec.clock
         self.slots = asyncio.Semaphore(cap) if cap else None
@@ -272,10 +273,10 @@ class TimedSends:
         self.shift_ns = 0  # the measured schedule starts when the warm-up has been answered
 
     async def run(self, queue: Schedule, share: float) -> None:
-        plan, sender = self.plan, self.sender
+        timed, sender = self.timed, self.sender
         with aio.collections_in_gaps() as collector:
             async for i, p in queue:
-                if i >= plan.warmup and plan.warmup and not self.shift_ns:
+                if i >= timed.warmup and timed.warmup and not self.shift_ns:
                     await self.measured_part(queue, share)
                 await self.dispatch(i, p, collector)
                 if sender.stop.is_set():
@@ -286,20 +287,20 @@ class TimedSends:
     async def measured_part(self, queue: Schedule, share: float) -> None:
         """The warm-up answered (a cold first prefix, queues drained): the connections the measured
         part is expected to need opened, and its start agreed with the other processes."""
-        plan, clock, cap = self.plan, self.clock, self.cap
+        timed, clock, cap = self.timed, self.clock, self.cap
         if self.tasks:
             await asyncio.gather(*self.tasks)
-        need = in_flight(plan, max(self.warmup_e2e, default=0.0), share)
+        need = in_flight(timed, max(self.warmup_e2e, default=0.0), share)
         await self.sender.client.open_idle(self.sender.spec.url, min(need, cap or need))
         self.setup.clear()  # the warm-up's were slowed by new connections
         start = await queue.measured_start(time.perf_counter_ns())
         # the same for every process: the first measured request is sent at `start`
-        self.shift_ns = max(1, start - clock.t0_ns - round(clock.wall_s(plan.times[plan.warmup]) * 1e9))
+        self.shift_ns = max(1, start - clock.t0_ns - round(clock.wall_s(timed.times[timed.warmup]) * 1e9))
 
     async def dispatch(self, i: int, p: int, collector: aio.Collections) -> None:
         clock, setup = self.clock, self.setup
         early = min(PACE_MAX_NS, max(0, round(statistics.median(setup)))) if setup else 0
-        due = clock.t0_ns + self.shift_ns + round(clock.wall_s(self.plan.times[i]) * 1e9) - early
+        due = clock.t0_ns + self.shift_ns + round(clock.wall_s(self.timed.times[i]) * 1e9) - early
         collector.in_gap(due - time.perf_counter_ns())
         if (wait := due - LEAD_NS - time.perf_counter_ns()) > 0:
             await asyncio.sleep(wait / 1e9)
@@ -319,14 +320,21 @@ class TimedSends:
             turns.written()
 
     async def send(self, i: int, p: int, shift: int) -> None:
-        sender, spec, clock, plan, slots = self.sender, self.sender.spec, self.clock, self.plan, self.slots
+        sender, spec, clock, plan, slots, timed = (
+            self.sender,
+            self.sender.spec,
+            self.clock,
+            self.plan,
+            self.slots,
+            self.timed,
+        )
         dispatched = time.perf_counter_ns()
         held_ns = None if slots is None else await hold(slots, sender.client.turns)
         held = None if held_ns is None else clock.between(0, held_ns)
         try:
             prompt = plan.prompts[p]
-            phase = "warmup" if i < plan.warmup else "run"
-            intended = plan.times[i] + clock.between(0, shift)
+            phase = "warmup" if i < timed.warmup else "run"
+            intended = timed.times[i] + clock.between(0, shift)
             own = phase == "warmup" and not spec.bust and not self.warmup_shares_prefixes
             lead = spec.reuse_lead(prompt, "warmup/") if own else sender.lead_for(prompt)
             r = await sender.send(prompt, phase, lead, schedule_index=i, intended_s=intended, held_s=held)
@@ -351,11 +359,11 @@ async def hold(slots: asyncio.Semaphore, turns: Turns) -> int | None:
     return time.perf_counter_ns() - t
 
 
-def in_flight(plan: Plan, latency_s: float, share: float) -> int:
+def in_flight(timed: Timed, latency_s: float, share: float) -> int:
     """Requests a process is expected to have in flight at most during the measured part: its
     `share` of the arrivals within one `latency_s` (the warm-up's longest), plus a margin of
     three standard deviations of a Poisson count."""
-    times = plan.times[plan.warmup :]
+    times = timed.times[timed.warmup :]
     if len(times) < 2 or times[-1] <= times[0] or latency_s <= 0:
         return 0
     mean = share * (len(times) - 1) / (times[-1] - times[0]) * latency_s

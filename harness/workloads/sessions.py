@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -24,14 +24,33 @@ from harness.config.kinds.draws import draw_length, draw_seconds
 from harness.config.kinds.sessions import SessionsConfig
 from harness.inputs.prompts import BlockPrompts, Prompt
 from harness.workloads import open_loop, schedule
-from harness.workloads.base import Plan, Schedule, Sender, SessionPlan
+from harness.workloads.base import Plan, Schedule, Sender
 from harness.workloads.kind import Driver, Taken
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """One user's conversation: its prompts (indexes into Plan.prompts) in turn order, the think
+    time after each turn but the last, and when it starts (model s after the arm's start)."""
+
+    prompts: tuple[int, ...]
+    think_s: tuple[float, ...]
+    start_s: float = 0.0
+
+
+# The kind's own part of its Plan (Plan.own): schedule index u is conversation u
+Conversations = tuple[SessionPlan, ...]
+
+
+def conversations(plan: Plan[Conversations]) -> Conversations:
+    assert plan.own is not None, "a sessions plan has its conversations"
+    return plan.own
 
 
 class Sessions(Driver[SessionsConfig]):
     config = SessionsConfig
 
-    async def plan(self, sender: Sender, prior: Plan | None = None) -> Plan:
+    async def plan(self, sender: Sender, prior: Plan | None = None) -> Plan[Conversations]:
         return await plan(self.cfg(sender.spec.scenario), sender)
 
     async def drive(
@@ -41,7 +60,7 @@ class Sessions(Driver[SessionsConfig]):
 
     def untaken(self, plan: Plan, index: int, prompt: int, seen: Taken) -> list[tuple[int, dict[str, Any]]]:
         """The session's turns not reported: the one in flight, and those it would have sent after."""
-        prompts = plan.sessions[index].prompts
+        prompts = conversations(plan)[index].prompts
         return [(prompts[t], {"session": index, "turn": t + 1}) for t in range(seen.turns.get(index, 0), len(prompts))]
 
 
@@ -70,7 +89,7 @@ def starts(w: SessionsConfig, seed: int) -> list[float]:
     return [0.0, *np.cumsum(g[:-1]).tolist()]
 
 
-async def plan(w: SessionsConfig, sender: Sender) -> Plan:
+async def plan(w: SessionsConfig, sender: Sender) -> Plan[Conversations]:
     sc = sender.spec.scenario
     seed = sc.prompts.seed if w.seed is None else w.seed
     sender.progress.note(f"building {w.users} sessions")
@@ -94,7 +113,7 @@ async def plan(w: SessionsConfig, sender: Sender) -> Plan:
                 parts.append(pieces.piece(f"answer/{u}/{k}", w.answer_tokens))
                 size += w.answer_tokens
         sessions.append(SessionPlan(tuple(own), tuple(waits), start))
-    return Plan(len(prompts), tuple(prompts), tuple((u, 0) for u in range(w.users)), sessions=tuple(sessions))
+    return Plan(len(prompts), tuple(prompts), tuple((u, 0) for u in range(w.users)), own=tuple(sessions))
 
 
 def with_answers(prompt: Prompt, answers: list[str]) -> Prompt:
@@ -124,7 +143,7 @@ async def drive(
     tasks: set[asyncio.Task[None]] = set()
 
     async def session(u: int, held: float | None) -> None:
-        s = plan.sessions[u]
+        s = conversations(plan)[u]
         try:
             # each turn's intended time (model seconds): the session's start, then the end of the
             # turn before plus the think time; its lag is recorded as an open loop's is

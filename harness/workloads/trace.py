@@ -15,7 +15,7 @@ from harness.core.errors import InputError
 from harness.inputs import traces
 from harness.inputs.prompts import BlockPrompts
 from harness.workloads import closed_loop, open_loop
-from harness.workloads.base import Plan, Schedule, Sender
+from harness.workloads.base import Plan, Schedule, Sender, Timed
 from harness.workloads.kind import Driver
 
 
@@ -52,12 +52,12 @@ async def plan(w: TraceConfig, sender: Sender) -> Plan:
     await blocks.calibrate(lead)
     prompts = tuple(blocks.prompt(f"t{r.line}", lead, r.hash_ids, r.input_length, r.output_length) for r in reqs)
     t0 = reqs[0].timestamp_s
-    times = () if w.closed else tuple((r.timestamp_s - t0) / w.speed for r in reqs)
+    timed = None if w.closed else Timed(tuple((r.timestamp_s - t0) / w.speed for r in reqs))
     return Plan(
         len(reqs),
         prompts,
         tuple((i, i) for i in range(len(reqs))),
-        times,
+        timed,
         info={"trace": _info(trace, reqs, w.lru_blocks, sender.block, 0 if blocks.aligned_head else blocks.fixed)},
     )
 
