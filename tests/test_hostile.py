@@ -1308,3 +1308,40 @@ def test_a_signal_during_a_held_write_lets_it_end_then_interrupts(tmp_path: Path
         signal.signal(signal.SIGINT, before[1])
     with gzip.open(out, "rt") as f:
         assert sum(1 for _ in f) == 2000
+
+
+def test_a_job_that_fails_among_others_has_them_cancelled_before_its_error_is_raised() -> None:
+    """aio.together, which the workloads' connections and request tasks run under: the first
+    error cancels the others and waits for them (none is left writing after the run has closed
+    its files), and is the one raised; what the others raise meanwhile is not lost in a traceback
+    at exit. Without an error, every job's end is awaited."""
+    from harness.core import aio
+
+    ended: list[str] = []
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise OSError("disk full")
+
+    async def sends(name: str) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            ended.append(name)
+            raise ValueError("write to closed file") from None  # as a record written after the stop
+
+    async def main() -> None:
+        with pytest.raises(OSError, match="disk full"):
+            await aio.together(sends("a"), fails(), sends("b"))
+        assert sorted(ended) == ["a", "b"]
+        assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        done: list[int] = []
+
+        async def one(k: int) -> None:
+            await asyncio.sleep(0)
+            done.append(k)
+
+        await aio.together(*(one(k) for k in range(3)))
+        assert sorted(done) == [0, 1, 2]
+
+    asyncio.run(main())

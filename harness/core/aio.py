@@ -136,6 +136,21 @@ async def until_done_or_stopped(
     return task
 
 
+async def together(*jobs: Awaitable[Any]) -> None:
+    """Await every job, each in a task; the first to fail has the others cancelled and waited for
+    before its error is raised. (asyncio.gather leaves them running: a closed loop's other
+    connections went on sending after a full disk failed one, and wrote their records into the
+    file the run had closed meanwhile, a traceback at exit.)"""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 async def unless_stopped(job: Awaitable[T], stop: asyncio.Event) -> T:
     """`job`'s result, unless `stop` is set first: then it is cancelled at once (nothing of it is
     in flight at a server: preparation, such as sizing prompts) and CancelledError raised."""

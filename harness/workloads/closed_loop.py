@@ -6,10 +6,10 @@ prompt computed before come back from that prompt's slot file (tiers.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 from harness.config.kinds.closed_loop import ClosedLoopConfig
+from harness.core import aio
 from harness.engines import tiers
 from harness.workloads.base import Plan, Schedule, Sender, build_pool
 from harness.workloads.kind import Driver
@@ -69,7 +69,7 @@ async def drive(
                 await tier.after_cold(prompt.id, n)
 
     try:
-        await asyncio.gather(*(connection(first + n) for n in range(count)))
+        await aio.together(*(connection(first + n) for n in range(count)))
     finally:
         if tier is not None:
             sender.info["tiers"] = await tier.finish()

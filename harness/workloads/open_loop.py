@@ -282,14 +282,14 @@ class TimedSends:
                 if sender.stop.is_set():
                     break
             if self.tasks:
-                await asyncio.gather(*self.tasks)
+                await aio.together(*self.tasks)
 
     async def measured_part(self, queue: Schedule, share: float) -> None:
         """The warm-up answered (a cold first prefix, queues drained): the connections the measured
         part is expected to need opened, and its start agreed with the other processes."""
         timed, clock, cap = self.timed, self.clock, self.cap
         if self.tasks:
-            await asyncio.gather(*self.tasks)
+            await aio.together(*self.tasks)
         need = in_flight(timed, max(self.warmup_e2e, default=0.0), share)
         await self.sender.client.open_idle(self.sender.spec.url, min(need, cap or need))
         self.setup.clear()  # the warm-up's were slowed by new connections

@@ -22,6 +22,7 @@ import numpy as np
 
 from harness.config.kinds.draws import draw_length, draw_seconds
 from harness.config.kinds.sessions import SessionsConfig
+from harness.core import aio
 from harness.inputs.prompts import BlockPrompts, Prompt
 from harness.workloads import open_loop, schedule
 from harness.workloads.base import Plan, Schedule, Sender
@@ -189,4 +190,4 @@ async def drive(
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     if tasks:
-        await asyncio.gather(*tasks)
+        await aio.together(*tasks)
