@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.errors import InputError
+from harness.sizing.stack import compiled
 
 
 @dataclass(frozen=True)
@@ -200,15 +200,8 @@ def run(
 
 @functools.cache
 def compiled_event_loop() -> Any:
-    """The event loop, compiled by numba at its first use in a process (and cached on disk). Its
-    helpers are registered with numba first (`register_jitable`: the same functions, which numba
-    then compiles where compiled code calls them), so that the loop calls them by name both ways."""
-    try:
-        import numba
-        from numba.extending import register_jitable
-    except ImportError:
-        raise InputError("sizing needs numba: pip install 'kvbench[sizing]'") from None
-    for helper in (
+    """The event loop, compiled at its first use in a process, with its helpers."""
+    helpers = (
         _take,
         _next_step,
         _advance,
@@ -220,9 +213,8 @@ def compiled_event_loop() -> Any:
         _joined,
         _transferred,
         _free_load,
-    ):
-        register_jitable(helper)
-    return numba.njit(cache=True, nogil=True)(event_loop)
+    )
+    return compiled(event_loop, helpers)
 
 
 SERVED, AT, SINCE = 0, 1, 2  # a shared instance's state: bytes each load attained, when, busy since

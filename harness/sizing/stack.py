@@ -164,14 +164,24 @@ def sampled(blocks: np.ndarray, rate: float, seed: int = 0) -> np.ndarray:
     return (z % np.uint64(SAMPLE_MODULUS)) < np.uint64(int(rate * SAMPLE_MODULUS))
 
 
-@functools.cache
-def compiled_loop() -> Any:
-    """The distance loop, compiled by numba at its first use in a process (and cached on disk)."""
+def compiled(loop: Any, helpers: Sequence[Any] = ()) -> Any:
+    """A sizing loop compiled by numba (the `sizing` extra), cached on disk. Its `helpers` are
+    registered with numba first (`register_jitable`: the same functions, which numba then compiles
+    where compiled code calls them), so that the loop calls them by name both ways."""
     try:
         import numba
+        from numba.extending import register_jitable
     except ImportError:
         raise InputError("sizing needs numba: pip install 'kvbench[sizing]'") from None
-    return numba.njit(cache=True, nogil=True)(distance_loop)
+    for helper in helpers:
+        register_jitable(helper)
+    return numba.njit(cache=True, nogil=True)(loop)
+
+
+@functools.cache
+def compiled_loop() -> Any:
+    """The distance loop, compiled at its first use in a process."""
+    return compiled(distance_loop)
 
 
 def distance_loop(

@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.errors import InputError
-from harness.sizing.stack import References, compiled_loop
+from harness.sizing.stack import References, compiled, compiled_loop
 
 SCOPES = ("worker", "node", "cluster")
 
@@ -97,12 +96,8 @@ def curve_tallies(
 
 @functools.cache
 def compiled_tallies() -> tuple[Any, Any]:
-    """The tallies, compiled by numba at their first use in a process (and cached on disk)."""
-    try:
-        import numba
-    except ImportError:
-        raise InputError("sizing needs numba: pip install 'kvbench[sizing]'") from None
-    return numba.njit(cache=True, nogil=True)(tier_tally), numba.njit(cache=True, nogil=True)(curve_tally)
+    """The tallies, compiled at their first use in a process."""
+    return compiled(tier_tally), compiled(curve_tally)
 
 
 def tier_tally(
