@@ -113,7 +113,7 @@ def holds(
     reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float, cost: Cost, ttft_s: float, share: float
 ) -> bool:
     """Whether at least `share` of the requests meet a TTFT of `ttft_s` (the SLO capacity search's
-    question, some 20 times a configuration). The run keeps no loads, and stops as soon as more
+    question, about ten times a search). The run keeps no loads, and stops as soon as more
     requests have missed it than `share` allows: such a load fails whatever the others do (a
     sweep's configurations spend most of their time in these runs, half of which fail)."""
     n = len(reqs.arrival_s)
