@@ -212,7 +212,6 @@ def compiled_event_loop() -> Any:
         _delivered,
         _joined,
         _transferred,
-        _free_load,
     )
     return compiled(event_loop, helpers)
 
@@ -274,7 +273,7 @@ def event_loop(
         elif kind == LOADED:
             k = stage[what]
             if np.isnan(bandwidth[k]):  # a free tier: its bytes at once
-                go = _free_load(what, now, stage, instance, began, tier_tokens, kv, loads, counts, delivered)
+                go = _loaded(what, now, stage, instance, began, tier_tokens, kv, loads, counts, delivered, bandwidth)
             else:
                 j, size = first[k] + instance[what, k], tier_tokens[what, k] * kv
                 again = _joined(what, j, now, bandwidth[k], size, inst, active, heap_target, heap_req, slot_at)
@@ -284,12 +283,12 @@ def event_loop(
                 i, again = _transferred(what, k, now, bandwidth[k], inst, active, heap_target, heap_req, slot_at)
                 if again < 0:
                     _delivered(delivered, counts, k, inst[what, SINCE], now, bandwidth[k])
-                go = _loaded(i, now, stage, instance, began, tier_tokens, kv, loads, counts)
+                go = _loaded(i, now, stage, instance, began, tier_tokens, kv, loads, counts, delivered, bandwidth)
         if go >= 0:
             t, step = _next_step(go, now, stage, tier_tokens, prompt, latency, start, load, pre, began, a, b)
             while step == LOADED and t == now and np.isnan(bandwidth[stage[go]]):
                 # a free tier without latency (an event each cost 20 % of the loop)
-                _free_load(go, now, stage, instance, began, tier_tokens, kv, loads, counts, delivered)
+                _loaded(go, now, stage, instance, began, tier_tokens, kv, loads, counts, delivered, bandwidth)
                 t, step = _next_step(go, now, stage, tier_tokens, prompt, latency, start, load, pre, began, a, b)
             seq += 1
             heapq.heappush(events, (t, seq, step, go))
@@ -337,24 +336,6 @@ def _transferred(
     active[j] -= 1
     inst[j, SERVED] = max(inst[j, SERVED], target)
     return i, (j if active[j] else -1)
-
-
-def _free_load(
-    i: int,
-    now: float,
-    stage: np.ndarray,
-    instance: np.ndarray,
-    began: np.ndarray,
-    tier_tokens: np.ndarray,
-    kv: float,
-    loads: np.ndarray,
-    counts: np.ndarray,
-    delivered: np.ndarray,
-) -> int:  # pragma: no cover
-    """Request i's load from its current tier, a free one, ended now: its bytes at once."""
-    k = stage[i]
-    _delivered(delivered, counts, k, now, now, tier_tokens[i, k] * kv)
-    return _loaded(i, now, stage, instance, began, tier_tokens, kv, loads, counts)
 
 
 def _take(
@@ -469,13 +450,18 @@ def _loaded(
     kv: float,
     loads: np.ndarray,
     counts: np.ndarray,
+    delivered: np.ndarray,
+    bandwidth: np.ndarray,
 ) -> int:  # pragma: no cover
-    """Request i's load from its current tier ended: recorded, and the request on to its next."""
+    """Request i's load from its current tier ended: recorded (a free tier's, whose bytes came at
+    once, as an instant it delivered too), and the request on to its next."""
     k = stage[i]
     if len(loads):  # (recorded)
         row = loads[counts[0]]
         row[0], row[1], row[2], row[3], row[4] = k, instance[i, k], began[i], now, tier_tokens[i, k] * kv
         counts[0] += 1
+    if np.isnan(bandwidth[k]):
+        _delivered(delivered, counts, k, now, now, tier_tokens[i, k] * kv)
     stage[i] = k + 1
     return i
 
