@@ -6,6 +6,7 @@ request's own, Zipf popularity of exponent alpha).
     python bench/sizing.py [requests]      # default 1000000
     python bench/sizing.py fleet [requests]  # default 1000000
     python bench/sizing.py sweep [requests] [processes]  # default 10000000 2
+    python bench/sizing.py sessions [users]  # default 1000
 
 Prints: the plain-Python loop against the compiled one on the same 20,000 requests (the ratio);
 then per alpha the exact curve's time, the sampled curve's (1 %, two seeds), the share of
@@ -24,6 +25,13 @@ and a G4 of 100 TB shared at 100 GB/s, Poisson arrivals at 100 req/s, alpha 1.
 processes), without request rows: the workload's generation, the sweep's time and its largest
 process's peak RSS (this one's, or any child's), and each configuration's G4 share, read p99,
 TTFT p50 and SLO capacity ratio.
+
+`sessions`: a scenario's plan sized without running it (`[workload] scenario`,
+harness/sizing/planned.py): the shipped multi-turn sessions scenario with `users` users starting
+at users/50 a second (4 turns each, about a minute of thinking, 22,000-token histories and more),
+on 64 workers with the G1 and G4 above and a 2 s TTFT SLO: the plan's reading, the sizing's
+time (its arrivals settled with the tiers and recomputing, and again at each speed-up of the SLO
+search), the passes each took, the peak RSS, and the figures.
 """
 
 from __future__ import annotations
@@ -137,7 +145,44 @@ def sweep(n: int, processes: int) -> None:
         )
 
 
+def sessions(users: int) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from harness.sizing import planned
+
+    shipped = (Path(__file__).parent.parent / "scenarios" / "multi-turn-sessions.toml").read_text()
+    text = shipped.replace("users = 24", f"users = {users}").replace("start_rate = 0.5", f"start_rate = {users / 50}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "sessions.toml"
+        path.write_text(text)
+        t0 = time.perf_counter()
+        d = planned.read(path, 16, 1.0).plan
+    print(
+        f"{users:,} users: {d.refs.requests:,} requests, {len(d.refs.blocks):,} block references, read in "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
+    p = plan()
+    g1, g4 = (replace(t, capacity_blocks=t.capacity_blocks * BLOCK // 16) for t in p.tiers)  # 16-token blocks
+    p = replace(p, tiers=(g1, g4))
+    t0 = time.perf_counter()
+    sized = fleet.size(d, p)
+    took = time.perf_counter() - t0
+    f, slo = sized.figures, sized.figures["slo"]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"sized in {took:.1f} s, peak RSS {peak:.2f} GB; arrivals {f['arrivals']}")
+    print(
+        f"G1 share {f['tiers'][0]['share']:.3f}, G4 share {f['tiers'][1]['share']:.3f}, TTFT p50 "
+        f"{f['ttft_s']['p50']:.3f} s (recomputing {f['recompute_ttft_s']['p50']:.3f} s), SLO capacity "
+        f"{slo['cached']['capacity_req_per_s']:.3g} req/s against {slo['recompute']['capacity_req_per_s']:.3g}, "
+        f"not settled at {slo['cached']['unsettled_speedups']} / {slo['recompute']['unsettled_speedups']}"
+    )
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["sessions"]:
+        sessions(int(sys.argv[2]) if len(sys.argv) > 2 else 1000)
+        return
     if sys.argv[1:2] == ["sweep"]:
         sweep(int(sys.argv[2]) if len(sys.argv) > 2 else 10_000_000, int(sys.argv[3]) if len(sys.argv) > 3 else 2)
         return

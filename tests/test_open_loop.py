@@ -17,11 +17,12 @@ from scipy import stats as sps
 from harness.analysis import capacity, stats
 from harness.analysis.capacity import Point
 from harness.config import scenario
+from harness.config.kinds import schedule
 from harness.config.kinds.open_loop import OpenLoopConfig
 from harness.core import aio
 from harness.core.errors import InputError
 from harness.results import read_requests, read_run
-from harness.workloads import open_loop, schedule
+from harness.workloads import open_loop
 from harness.workloads.base import Timed
 from tests.conftest import cli, kvbench, write_scenario
 

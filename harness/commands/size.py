@@ -17,7 +17,7 @@ import json
 import multiprocessing
 import signal
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -30,9 +30,8 @@ from harness.core.errors import InputError, replaced, signals_held
 from harness.core.units import human_bandwidth, human_size
 from harness.gate.rules import parse_rules
 from harness.inputs import traces
-from harness.inputs.traces import TraceRequest
 from harness.results import utc_stamp, versions
-from harness.sizing import config, recorded, result
+from harness.sizing import config, planned, recorded, result
 from harness.sizing.fleet import (
     CAPACITY_STEPS,
     Plan,
@@ -46,12 +45,14 @@ from harness.sizing.fleet import (
     placement_key,
     size,
 )
+from harness.sizing.planned import Dependent
 from harness.sizing.shared import Files, Handle, Here, Kept, Store
 from harness.sizing.simulate import Cost, Tier
 from harness.sizing.tiers import Fleet
 
 WHAT = (
-    "Simulated, not measured: the workload's requests (a trace's, or a result folder's) replayed in "
+    "Simulated, not measured: the workload's requests (a trace's, a result folder's, or a scenario's plan, "
+    "its arrivals settled with the simulated answers where they wait for them) replayed in "
     "virtual time through the tiers configured (LRU each, inclusive, write-through; requests routed "
     "as `cluster.routing` says), each tier's bandwidth shared by the loads it serves at once, prefill "
     "and decode by the engine's cost model."
@@ -94,9 +95,10 @@ def _main(
     ray: str | None,
 ) -> int:
     cost, kv, source = _engine(spec)
-    replayed, block_tokens, where = _requests(spec, console)
+    workload, where = _workload(spec, console)
     configurations = spec.configurations()
-    plans = [_plan(spec, c, block_tokens * kv, kv, cost) for c in configurations]
+    plans = [_plan(spec, c, workload.block_tokens * kv, kv, cost) for c in configurations]
+    n = workload.refs.requests
     doc: dict[str, Any] = {
         "kind": "sizing",
         "simulated": True,
@@ -121,15 +123,14 @@ def _main(
     folder.mkdir(parents=True, exist_ok=True)
     many = f"{len(configurations)} configurations" + (f" in {processes} processes" if processes > 1 else "")
     console.print(
-        f"Sizing {len(replayed) * spec.workload.tenants:,} requests of {spec.workload.trace or spec.workload.result}"
+        f"Sizing {n:,} requests of {spec.workload.source}"
         + (f" ({spec.workload.tenants} tenants)" if spec.workload.tenants > 1 else "")
         + ": "
         + (many if len(configurations) > 1 else f"{spec.workers[0]} workers, {len(spec.tiers)} tier(s)")
         + " ...",
         markup=False,
     )
-    workload = from_trace(replayed, block_tokens, spec.workload.rate_scale, spec.workload.tenants)
-    rows = workload.refs.requests * len(configurations)
+    rows = n * len(configurations)
     keep = requests if requests is not None else rows <= MAX_REQUEST_ROWS
     doc["requests_file"] = result.REQUESTS if keep else None
     if requests is None and not keep:
@@ -166,18 +167,31 @@ def _main(
     return 0
 
 
-def _requests(spec: config.SizingSpec, console: Console) -> tuple[Sequence[TraceRequest], int, dict[str, Any]]:
-    """The requests sized, their block size, and sizing.json's account of where they came from:
-    `trace` (the file, its format) or `result` (the folder, the arm, its kind, which clock the
-    arrivals are on, what was left out)."""
+def _workload(spec: config.SizingSpec, console: Console) -> tuple[Workload | Dependent, dict[str, Any]]:
+    """The requests sized, and sizing.json's account of where they came from: `trace` (the file,
+    its format), `result` (the folder, the arm, its kind, which clock the arrivals are on, what
+    was left out) or `scenario` (the file, its kind, what its plan leaves out)."""
     w = spec.workload
+    if w.scenario is not None:
+        sc = planned.read(w.scenario, w.block_tokens or config.RESULT_BLOCK_TOKENS, w.rate_scale)
+        if not sc.plan.refs.requests:
+            raise InputError(f"{w.scenario}: its plan has no requests")
+        if spec.slo_ttft_s is not None and not sc.plan.ready_s.any():
+            raise InputError(
+                f"{spec.file}: slo.ttft_s: a {sc.kind} plan has no times to speed up (its load is its concurrency), "
+                "so no SLO capacity; expected no [slo] with it"
+            )
+        if sc.note:
+            console.print(f"note: the {sc.kind} plan: {sc.note}", markup=False)
+        said = {"path": str(w.scenario), "kind": sc.kind, "block_tokens": sc.plan.block_tokens, "note": sc.note}
+        return sc.plan, {"scenario": {**said, "requests": sc.plan.refs.requests}}
     if w.result is None:
-        assert w.trace is not None  # (config.read: one of the two)
+        assert w.trace is not None  # (config.read: one of the three)
         trace = traces.read(w.trace, w.format, w.block_tokens)
         if not trace.requests:
             raise InputError(f"{w.trace}: the trace has no requests")
         where = {"path": str(w.trace), "format": trace.format, "block_tokens": trace.block_tokens}
-        return trace.requests, trace.block_tokens, {"trace": where}
+        return from_trace(trace.requests, trace.block_tokens, w.rate_scale, w.tenants), {"trace": where}
     block = w.block_tokens or config.RESULT_BLOCK_TOKENS
     got = recorded.read(w.result, w.arm, block)
     if not got.requests:
@@ -195,7 +209,7 @@ def _requests(spec: config.SizingSpec, console: Console) -> tuple[Sequence[Trace
     }
     for warning in _result_warnings(got):
         console.print(f"warning: {warning}", markup=False)
-    return got.requests, block, {"result": said}
+    return from_trace(got.requests, block, w.rate_scale, w.tenants), {"result": said}
 
 
 def _result_warnings(got: recorded.Recorded) -> list[str]:
@@ -270,21 +284,23 @@ def _plan(spec: config.SizingSpec, c: config.Configuration, block_bytes: int, kv
 
 
 def each_sized(
-    workload: Workload, plans: list[Plan], processes: int, rows: bool, on_ray: bool = False
+    workload: Workload | Dependent, plans: list[Plan], processes: int, rows: bool, on_ray: bool = False
 ) -> Iterator[tuple[int, Sized]]:
     """Each plan sized (its index, as each is done; its request rows only if `rows`): in this
     process, in `processes` processes (spawned: nothing of this one's state is copied into them
     but what they are given), or in `processes` of the joined Ray cluster's (`on_ray`: Ray's
     multiprocessing pool, its actors on the cluster's nodes). What several configurations share
     is computed once: each distinct Placement (routes and stack distances) and Baseline (every
-    prompt recomputed), first, then the configurations, each with its own. Stopped (Ctrl-C,
+    prompt recomputed), first, then the configurations, each with its own (a kind's plan shares
+    none: its arrivals settle with each configuration's answers). Stopped (Ctrl-C,
     SIGTERM, an error), the processes are terminated at once, not left to finish their
     configuration; and local ones end with kvbench if it is killed."""
     if not on_ray and (processes == 1 or len(plans) == 1):
         yield from _in_turn(workload, plans, rows)
         return
     n = min(processes, len(plans))
-    _ = workload.refs.dense  # numbered here once (cached, handed over with it), not in every process
+    if isinstance(workload, Workload):
+        _ = workload.refs.dense  # numbered here once (cached, handed over with it), not in every process
     with contextlib.ExitStack() as stack:
         store: Store
         if on_ray:
@@ -297,12 +313,15 @@ def each_sized(
             store = Files(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvbench-size-"))))
         try:
             given = store.put(workload)
-            shared = {k: plan for plan in plans for k in _shared_keys(plan)}
+            shared = {k: plan for plan in plans for k in _shared_keys(workload, plan)}
             tasks = [(k, given, plan, store) for k, plan in shared.items()]
             handles = dict(pool.imap_unordered(_share_one, tasks))
             yield from pool.imap_unordered(
                 _size_one,
-                [(i, given, plan, *(handles[k] for k in _shared_keys(plan)), rows) for i, plan in enumerate(plans)],
+                [
+                    (i, given, plan, tuple(handles[k] for k in _shared_keys(workload, plan)), rows)
+                    for i, plan in enumerate(plans)
+                ],
             )
             pool.close()
         finally:
@@ -310,26 +329,28 @@ def each_sized(
             pool.join()
 
 
-def _shared_keys(plan: Plan) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """The keys of what a plan may share with others: its Placement's, its Baseline's."""
+def _shared_keys(workload: Workload | Dependent, plan: Plan) -> tuple[tuple[Any, ...], ...]:
+    """The keys of what a plan may share with others: its Placement's, its Baseline's; none for a
+    kind's plan (its arrivals are each configuration's own)."""
+    if isinstance(workload, Dependent):
+        return ()
     return ("placement", *placement_key(plan)), ("baseline", *baseline_key(plan))
 
 
-def _in_turn(workload: Workload, plans: list[Plan], rows: bool) -> Iterator[tuple[int, Sized]]:
+def _in_turn(workload: Workload | Dependent, plans: list[Plan], rows: bool) -> Iterator[tuple[int, Sized]]:
     """Each plan sized in this process, those of one Placement one after the other, each Placement
     and Baseline computed once and dropped after the last plan that needs it."""
-    keys = [_shared_keys(plan) for plan in plans]
+    keys = [_shared_keys(workload, plan) for plan in plans]
     first: dict[tuple[Any, ...], int] = {}
-    for i, (key, _) in enumerate(keys):
-        first.setdefault(key, i)
+    for i, key in enumerate(keys):
+        first.setdefault(key[:1], i)
     left = collections.Counter(k for pair in keys for k in pair)
     held: dict[tuple[Any, ...], Handle] = {}
-    for i in sorted(range(len(plans)), key=lambda i: first[keys[i][0]]):
+    for i in sorted(range(len(plans)), key=lambda i: first[keys[i][:1]]):
         for k in keys[i]:
             if k not in held:
                 held[k] = _share_one((k, Kept(workload), plans[i], Here()))[1]
-        placed, base = (held[k] for k in keys[i])
-        yield _size_one((i, Kept(workload), plans[i], placed, base, rows))
+        yield _size_one((i, Kept(workload), plans[i], tuple(held[k] for k in keys[i]), rows))
         for k in keys[i]:
             left[k] -= 1
             if not left[k]:
@@ -351,12 +372,13 @@ def _share_one(task: tuple[tuple[Any, ...], Handle, Plan, Store]) -> tuple[tuple
     return key, store.put(placement(w, plan) if key[0] == "placement" else baseline(w, plan))
 
 
-def _size_one(task: tuple[int, Handle, Plan, Handle, Handle, bool]) -> tuple[int, Sized]:
-    """One plan sized from its workload, Placement and Baseline as handed over; its rows dropped
-    where they are not wanted (not carried back from a process: a configuration of 10^7
-    requests has about 1 GB of them)."""
-    i, given, plan, placed, base, rows = task
-    sized = size(given.load(), plan, placed.load(), base.load())
+def _size_one(task: tuple[int, Handle, Plan, tuple[Handle, ...], bool]) -> tuple[int, Sized]:
+    """One plan sized from its workload, and its Placement and Baseline where handed over; its
+    rows dropped where they are not wanted (not carried back from a process: a configuration of
+    10^7 requests has about 1 GB of them)."""
+    i, given, plan, shared, rows = task
+    placed, base = (h.load() for h in shared) if shared else (None, None)
+    sized = size(given.load(), plan, placed, base)
     return i, sized if rows else Sized(sized.figures, {})
 
 
@@ -421,6 +443,8 @@ def show(doc: dict[str, Any], console: Console) -> None:
         _one(configurations[0], console)
     elif configurations:
         _sweep(doc, console)
+    for line in result.unsettled(configurations):
+        console.print(f"warning: {line}", markup=False)
 
 
 def _one(c: dict[str, Any], console: Console) -> None:

@@ -16,7 +16,7 @@ from harness.core.errors import InputError, write_file
 from harness.core.units import human_bandwidth, human_size
 from harness.report import plots
 from harness.report.build import base, environment
-from harness.sizing.result import SIZING, Sizing, knee_bytes, value
+from harness.sizing.result import SIZING, Sizing, knee_bytes, unsettled, value
 
 
 def context(results: list[Sizing]) -> dict[str, Any]:
@@ -41,8 +41,9 @@ def _one(s: Sizing) -> dict[str, Any]:
         "what": str(doc["what"]),
         "status": str(doc.get("status", "completed")),
         "engine": str(doc["engine"]["source"]),
-        "trace": str((doc["result"] if "result" in doc else doc["trace"])["path"]),
-        "replayed": _replayed(doc.get("result")),
+        "trace": str(next(doc[k] for k in ("result", "scenario", "trace") if k in doc)["path"]),
+        "replayed": _replayed(doc.get("result")) + _planned(doc.get("scenario")),
+        "unsettled": unsettled(configurations),
         "tenants": int(doc.get("tenants", 1)),
         "routing": str(doc["cluster"]["routing"]),
         "requests": int(first["figures"]["requests"]) if first else 0,
@@ -63,6 +64,17 @@ def _replayed(result: dict[str, Any] | None) -> str:
         return ""
     when = "when its schedule meant them to be sent" if result["arrivals"] == "intended" else "when they were sent"
     return f" (arm {result['arm']} of a {result['kind']} run, {result['block_tokens']}-token blocks, arriving {when})"
+
+
+def _planned(scenario: dict[str, Any] | None) -> str:
+    """What a scenario's plan was (nothing for a trace's or a result folder's)."""
+    if scenario is None:
+        return ""
+    note = f"; {scenario['note']}" if scenario.get("note") else ""
+    return (
+        f" (the plan of a {scenario['kind']} scenario, not run: {scenario['block_tokens']}-token blocks, arriving as "
+        f"the simulated answers let them{note})"
+    )
 
 
 def _row(c: dict[str, Any], swept: list[str]) -> dict[str, Any]:

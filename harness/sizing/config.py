@@ -60,23 +60,34 @@ MAX_CONFIGURATIONS = 1024
 BANDWIDTH_BIN_S = 1.0
 
 
-# A result folder's prompts cut into blocks of this many tokens unless `block_tokens` says
+# Where the requests come from: one of these [workload] keys
+SOURCES = ("trace", "result", "scenario")
+# A result folder's or a scenario's prompts cut into blocks of this many tokens unless `block_tokens` says
 # otherwise: vLLM's default block size
 RESULT_BLOCK_TOKENS = 16
 
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """The requests sized: a trace's (`trace`), or a kvbench result folder's (`result`: a run
-    folder, or a scenario's folder whose newest run's `arm` is replayed)."""
+    """The requests sized: a trace's (`trace`), a kvbench result folder's (`result`: a run
+    folder, or a scenario's folder whose newest run's `arm` is replayed), or a scenario's plan
+    (`scenario`: its workload kind's requests, not run)."""
 
     trace: Path | None
     format: str
-    block_tokens: int | None  # default: the format's (512 Mooncake, 16 Bailian); RESULT_BLOCK_TOKENS
+    block_tokens: int | None  # default: the format's (512 Mooncake, 16 Bailian); else RESULT_BLOCK_TOKENS
     rate_scale: float
     tenants: int  # the requests replayed by this many independent tenants (fleet.scaled_up)
     result: Path | None = None
     arm: str | None = None
+    scenario: Path | None = None  # a scenario file: its workload kind's plan, not run (sizing/planned.py)
+
+    @property
+    def source(self) -> Path:
+        """The file or folder the requests come from."""
+        found = self.trace or self.result or self.scenario
+        assert found is not None  # (read: one of the three)
+        return found
 
 
 @dataclass(frozen=True)
@@ -258,15 +269,30 @@ def _gate(top: Table) -> dict[str, Any] | None:
 
 
 def _workload(t: Table, path: Path) -> WorkloadSpec:
-    if not t.has("result"):
-        t.required("trace", "a Mooncake or Bailian JSONL file (trace), or a kvbench result folder (result)")
-    elif t.has("trace"):
-        t.fail("result", "expected trace or result, not both", t.get("result"))
-    trace, result = t.text("trace"), t.text("result")
-    if result is not None and t.has("format"):
-        t.fail("format", "expected no format with result (a result folder's format is kvbench's)", t.get("format"))
+    given = [k for k in SOURCES if t.has(k)]
+    if not given:
+        t.required(
+            "trace",
+            "a Mooncake or Bailian JSONL file (trace), a kvbench result folder (result) or a scenario file whose "
+            "plan to size (scenario)",
+        )
+    elif len(given) > 1:
+        t.fail(given[1], f"expected one of {', '.join(SOURCES)}, not {' and '.join(given)}", t.get(given[1]))
+    trace, result, planned = t.text("trace"), t.text("result"), t.text("scenario")
+    if trace is None and t.has("format"):
+        t.fail(
+            "format",
+            "expected format only with trace (a result's or a scenario's format is kvbench's)",
+            t.get("format"),
+        )
     if result is None and t.has("arm"):
         t.fail("arm", "expected arm only with result (the arm of a result folder to replay)", t.get("arm"))
+    if planned is not None and t.has("tenants"):
+        t.fail(
+            "tenants",
+            "expected tenants only with trace or result (a scenario's users are its own: raise them there)",
+            t.get("tenants"),
+        )
     fmt = t.text("format", "auto", FORMATS)
     block = t.integer("block_tokens", None, minimum=1, what="an integer number of tokens")
     scale = t.number("rate_scale", 1.0, positive=True)
@@ -275,7 +301,9 @@ def _workload(t: Table, path: Path) -> WorkloadSpec:
         t.fail("tenants", f"expected at most {MAX_TENANTS:,} tenants", tenants)
     arm = t.text("arm") if result is not None else None
     t.done()
-    return WorkloadSpec(_beside(path, trace), fmt, block, scale, tenants, _beside(path, result), arm)
+    return WorkloadSpec(
+        _beside(path, trace), fmt, block, scale, tenants, _beside(path, result), arm, _beside(path, planned)
+    )
 
 
 def _beside(path: Path, name: str | None) -> Path | None:

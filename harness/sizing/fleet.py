@@ -7,10 +7,15 @@ requests within the TTFT SLO and the load the fleet carries within it (the SLO c
 ways), the prefill GPU-seconds saved, and each tier's capacity curve (the
 share served at fractions and multiples of its capacity, the others unchanged), with the capacity
 past which doubling adds less than a point.
+
+A kind's plan (`planned.Dependent`) has arrivals that depend on the answers: the fleet is sized
+at its settled arrivals (planned.settle), with the tiers and recomputing every prompt each
+settled on its own, and its SLO capacity found by settling the plan at each speed-up tried.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -20,6 +25,7 @@ import numpy as np
 
 from harness.inputs.traces import TraceRequest
 from harness.sizing import routing
+from harness.sizing.planned import Dependent, Ordered, Settled, settle
 from harness.sizing.simulate import Cost, Requests, Result, Tier, holds, simulate
 from harness.sizing.stack import References, references
 from harness.sizing.tiers import Fleet, curve_tallies, scoped_distances, served_by, tokens_per_request
@@ -232,33 +238,94 @@ def row_columns(tiers: Sequence[str]) -> list[str]:
     ]
 
 
-def size(w: Workload, plan: Plan, placed: Placement | None = None, base: Baseline | None = None) -> Sized:
+def size(w: Workload | Dependent, plan: Plan, placed: Placement | None = None, base: Baseline | None = None) -> Sized:
     """Every figure of the fleet, and a row per request. `placed` and `base`: the plan's
     Placement and Baseline where a sweep computed them once for several configurations (they
-    must be of this plan's `placement_key` and `baseline_key`)."""
-    refs = w.refs
+    must be of this plan's `placement_key` and `baseline_key`; a kind's plan shares neither:
+    its arrivals are each configuration's own)."""
+    if isinstance(w, Dependent):
+        return _size_dependent(w, plan)
     placed = placement(w, plan) if placed is None else placed
     base = baseline(w, plan) if base is None else base
     reqs, tier = _requests(w, plan, placed)
-    tier_tokens, timing = reqs.tier_tokens, [t.timing for t in plan.tiers]
+    timing = [t.timing for t in plan.tiers]
     cached = simulate(reqs, timing, plan.kv_bytes_per_token, plan.cost)
+    slo = None if plan.slo_ttft_s is None else _slo(plan, _arm_slo(w, plan, reqs, timing, cached, True), base.slo)
+    return _sized(w, plan, _Pass(w, reqs, cached, placed, tier), base, slo)
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """The requests through the simulation once: the workload (arrival order), as the timing took
+    them, its result, and with the tiers their Placement and which tier served each reference."""
+
+    w: Workload
+    reqs: Requests
+    result: Result
+    placed: Placement | None = None
+    tier: np.ndarray | None = None
+
+
+def _sized(w: Workload, plan: Plan, cached: _Pass, base: Baseline, slo: dict[str, Any] | None) -> Sized:
+    """The figures and rows of the requests through the tiers (`cached`) beside the Baseline."""
+    assert cached.placed is not None and cached.tier is not None
+    reqs, result, tier_tokens = cached.reqs, cached.result, cached.reqs.tier_tokens
     columns = [
-        np.arange(refs.requests),
+        np.arange(w.refs.requests),
         w.arrival_s,
         reqs.worker,
         w.prompt_tokens,
         w.output_tokens,
         *(tier_tokens[:, k] for k in range(len(plan.tiers))),
         w.prompt_tokens - tier_tokens.sum(axis=1),
-        cached.start_s - w.arrival_s,
-        cached.load_s,
-        cached.prefill_s,
-        cached.ttft_s,
-        cached.e2e_s,
+        result.start_s - w.arrival_s,
+        result.load_s,
+        result.prefill_s,
+        result.ttft_s,
+        result.e2e_s,
         base.ttft_s,
     ]
     rows = dict(zip(row_columns([t.name for t in plan.tiers]), columns, strict=True))
-    return Sized(_figures(w, plan, reqs, tier, placed.distances, cached, base), rows)
+    return Sized(_figures(w, plan, reqs, cached.tier, cached.placed.distances, result, base, slo), rows)
+
+
+def _size_dependent(d: Dependent, plan: Plan) -> Sized:
+    """A kind's plan sized at its settled arrivals: with the tiers, and recomputing every prompt
+    (the Baseline, its TTFTs put in the order the requests arrived with the tiers), each settled
+    on its own; sizing.json's `arrivals` says how each settled."""
+    alone = plan.cost.alone_s(d.prompt_tokens, d.output_tokens)
+    cached = settle(d, 1.0, alone, functools.partial(_one_pass, d, plan, True))
+    recompute = settle(d, 1.0, alone, functools.partial(_one_pass, d, plan, False))
+    ttft = np.empty(d.refs.requests)
+    ttft[recompute.ordered.order] = recompute.got.result.ttft_s
+    with_slo = plan.slo_ttft_s is not None
+    base = Baseline(
+        ttft[cached.ordered.order],
+        float(recompute.got.result.prefill_s.sum()),
+        _dependent_slo(d, plan, False, recompute) if with_slo else None,
+    )
+    slo = _slo(plan, _dependent_slo(d, plan, True, cached), base.slo) if with_slo else None
+    sized = _sized(cached.got.w, plan, cached.got, base, slo)
+    sized.figures["arrivals"] = {"cached": _settling(cached), "recompute": _settling(recompute)}
+    return sized
+
+
+def _one_pass(d: Dependent, plan: Plan, cached: bool, at: Ordered) -> tuple[np.ndarray, _Pass]:
+    """The plan's requests at these arrivals through the simulation, with the tiers or (not
+    `cached`) recomputing every prompt: how long each lasted from arrival to end, and the pass."""
+    w = Workload(at.refs, at.arrival_s, d.prompt_tokens[at.order], d.output_tokens[at.order], d.block_tokens)
+    if not cached:
+        reqs, _ = _placed(w, plan, cached=False)
+        result = simulate(reqs, [], plan.kv_bytes_per_token, plan.cost)
+        return result.e2e_s, _Pass(w, reqs, result)
+    placed = placement(w, plan)
+    reqs, tier = _requests(w, plan, placed)
+    result = simulate(reqs, [t.timing for t in plan.tiers], plan.kv_bytes_per_token, plan.cost)
+    return result.e2e_s, _Pass(w, reqs, result, placed, tier)
+
+
+def _settling(s: Settled[_Pass]) -> dict[str, Any]:
+    return {"settled": s.settled, "passes": s.passes, "last_change_s": s.change_s}
 
 
 def _figures(
@@ -269,10 +336,11 @@ def _figures(
     distances: Sequence[np.ndarray],
     cached: Result,
     base: Baseline,
+    slo: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """Every figure of the fleet (sizing.json's `figures`); `tier`: which tier serves each
     reference (served_by)."""
-    refs, timing = w.refs, [t.timing for t in plan.tiers]
+    refs = w.refs
     instance, tier_tokens, capacities = reqs.instance, reqs.tier_tokens, [t.capacity_blocks for t in plan.tiers]
     total = int(w.prompt_tokens.sum())
     served = tier_tokens.sum(axis=0)
@@ -300,7 +368,7 @@ def _figures(
         "queue_s": _quantiles(cached.start_s - w.arrival_s),
         "prefill_gpu_s": float(cached.prefill_s.sum()),
         "recompute_prefill_gpu_s": base.prefill_gpu_s,
-        "slo": None if plan.slo_ttft_s is None else _slo(plan, _arm_slo(w, plan, reqs, timing, cached, True), base.slo),
+        "slo": slo,
     }
 
 
@@ -389,9 +457,6 @@ def _arm_slo(
     assert plan.slo_ttft_s is not None
     ttft_s = plan.slo_ttft_s
 
-    def share(ttft: np.ndarray) -> float:
-        return float(np.mean(ttft <= ttft_s)) if len(ttft) else 0.0
-
     def at(speedup: float) -> bool:
         if plan.routing == "round_robin":
             fast = replace(reqs, arrival_s=reqs.arrival_s / speedup)
@@ -399,14 +464,50 @@ def _arm_slo(
             fast, _ = _placed(replace(w, arrival_s=w.arrival_s / speedup), plan, cached)
         return holds(fast, timing, plan.kv_bytes_per_token, plan.cost, ttft_s, plan.slo_share)
 
-    span = float(w.arrival_s[-1] - w.arrival_s[0]) if len(w.arrival_s) > 1 else 0.0
-    rate = (len(w.arrival_s) - 1) / span if span > 0 else None
-    cap = _capacity(at)
+    cap, rate = _capacity(at), _rate(w.arrival_s)
     return {
-        "within": share(result.ttft_s),
+        "within": _within(result.ttft_s, ttft_s),
         "capacity_speedup": cap,
         "capacity_req_per_s": None if cap is None or rate is None else cap * rate,
     }
+
+
+def _dependent_slo(d: Dependent, plan: Plan, cached: bool, now: Settled[_Pass]) -> dict[str, Any]:
+    """`_arm_slo` of a kind's plan (`now`: settled at its own times): each speed-up tried settles
+    the plan again with its times that many times faster (a session's start and think times, an
+    open loop's sends), and the capacity in req/s is the arrival rate settled at the capacity,
+    not the speed-up times the plan's (a session's turns wait for their answers)."""
+    assert plan.slo_ttft_s is not None
+    ttft_s = plan.slo_ttft_s
+    rates: dict[float, float | None] = {}
+    loose: list[float] = []
+
+    def at(speedup: float) -> bool:
+        # (first guess: the durations at the plan's own times; the one before's gave no fewer passes)
+        s = settle(d, speedup, now.lasted, functools.partial(_one_pass, d, plan, cached))
+        rates[speedup] = _rate(s.got.w.arrival_s)
+        if not s.settled:
+            loose.append(speedup)
+        return _within(s.got.result.ttft_s, ttft_s) >= plan.slo_share
+
+    cap = _capacity(at)
+    return {
+        "within": _within(now.got.result.ttft_s, ttft_s),
+        "capacity_speedup": cap,
+        "capacity_req_per_s": None if cap is None else rates[cap],
+        "unsettled_speedups": loose,  # tried, their arrivals not settled: answered from the last pass
+    }
+
+
+def _within(ttft: np.ndarray, slo_s: float) -> float:
+    """The share of requests whose TTFT meets the SLO."""
+    return float(np.mean(ttft <= slo_s)) if len(ttft) else 0.0
+
+
+def _rate(arrival_s: np.ndarray) -> float | None:
+    """The arrival rate (req/s) over the arrivals' span; None without a span."""
+    span = float(arrival_s[-1] - arrival_s[0]) if len(arrival_s) > 1 else 0.0
+    return (len(arrival_s) - 1) / span if span > 0 else None
 
 
 def _capacity(holds: Callable[[float], bool]) -> float | None:

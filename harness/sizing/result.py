@@ -183,3 +183,24 @@ class BoundedLines:
             raise ValueError(f"a line longer than {self.limit:,} characters")
         self.run = self.run + len(pieces[0]) if len(pieces) == 1 else len(pieces[-1])
         return data
+
+
+def unsettled(configurations: list[dict[str, Any]]) -> list[str]:
+    """A line for each configuration of a kind's plan whose arrivals did not settle (sizing.json's
+    `arrivals`, and its SLO search's `unsettled_speedups`: sizing/planned.py)."""
+    out = []
+    for c in configurations:
+        for way, s in (c["figures"].get("arrivals") or {}).items():
+            if not s["settled"]:
+                out.append(
+                    f"configuration {c['index']} ({way}): the arrivals still moved by {s['last_change_s']:.3g} s after "
+                    f"{s['passes']} passes; its figures are those of the last pass"
+                )
+        for way, s in (c["figures"].get("slo") or {}).items():
+            if isinstance(s, dict) and s.get("unsettled_speedups"):
+                tried = ", ".join(f"{x:.3g}x" for x in s["unsettled_speedups"])
+                out.append(
+                    f"configuration {c['index']} ({way}): the SLO search's arrivals did not settle at {tried}; the "
+                    "answers there are those of the last pass"
+                )
+    return out

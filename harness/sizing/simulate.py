@@ -38,6 +38,11 @@ class Cost:
     def prefill_s(self, tokens: int, cached: int) -> float:
         return self.prefill_a * (tokens - cached) + self.prefill_b * (tokens * tokens - cached * cached)
 
+    def alone_s(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+        """Each request's time from arrival to end with nothing cached and nothing before it."""
+        p = prompt.astype(np.float64)
+        return self.prefill_a * p + self.prefill_b * p * p + self.decode_s * output
+
 
 @dataclass(frozen=True)
 class Tier:

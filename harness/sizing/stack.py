@@ -67,6 +67,28 @@ class References:
         n_keys = int(dense.max()) + 1
         return dense.astype(np.int32 if n_keys < 2**31 else np.int64), n_keys
 
+    def reordered(self, order: np.ndarray) -> References:
+        """The same references with the requests in another order (`order[k]`: the request that
+        comes k-th), each request's references together and in their order, and the block ids'
+        numbering carried over (any numbering tells the blocks apart): a scenario's plan is
+        placed again at every pass of its settling (sizing/planned.py), and building its
+        references from its requests took half of a pass."""
+        counts = np.bincount(self.request, minlength=self.requests)
+        starts = np.cumsum(counts) - counts
+        lengths = counts[order]
+        first = np.cumsum(lengths) - lengths  # where each request's references go
+        take = np.repeat(starts[order] - first, lengths) + np.arange(int(lengths.sum()))
+        out = References(
+            self.blocks[take],
+            np.repeat(np.arange(self.requests, dtype=np.int32), lengths),
+            self.serves[take],
+            self.prompt_tokens,
+            self.requests,
+        )
+        dense, n_keys = self.dense
+        out.__dict__["dense"] = (dense[take], n_keys)  # (the cached property's value, as `dense` stores it)
+        return out
+
 
 def references(requests: Sequence[TraceRequest], block_tokens: int) -> References:
     """The references of the requests in time order (ties: as given). A request touches its

@@ -16,7 +16,7 @@ import orjson
 from rich.markup import escape
 
 from harness.config.context import Context
-from harness.config.kinds.draws import draw_length
+from harness.config.kinds.open_loop import rate_label
 from harness.config.kinds.pool import PoolConfig
 from harness.config.scenario import Arm, Scenario
 from harness.core import aio
@@ -59,7 +59,7 @@ class Load:
     def label(self) -> str:
         """The result folder's suffix."""
         more = f"-n{self.requests}" if self.requests else ""
-        return (self.mode if self.mode != "rate" else f"r{self.rate:.4g}") + more
+        return (self.mode if self.mode != "rate" or self.rate is None else rate_label(self.rate)) + more
 
     def meta(self) -> dict[str, Any]:
         """run.json's `load`."""
@@ -427,8 +427,7 @@ async def build_pool(sender: Sender, w: PoolConfig) -> tuple[Prompt, ...]:
         if len(found) < w.pool:
             sender.warn(f"{sc.prompts.path} holds {len(found)} prompts, fewer than the pool of {w.pool}")
         return tuple(found[i % len(found)] for i in range(w.pool))
-    rng = random.Random(f"{sc.prompts.seed}/pool-lengths")
-    lengths = [draw_length(w.prompt_tokens, rng) for _ in range(w.pool)]
+    lengths = w.lengths(sc.prompts.seed)
     sender.progress.note(f"building {w.pool} prompts")
     shared = await sender.builder.shared_prefix(w.shared_prefix_tokens)
     return tuple([await sender.build(f"p{i:05d}", n, shared) for i, n in enumerate(lengths)])

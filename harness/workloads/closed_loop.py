@@ -6,8 +6,6 @@ prompt computed before come back from that prompt's slot file (tiers.py)."""
 
 from __future__ import annotations
 
-import random
-
 from harness.config.kinds.closed_loop import ClosedLoopConfig
 from harness.core import aio
 from harness.engines import tiers
@@ -21,8 +19,7 @@ class ClosedLoop(Driver[ClosedLoopConfig]):
     async def plan(self, sender: Sender, prior: Plan | None = None) -> Plan:
         sc = sender.spec.scenario
         w = self.cfg(sc)
-        rng = random.Random(f"{sc.prompts.seed}/schedule")
-        schedule = tuple((i, rng.randrange(w.pool)) for i in range(w.requests))
+        schedule = tuple(enumerate(w.schedule_picks(sc.prompts.seed)))
         pool = prior.prompts if prior is not None else await build_pool(sender, w)
         return Plan(len(schedule), pool, schedule)
 

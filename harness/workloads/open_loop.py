@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import statistics
 import time
 from collections import deque
@@ -29,13 +28,14 @@ from typing import Any
 from rich.console import Console
 
 from harness.analysis import capacity
+from harness.config.kinds import schedule
 from harness.config.kinds.open_loop import OpenLoopConfig
 from harness.config.scenario import Scenario
 from harness.core import aio
 from harness.core.errors import write_file
 from harness.results import load_runs
 from harness.wire.turns import Turns
-from harness.workloads import closed_loop, schedule
+from harness.workloads import closed_loop
 from harness.workloads.base import Load, Plan, Schedule, Sender, Timed, build_pool
 from harness.workloads.kind import ArmsDone, Driver, MeasureLoad
 
@@ -65,7 +65,7 @@ class OpenLoop(Driver[OpenLoopConfig]):
         w = self.cfg(sc)
         pool = prior.prompts if prior is not None else await build_pool(sender, w)
         load = load_of(sender)
-        seed = sc.prompts.seed if w.seed is None else w.seed
+        seed = w.seed_of(sc)
         times: tuple[float, ...] = ()
         if load.mode == "rate":
             assert load.rate is not None
@@ -77,8 +77,7 @@ class OpenLoop(Driver[OpenLoopConfig]):
             n = SERIAL_PROBE_REQUESTS if load.mode == "serial" else PROBE_PER_CONNECTION * w.auto_concurrency
             n = load.requests or n  # the saturated probe again, longer (RateSweep.narrow)
             warmup = 0
-        rng = random.Random(f"{seed}/schedule/{load.label}")
-        order = tuple((i, rng.randrange(w.pool)) for i in range(n))
+        order = tuple(enumerate(w.schedule_picks(seed, load.label, n)))
         return Plan(n, pool, order, Timed(times, warmup) if load.mode == "rate" else None)
 
     async def drive(

@@ -13,18 +13,14 @@ session is the unit a process owns with `--workers`: its turns are sent in order
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
-from harness.config.kinds.draws import draw_length, draw_seconds
 from harness.config.kinds.sessions import SessionsConfig
 from harness.core import aio
 from harness.inputs.prompts import BlockPrompts, Prompt
-from harness.workloads import open_loop, schedule
+from harness.workloads import open_loop
 from harness.workloads.base import Plan, Schedule, Sender
 from harness.workloads.kind import Driver, Taken
 
@@ -68,31 +64,9 @@ class Sessions(Driver[SessionsConfig]):
 DRIVER = Sessions()
 
 
-def shape(w: SessionsConfig, seed: int) -> list[tuple[list[int], list[float]]]:
-    """Per user: message tokens per turn, think times between turns (pure, seeded)."""
-    out = []
-    for u in range(w.users):
-        rng = random.Random(f"{seed}/session/{u}")
-        n = max(1, draw_length(w.turns, rng))
-        out.append(
-            (
-                [draw_length(w.message_tokens, rng) for _ in range(n)],
-                [draw_seconds(w.think_s, rng) for _ in range(n - 1)],
-            )
-        )
-    return out
-
-
-def starts(w: SessionsConfig, seed: int) -> list[float]:
-    if w.start_rate is None:
-        return [0.0] * w.users
-    g = schedule.gaps("poisson", w.start_rate, w.users, 1.0, np.random.default_rng([seed, 7]))
-    return [0.0, *np.cumsum(g[:-1]).tolist()]
-
-
 async def plan(w: SessionsConfig, sender: Sender) -> Plan[Conversations]:
     sc = sender.spec.scenario
-    seed = sc.prompts.seed if w.seed is None else w.seed
+    seed = w.seed_of(sc)
     sender.progress.note(f"building {w.users} sessions")
     pieces = BlockPrompts(sender.builder, 1)  # its pieces of exact length; no trace blocks
     lead = sender.builder.reuse_lead("sessions")
@@ -101,7 +75,7 @@ async def plan(w: SessionsConfig, sender: Sender) -> Plan[Conversations]:
     prompts: list[Prompt] = []
     sessions: list[SessionPlan] = []
     real = w.history == "real"
-    for u, ((messages, waits), start) in enumerate(zip(shape(w, seed), starts(w, seed), strict=True)):
+    for u, ((messages, waits), start) in enumerate(zip(w.shape(seed), w.starts(seed), strict=True)):
         parts = [p for p in (system, pieces.piece(f"context/{u}", w.user_context_tokens)) if p]
         size = pieces.fixed + w.system_prompt_tokens + w.user_context_tokens
         own = []

@@ -6,7 +6,7 @@ names `PLAIN` (or `REUSES`) in its spec; `figures_of(name)` finds a kind's figur
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 from rich.console import Console
@@ -14,7 +14,12 @@ from rich.markup import escape
 
 from harness.analysis import stats, wording
 from harness.config import kinds
+from harness.config.kinds.pool import PoolConfig
+from harness.core.errors import InputError
 from harness.results import RequestRecord, RunResult
+
+if TYPE_CHECKING:
+    from harness.config.scenario import Scenario
 
 GateFigures = dict[tuple[str, int | None], float]  # (figure, prompt length or None) -> value
 # A prompt as consecutive parts, each (what it is shared with, its tokens): `Figures.prompt_parts`
@@ -129,6 +134,53 @@ class Figures:
         n = record.context_tokens or 0
         shared = min(workload_tokens(run, "shared_prefix_tokens"), n)
         return (("shared", shared), (f"prompt {record.prompt_id}", n - shared))
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A kind's plan in tokens, as `kvbench size` takes it without running it (`[workload]
+    scenario`; docs/sizing.md): per request, in the order the kind sends them, its prompt as parts
+    (`Parts`, as `Figures.prompt_parts` names them), the tokens it asks for, and when it may be
+    sent. Requests come in groups (a session's turns), each group's one after another: the first
+    of a group `ready_s` after the arm's start, a later one `ready_s` after the one before it
+    ended (the user's think time). Groups take one of `slots` in their order, and hold it from
+    then until their last request ends (a session of `max_active`, a closed loop's connection
+    per request); None: no bound."""
+
+    parts: tuple[Parts, ...]
+    output_tokens: tuple[int, ...]
+    ready_s: tuple[float, ...]
+    first: tuple[bool, ...]  # the first request of its group
+    slots: int | None
+    note: str = ""  # what of the scenario the plan leaves out or chooses (sizing.json says it)
+
+
+@runtime_checkable
+class Planned(Protocol):
+    """A kind whose plan `kvbench size` can take as its workload: its requests in tokens, from the
+    scenario alone (pure, seeded as the run draws them)."""
+
+    def demand(self, sc: Scenario) -> Demand: ...
+
+
+def pool_demand(
+    sc: Scenario, w: PoolConfig, picks: tuple[int, ...], ready_s: tuple[float, ...], slots: int | None, note: str = ""
+) -> Demand:
+    """A prompt pool's requests (closed and open loops), each a group of its own: the pool's
+    prompt each picks, of the length the run draws for it (`PoolConfig.lengths`), its shared
+    prefix and then its own tokens (as `Figures.prompt_parts` says of its record), asking for the
+    endpoint's max_tokens. InputError for a pool read from a prompts file (their lengths are the
+    tokenizer's, known as the run builds them)."""
+    if sc.prompts.source == "file":
+        raise InputError(
+            f"{sc.path}: prompts.source: a prompts file's lengths are its tokenizer's, known as the run builds its "
+            "prompts; run it and size its result folder ([workload] result = ...)"
+        )
+    lengths = w.lengths(sc.prompts.seed)
+    shared = [min(w.shared_prefix_tokens, n) for n in lengths]
+    parts = tuple((("shared", shared[p]), (f"prompt p{p:05d}", lengths[p] - shared[p])) for p in picks)
+    n = len(picks)
+    return Demand(parts, (sc.endpoint.max_tokens,) * n, ready_s, (True,) * n, slots, note)
 
 
 class ReusesAcrossRequests(Figures):

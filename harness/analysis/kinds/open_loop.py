@@ -3,11 +3,17 @@ the server was, and goodput under the SLO (also for the gate)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.analysis import capacity, stats, wording
-from harness.analysis.kinds import Figures, GateFigures, Parts
+from harness.analysis.kinds import Demand, Figures, GateFigures, Parts, pool_demand
+from harness.config.kinds import schedule
+from harness.config.kinds.open_loop import OpenLoopConfig, rate_label
+from harness.core.errors import InputError
 from harness.results import RequestRecord, RunResult
+
+if TYPE_CHECKING:
+    from harness.config.scenario import Scenario
 
 
 class OpenLoopFigures(Figures):
@@ -59,6 +65,25 @@ class OpenLoopFigures(Figures):
         if record.phase != "warmup" or (run.scenario.get("workload") or {}).get("warmup_shares_prefixes"):
             return parts
         return tuple((f"warm-up {name}", n) for name, n in parts)
+
+    def demand(self, sc: Scenario) -> Demand:
+        """The measured requests at the workload's first rate, sent at their drawn times (from the
+        first), at most `max_concurrency` at a time; the warm-up is left out (a measurement's
+        device: it only warms the server's cache before the measured part)."""
+        w = sc.workload
+        assert isinstance(w, OpenLoopConfig)
+        if w.rates_auto:
+            raise InputError(
+                f'{sc.path}: workload.rates: "auto" finds its rates by probing a live server; expected the rates '
+                "(requests per second) to size its plan at"
+            )
+        rate, seed, warm = w.rates[0], w.seed_of(sc), w.warmup_requests
+        times = schedule.send_times(w, rate, seed)
+        picks = w.schedule_picks(seed, rate_label(rate), len(times))
+        notes = [f"the first of its {len(w.rates)} rates, {rate:g} req/s"] if len(w.rates) > 1 else []
+        notes += [f"its {warm} warm-up requests left out"] if warm else []
+        measured = times[warm:] - (times[warm] if len(times) > warm else 0.0)
+        return pool_demand(sc, w, picks[warm:], tuple(float(t) for t in measured), w.max_concurrency, "; ".join(notes))
 
 
 FIGURES = OpenLoopFigures()

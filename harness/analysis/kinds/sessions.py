@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from harness.analysis import stats
-from harness.analysis.kinds import Parts, ReusesAcrossRequests, Scatter, Section, Series, workload_tokens
+from harness.analysis.kinds import Demand, Parts, ReusesAcrossRequests, Scatter, Section, Series, workload_tokens
+from harness.config.kinds.sessions import SessionsConfig
 from harness.results import RequestRecord, RunResult, Table
+
+if TYPE_CHECKING:
+    from harness.config.scenario import Scenario
 
 # Idle-time buckets of the report (seconds between a session's turns, model time).
 IDLE_BUCKETS_S = (0.0, 1.0, 5.0, 15.0, 60.0, 300.0, math.inf)
@@ -35,6 +40,29 @@ class SessionsFigures(ReusesAcrossRequests):
         n = record.context_tokens or 0
         system = min(workload_tokens(run, "system_prompt_tokens"), n)
         return (("shared", system), (f"session {record.session}", n - system))
+
+    def demand(self, sc: Scenario) -> Demand:
+        """The scenario's sessions as the run draws them (`SessionsConfig.shape`, `starts`): a group
+        per session, each turn's prompt the system prompt, then the session's own context and
+        history (every message before it with its answer, `answer_tokens` each, and its own
+        message), asking for `answer_tokens`; a turn is sent its think time after the one before
+        it ended; `max_active` sessions at a time. The chat template's and the lead's tokens the
+        prompt builder adds are not counted (a few per prompt)."""
+        w = sc.workload
+        assert isinstance(w, SessionsConfig)
+        seed = w.seed_of(sc)
+        parts: list[Parts] = []
+        ready: list[float] = []
+        first: list[bool] = []
+        for u, ((messages, waits), start) in enumerate(zip(w.shape(seed), w.starts(seed), strict=True)):
+            own = w.user_context_tokens
+            for k, m in enumerate(messages):
+                own += m
+                parts.append((("shared", w.system_prompt_tokens), (f"session {u}", own)))
+                ready.append(start if k == 0 else waits[k - 1])
+                first.append(k == 0)
+                own += w.answer_tokens
+        return Demand(tuple(parts), (w.answer_tokens,) * len(parts), tuple(ready), tuple(first), w.max_active)
 
     def sections(self, runs: list[RunResult]) -> list[Section]:
         """TTFT against the idle time before each turn and against its context (where a tiered

@@ -40,6 +40,10 @@ class ClosedLoopConfig(PoolConfig):
     def connections(self) -> int:
         return self.concurrency
 
+    def schedule_picks(self, seed: int) -> tuple[int, ...]:
+        """Each request's prompt of the pool, in schedule order."""
+        return self.picks(f"{seed}/schedule", self.requests)
+
 
 SPEC = KindSpec(
     name="closed_loop",

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Self, cast
+from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 from harness.config.kinds import OPEN_LOOP_CONNECTIONS, KindSpec
 from harness.config.kinds.pool import PoolConfig
 from harness.config.tables import Table
+
+if TYPE_CHECKING:
+    from harness.config.scenario import Scenario
 
 ARRIVALS = ("constant", "poisson", "gamma")
 
@@ -49,6 +52,20 @@ class OpenLoopConfig(PoolConfig):
 
     def concurrency_cap(self) -> int | None:
         return self.max_concurrency
+
+    def seed_of(self, sc: Scenario) -> int:
+        """The arrival times' and picks' seed: the kind's own, else the scenario's prompts'."""
+        return sc.prompts.seed if self.seed is None else self.seed
+
+    def schedule_picks(self, seed: int, label: str, n: int) -> tuple[int, ...]:
+        """Each request's prompt of the pool at the load labelled `label` (its result folder's
+        suffix: `rate_label` for a rate), in schedule order."""
+        return self.picks(f"{seed}/schedule/{label}", n)
+
+
+def rate_label(rate: float) -> str:
+    """A load's name at `rate` req/s (its result folder's suffix, its picks' stream)."""
+    return f"r{rate:.4g}"
 
 
 def _rate(t: Table, k: str, v: Any) -> float:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
 from harness.config.kinds import WorkloadConfig
-from harness.config.kinds.draws import Distribution, distribution, longest, smallest
+from harness.config.kinds.draws import Distribution, distribution, draw_length, longest, smallest
 from harness.config.tables import Table
 
 
@@ -39,6 +40,17 @@ class PoolConfig(WorkloadConfig):
 
     def shared_prefix(self) -> int:
         return self.shared_prefix_tokens
+
+    def lengths(self, seed: int) -> list[int]:
+        """The synthetic pool's prompt lengths, drawn (seeded: the run and `kvbench size` of the
+        scenario draw the same)."""
+        rng = random.Random(f"{seed}/pool-lengths")
+        return [draw_length(self.prompt_tokens, rng) for _ in range(self.pool)]
+
+    def picks(self, stream: str, n: int) -> tuple[int, ...]:
+        """The pool's prompt for each of n requests, drawn from the seeded stream named `stream`."""
+        rng = random.Random(stream)
+        return tuple(rng.randrange(self.pool) for _ in range(n))
 
     def longest_prompts(self, out: int) -> list[tuple[str, int, str]]:
         return [("workload.prompt_tokens", longest(self.prompt_tokens) + out, "")]

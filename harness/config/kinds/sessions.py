@@ -3,12 +3,18 @@ parts, how sessions start); workloads/sessions.py holds the conversations."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
-from typing import Literal, Self
+from typing import TYPE_CHECKING, Literal, Self
 
-from harness.config.kinds import KindSpec, WorkloadConfig
-from harness.config.kinds.draws import Distribution, Seconds, distribution, longest, seconds
+import numpy as np
+
+from harness.config.kinds import KindSpec, WorkloadConfig, schedule
+from harness.config.kinds.draws import Distribution, Seconds, distribution, draw_length, draw_seconds, longest, seconds
 from harness.config.tables import Table
+
+if TYPE_CHECKING:
+    from harness.config.scenario import Scenario
 
 HISTORIES = ("synthetic", "real")  # what goes into the history as the answers
 
@@ -47,6 +53,33 @@ class SessionsConfig(WorkloadConfig):
 
     def connections(self) -> int:
         return self.max_active or self.users  # sessions in flight at most: one turn each
+
+    def seed_of(self, sc: Scenario) -> int:
+        """The sessions' shapes' seed: the kind's own, else the scenario's prompts'."""
+        return sc.prompts.seed if self.seed is None else self.seed
+
+    def shape(self, seed: int) -> list[tuple[list[int], list[float]]]:
+        """Per user: message tokens per turn, think times between turns (pure, seeded; the run
+        and `kvbench size` of the scenario draw the same)."""
+        out = []
+        for u in range(self.users):
+            rng = random.Random(f"{seed}/session/{u}")
+            n = max(1, draw_length(self.turns, rng))
+            out.append(
+                (
+                    [draw_length(self.message_tokens, rng) for _ in range(n)],
+                    [draw_seconds(self.think_s, rng) for _ in range(n - 1)],
+                )
+            )
+        return out
+
+    def starts(self, seed: int) -> list[float]:
+        """When each user's session starts (s after the arm's start): at once, or Poisson at
+        `start_rate`."""
+        if self.start_rate is None:
+            return [0.0] * self.users
+        g = schedule.gaps("poisson", self.start_rate, self.users, 1.0, np.random.default_rng([seed, 7]))
+        return [0.0, *np.cumsum(g[:-1]).tolist()]
 
     def longest_prompts(self, out: int) -> list[tuple[str, int, str]]:
         """The last turn resends everything before it."""
