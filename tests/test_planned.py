@@ -289,3 +289,21 @@ def test_a_closed_loops_plan_has_no_slo_capacity_and_says_so(tmp_path: Path) -> 
     (tmp_path / "s.toml").write_text(SIZING + "[slo]\nttft_s = 1.0\n")
     r = kvbench("size", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and "slo.ttft_s: a closed_loop plan has no times to speed up" in r.stderr, r.stderr
+
+
+def test_the_shipped_sessions_sizing_gives_the_same_figures_in_one_process_or_two(tmp_path: Path) -> None:
+    """scenarios/sizing/sessions.toml, four configurations of the shipped sessions scenario's plan:
+    each settled, and every figure the same whether sized in one process or in two (a plan shares
+    nothing between configurations; its references go to the processes once)."""
+    docs = []
+    for n in ("1", "2"):
+        r = kvbench(
+            "size", str(ROOT / "scenarios" / "sizing" / "sessions.toml"), "--out", str(tmp_path / n), "--workers", n
+        )
+        assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+        (doc,) = [json.loads(p.read_text()) for p in (tmp_path / n).glob("*/*/sizing.json")]
+        docs.append(doc)
+    one, two = ([c["figures"] for c in d["configurations"]] for d in docs)
+    assert len(one) == 4 and one == two
+    assert all(f["arrivals"]["cached"]["settled"] and f["arrivals"]["recompute"]["settled"] for f in one)
+    assert docs[0]["scenario"]["requests"] == 96 and docs[0]["scenario"]["kind"] == "sessions"

@@ -299,8 +299,7 @@ def each_sized(
         yield from _in_turn(workload, plans, rows)
         return
     n = min(processes, len(plans))
-    if isinstance(workload, Workload):
-        _ = workload.refs.dense  # numbered here once (cached, handed over with it), not in every process
+    _ = workload.refs.dense  # numbered here once (cached, handed over with it), not in every process
     with contextlib.ExitStack() as stack:
         store: Store
         if on_ray:

@@ -306,8 +306,8 @@ def _size_dependent(d: Dependent, plan: Plan) -> Sized:
     )
     slo = _slo(plan, _dependent_slo(d, plan, True, cached), base.slo) if with_slo else None
     sized = _sized(cached.got.w, plan, cached.got, base, slo)
-    sized.figures["arrivals"] = {"cached": _settling(cached), "recompute": _settling(recompute)}
-    return sized
+    arrivals = {"cached": _settling(cached), "recompute": _settling(recompute)}
+    return Sized({**sized.figures, "arrivals": arrivals}, sized.rows)
 
 
 def _one_pass(d: Dependent, plan: Plan, cached: bool, at: Ordered) -> tuple[np.ndarray, _Pass]:
