@@ -20,6 +20,7 @@ from harness.inputs.traces import TraceRequest
 from harness.sizing.planned import MAX_PASSES, SETTLE_S, Dependent, Ordered, arrivals, settle
 from harness.sizing.stack import references
 from tests.conftest import ROOT, kvbench, write_scenario
+from tests.test_size_command import sizing_file
 
 pytest.importorskip("numba")  # the sizing extra
 
@@ -154,29 +155,20 @@ message_tokens = 32
 answer_tokens = 16
 {more}
 """
-SIZING = """schema_version = 1
-name = "plan"
-[workload]
-scenario = "plan.toml"
-block_tokens = 16
-[model]
-kv_bytes_per_token = 1000
-[cluster]
-workers = 1
-[engine]
-prefill_a = 0.001
-prefill_b = 0.0
-decode_s_per_token = 0.01
-[[tiers]]
-name = "G1"
-scope = "worker"
-capacity = "1MB"
-"""
+G1 = '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = "1MB"'
+
+
+def sizing(tmp_path: Path, extra: str = "") -> Path:
+    """test_size_command's hand-worked fleet (one worker, prefill 0.001 s a token, decode 0.01 s)
+    with a G1 that holds everything, sizing the plan of tmp_path/plan.toml."""
+    f = sizing_file(tmp_path, G1, extra)
+    f.write_text(f.read_text().replace('trace = "t.jsonl"', 'scenario = "plan.toml"'))
+    return f
 
 
 def sized(tmp_path: Path, sessions: str, extra: str = "") -> dict[str, Any]:
     write_scenario(tmp_path / "plan.toml", sessions)
-    (tmp_path / "s.toml").write_text(SIZING + extra)
+    sizing(tmp_path, extra)
     r = kvbench("size", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/*/sizing.json")]
@@ -264,14 +256,14 @@ def test_a_plan_that_cannot_be_known_without_running_it_is_refused_by_name(
     tmp_path: Path, kind: str, says: str
 ) -> None:
     write_scenario(tmp_path / "plan.toml", f'name = "plan"\n[workload]\n{kind}\n')
-    (tmp_path / "s.toml").write_text(SIZING)
+    sizing(tmp_path)
     r = kvbench("size", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert str(tmp_path / "plan.toml") in r.stderr
 
 
 def test_a_scenario_that_is_not_there_or_not_right_is_named(tmp_path: Path) -> None:
-    (tmp_path / "s.toml").write_text(SIZING)
+    sizing(tmp_path)
     r = kvbench("size", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and f"{tmp_path / 'plan.toml'}: no such scenario file" in r.stderr, r.stderr
     write_scenario(tmp_path / "plan.toml", 'name = "plan"\n[workload]\nkind = "sessions"\nusers = 0\n')
@@ -286,7 +278,7 @@ def test_a_closed_loops_plan_has_no_slo_capacity_and_says_so(tmp_path: Path) -> 
         'name = "plan"\n[workload]\nkind = "closed_loop"\npool = 2\nprompt_tokens = 100\n'
         "requests = 4\nconcurrency = 2\n",
     )
-    (tmp_path / "s.toml").write_text(SIZING + "[slo]\nttft_s = 1.0\n")
+    sizing(tmp_path, "[slo]\nttft_s = 1.0")
     r = kvbench("size", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and "slo.ttft_s: a closed_loop plan has no times to speed up" in r.stderr, r.stderr
 
