@@ -189,13 +189,14 @@ def sized_tiers_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None
     one worker with the mocker's G1 (510 blocks of 16 tokens) and G2 (3,100, at the arm's
     bandwidth), a prefill of the recompute arm's median TTFT per 8,000 tokens. With G2, the tokens
     served from cache are the mocker's (measured: 103,792 of 144,000 both, at either bandwidth,
-    request for request; G1 alone: 31,936 predicted against 32,448 live, the prompt builder's
-    common lead found in cold prompts). At 1 GB/s a prompt loaded from G2 takes 0.59 s (8,000
-    tokens of 73,728 bytes), and those requests' TTFT median is within LIVE_TTFT_TOLERANCE of the
-    prediction (measured: 0.589 s against 0.599-0.609 s). The arms' whole TTFT medians are not held
-    to it: the mocker spends about 44 ms on a request whose prompt is all cached, which a*n + b*n^2
-    does not have, and at 1 GB/s it writes evicted blocks to G2 in a request's time (cold prompts
-    0.65 s against 0.175 s), where kvbench's tiers write behind the compute (docs/sizing.md)."""
+    request for request; G1 alone: 31,936 predicted against 32,448 live, three cold prompts
+    finding 112-144 tokens of a start they share with another). At 1 GB/s a prompt loaded from G2
+    takes 0.59 s (8,000 tokens of 73,728 bytes), and those requests' TTFT median is within
+    LIVE_TTFT_TOLERANCE of the prediction (measured: 0.589 s against 0.599-0.609 s). The arms'
+    whole TTFT medians are not held to it: the mocker spends about 44 ms on a request whose prompt
+    is all cached, which a*n + b*n^2 does not have, and at 1 GB/s it writes evicted blocks to G2 in
+    a request's time (cold prompts 0.65 s against 0.175 s), where kvbench's tiers write behind the
+    compute (docs/sizing.md)."""
     import statistics
 
     from harness.config import reference
