@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -232,6 +233,7 @@ def sized_tiers_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None
             assert abs(predicted_ttft / measured - 1) <= LIVE_TTFT_TOLERANCE, (predicted_ttft, measured)
 
 
+G1_ALL = '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = "10GB"'  # every prompt, on each worker
 ROUTING = ENGINE.format(name="dyn-routing") + (
     '[workload]\nkind = "closed_loop"\nrequests = 16\nconcurrency = 1\npool = 4\nprompt_tokens = 1000\n'
     '[[arms]]\nname = "kv"\n[[arms]]\nname = "round-robin"\nengine = { router_mode = "round-robin" }\n'
@@ -287,11 +289,14 @@ def test_the_kv_router_sends_a_prompt_back_to_the_worker_that_holds_it(tmp_path:
     sized_as_served_live(tmp_path, folders)
 
 
-def sized_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None:
-    """Issue 53's live check of the Dynamo mocker's G1 over two workers: `kvbench size` replays
+def sized_as_served_live(
+    tmp_path: Path, folders: dict[str, Path], tiers: str = G1_ALL, requests: int = 16
+) -> dict[str, dict[str, Any]]:
+    """Issue 53's live check of the Dynamo mocker's tiers over two workers: `kvbench size` replays
     each arm's result folder on two workers routed as its frontend routed them (`round_robin`,
-    `kv_router`), each with a G1 that holds all four prompts. Round-robin: the tokens served from
-    cache are those the mocker reported, request for request (measured: equal). The KV router: a
+    `kv_router`), each with `tiers` (by default a G1 that holds all four prompts); it gives each
+    arm's figures, by mode. Round-robin: the tokens served from cache (by all tiers) are those
+    the mocker reported, request for request (measured: equal). The KV router: a
     repeat finds its whole blocks every time (62 of 16 tokens of its 1,000: the last token is
     always computed), as the live router did for every repeat it routed after the KV events of the
     prompt's first request had come; a repeat it routed before them found nothing live (the test
@@ -299,9 +304,11 @@ def sized_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None:
     from tests.test_size_command import size, sizing_file
 
     whole = 1000 // 16 * 16
+    sized = {}
     for mode, routing in (("round-robin", "round_robin"), ("kv", "kv_router")):
         recs = read_requests(folders[mode])
-        text = sizing_file(tmp_path, '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = "10GB"').read_text()
+        assert len(recs) == requests and all(x.ok for x in recs), [x.error for x in recs if not x.ok]
+        text = sizing_file(tmp_path, tiers).read_text()
         text = text.replace('trace = "t.jsonl"', f'result = "{folders[mode]}"')
         # a prefill no slower than the fastest first token live: one request at a time, each
         # request's blocks are cached before the next comes, as they were live (at the sizing
@@ -312,9 +319,10 @@ def sized_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None:
         )
         f = tmp_path / f"{mode}.toml"
         f.write_text(text.replace("workers = 1\n", f'workers = 2\nrouting = "{routing}"\n'))
-        got = size(tmp_path / mode, f)["configurations"][0]["figures"]
+        got = sized[mode] = size(tmp_path / mode, f)["configurations"][0]["figures"]
         assert got["requests"] == len(recs) and got["prompt_tokens"] == sum(x.prompt_tokens or 0 for x in recs)
-        predicted, live = got["tiers"][0]["served_tokens"], sum(x.cached_tokens or 0 for x in recs)
+        predicted = sum(t["served_tokens"] for t in got["tiers"])
+        live = sum(x.cached_tokens or 0 for x in recs)
         if mode == "round-robin":
             assert predicted == live, (predicted, live)
             continue
@@ -325,6 +333,35 @@ def sized_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None:
             seen.add(x.prompt_id)
         assert predicted == whole * (len(recs) - len(seen)), predicted
         assert predicted - live == whole * repeats_missed, (predicted, live, repeats_missed)
+    return sized
+
+
+# Two workers whose device holds one 1,000-token prompt (63 blocks) and whose host memory holds
+# all four: a prompt back on a worker comes from G1 if it was the last there, else from G2
+TIERED_ROUTING = (
+    ROUTING.replace('name = "dyn-routing"', 'name = "dyn-tiered-routing"')
+    .replace("g1_blocks = 1024\n", "g1_blocks = 80\ng2_blocks = 1024\n")
+    .replace("requests = 16", "requests = 24")
+)
+
+
+def test_two_workers_g1_and_g2_sized_as_the_mocker_served_them_live(tmp_path: Path) -> None:
+    """Issue 53's live check of the mocker's G1 and G2 over two workers, KV router and round-robin:
+    24 requests of four 1,000-token prompts, each worker's device holding one prompt and its host
+    memory all four, sized from each arm's result folder with the same tiers (in the sizing file's
+    1,000 bytes a token: blocks are what count here). Measured: round-robin 16,864 tokens served
+    from cache of 24,000, predicted and live (7,936 of them from G1, 8,928 from G2 predicted), the
+    KV router 19,840 both (every repeat's whole blocks)."""
+    out = tmp_path / "out"
+    r = kvbench("run", str(write_scenario(tmp_path / "s.toml", TIERED_ROUTING)), "--out", str(out), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    folders = arm_folders(out, "dyn-tiered-routing")
+    tiers = (
+        f'[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = {80 * BLOCK * 1000}\n'
+        f'[[tiers]]\nname = "G2"\nscope = "worker"\ncapacity = {1024 * BLOCK * 1000}\nread_bandwidth = 32e9\n'
+    )
+    sized = sized_as_served_live(tmp_path, folders, tiers, requests=24)
+    assert all(f["tiers"][1]["served_tokens"] > 0 for f in sized.values()), sized  # the host tier served
 
 
 def dynamo_processes() -> set[int]:
