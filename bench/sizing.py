@@ -7,6 +7,7 @@ request's own, Zipf popularity of exponent alpha).
     python bench/sizing.py fleet [requests]  # default 1000000
     python bench/sizing.py sweep [requests] [processes]  # default 10000000 2
     python bench/sizing.py sessions [users]  # default 1000
+    python bench/sizing.py read [requests]  # default 1000000
 
 Prints: the plain-Python loop against the compiled one on the same 20,000 requests (the ratio);
 then per alpha the exact curve's time, the sampled curve's (1 %, two seeds), the share of
@@ -32,6 +33,12 @@ at users/50 a second (4 turns each, about a minute of thinking, 22,000-token his
 on 64 workers with the G1 and G4 above and a 2 s TTFT SLO: the plan's reading, the sizing's
 time (its arrivals settled with the tiers and recomputing, and again at each speed-up of the SLO
 search), the passes each took, the peak RSS, and the figures.
+
+`read`: a Mooncake JSONL file of `requests` lines written from the synthetic trace (shared
+documents, alpha 1), then read for sizing two ways, each in a process of its own: every request an
+object (`traces.read`, then `fleet.from_trace`), and a line at a time into columns (`Reading`,
+`TraceColumns`, `fleet.from_columns`: what `kvbench size` does); each one's time and peak RSS,
+and whether the two workloads are the same.
 """
 
 from __future__ import annotations
@@ -179,7 +186,52 @@ def sessions(users: int) -> None:
     )
 
 
+READ = {
+    "objects": "w = fleet.from_trace(traces.read(path).requests, 512, 1.0)",
+    "columns": "r = traces.Reading(path); w = fleet.from_columns(stack.TraceColumns.of(r.requests()), r.block, 1.0)",
+}
+READ_CHILD = """
+import resource, sys, time, hashlib
+from harness.inputs import traces
+from harness.sizing import fleet, stack
+path = sys.argv[1]
+t0 = time.perf_counter()
+{how}
+took = time.perf_counter() - t0
+digest = hashlib.sha256(w.refs.blocks.tobytes() + w.arrival_s.tobytes() + w.refs.serves.tobytes()).hexdigest()[:12]
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+print(f"{{took:.1f}} s, peak RSS {{peak:.2f}} GB, workload {{digest}}")
+"""
+
+
+def read(n: int) -> None:
+    import json
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    refs = trace(n, 1.0)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(refs.request, minlength=n))])
+    arrival = np.cumsum(np.random.default_rng(1).exponential(1 / 100.0, n)) * 1000
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.jsonl"
+        with path.open("w") as f:
+            for i in range(n):
+                ids = refs.blocks[starts[i] : starts[i + 1]].tolist()
+                line = {"timestamp": int(arrival[i]), "input_length": len(ids) * BLOCK - 10, "output_length": 200}
+                f.write(json.dumps({**line, "hash_ids": ids}) + "\n")
+        print(f"{n:,} lines, {path.stat().st_size / 2**20:.0f} MiB")
+        for name, how in READ.items():
+            out = subprocess.run(
+                [sys.executable, "-c", READ_CHILD.format(how=how), str(path)], capture_output=True, text=True
+            )
+            print(f"{name}: {out.stdout.strip() or out.stderr.strip()[-300:]}")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["read"]:
+        read(int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000)
+        return
     if sys.argv[1:2] == ["sessions"]:
         sessions(int(sys.argv[2]) if len(sys.argv) > 2 else 1000)
         return

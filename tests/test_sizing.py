@@ -4,16 +4,19 @@ exact ones."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.core.errors import InputError
 from harness.inputs import traces
 from harness.inputs.traces import TraceRequest
-from harness.sizing import routing, simulate, stack, synthetic, tiers
+from harness.sizing import fleet, routing, simulate, stack, synthetic, tiers
 
 TRACES = Path(__file__).resolve().parent.parent / "scenarios" / "traces"
 
@@ -134,13 +137,13 @@ def test_tiers_from_scoped_distances_match_a_block_by_block_simulation(layout: l
         doc = int(rng.integers(0, 15))
         ids = [doc * 100 + k for k in range(int(rng.integers(1, 8)))] + [10_000 + i]
         requests.append(TraceRequest(i + 1, float(i), len(ids) * 16 - int(rng.integers(0, 16)), 5, tuple(ids)))
-    fleet = tiers.Fleet(workers=4, workers_per_node=2)
+    four = tiers.Fleet(workers=4, workers_per_node=2)
     refs = stack.references(requests, 16)
-    worker = routing.round_robin(refs.requests, fleet.workers)[refs.request]
-    distances = [tiers.scoped_distances(refs, fleet.group(worker, scope)) for scope, _ in layout]
+    worker = routing.round_robin(refs.requests, four.workers)[refs.request]
+    distances = [tiers.scoped_distances(refs, four.group(worker, scope)) for scope, _ in layout]
     chosen = tiers.served_by(distances, [c for _, c in layout])
     got = tiers.tokens_by_tier(refs, chosen, len(layout))
-    assert got.tolist() == brute_force_tiers(requests, 16, fleet, layout)
+    assert got.tolist() == brute_force_tiers(requests, 16, four, layout)
     assert got.sum() == refs.prompt_tokens
 
 
@@ -478,3 +481,69 @@ def test_each_tiers_curve_is_what_the_tiers_serve_at_each_of_its_capacities() ->
                 assert point["capacity_blocks"] == at[k]
                 assert point["tier_share"] == float(w.refs.serves[by == k].sum() / total)
                 assert point["share"] == float(w.refs.serves[by < 3].sum() / total)
+
+
+def one_by_one(requests: list[TraceRequest], block_tokens: int) -> list[tuple[int, int, int]]:
+    """Each reference as (block, request, tokens it serves), request by request in time order, by
+    the rule read off each request alone: its first input_length // block_tokens ids touched, the
+    first (input_length - 1) // block_tokens of them servable."""
+    out = []
+    for i, r in enumerate(sorted(requests, key=lambda r: r.timestamp_s)):
+        usable = min(len(r.hash_ids), (r.input_length - 1) // block_tokens)
+        for k, h in enumerate(r.hash_ids[: min(len(r.hash_ids), r.input_length // block_tokens)]):
+            out.append((h, i, block_tokens if k < usable else 0))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(1, 200), st.lists(st.integers(0, 2**40), max_size=14)), max_size=12
+    ),
+    st.integers(1, 4),
+)
+def test_a_traces_columns_give_the_references_and_tenants_of_its_requests(
+    lines: list[tuple[int, int, list[int]]], tenants: int
+) -> None:
+    """Requests (timestamps with ties) read into columns: their references are those of each
+    request taken alone, in time order; and the workload `tenants` tenants replay is that of the
+    requests copied by hand (tenant k's ids past every id of the trace's k times over, its times
+    k/tenants of the span later), in time order."""
+    requests = [TraceRequest(i + 1, float(t), n, 1, tuple(ids)) for i, (t, n, ids) in enumerate(lines)]
+    refs = stack.references(requests, 16)
+    assert list(zip(refs.blocks.tolist(), refs.request.tolist(), refs.serves.tolist(), strict=True)) == one_by_one(
+        requests, 16
+    )
+    assert refs.requests == len(requests) and refs.prompt_tokens == sum(r.input_length for r in requests)
+    w = fleet.from_trace(requests, 16, 2.0, tenants)
+    top = max((max(r.hash_ids) for r in requests if r.hash_ids), default=-1) + 1
+    span = max((r.timestamp_s for r in requests), default=0.0) - min((r.timestamp_s for r in requests), default=0.0)
+    copies = [
+        replace(r, timestamp_s=r.timestamp_s + k * span / tenants, hash_ids=tuple(h + k * top for h in r.hash_ids))
+        for k in range(tenants if requests else 1)
+        for r in requests
+    ]
+    ordered = sorted(copies, key=lambda r: r.timestamp_s)
+    t0 = ordered[0].timestamp_s if ordered else 0.0
+    assert w.arrival_s.tolist() == [(r.timestamp_s - t0) / 2.0 for r in ordered]
+    assert w.prompt_tokens.tolist() == [r.input_length for r in ordered]
+    got = list(zip(w.refs.blocks.tolist(), w.refs.request.tolist(), w.refs.serves.tolist(), strict=True))
+    assert got == one_by_one(copies, 16)
+
+
+def test_a_trace_file_read_into_columns_is_the_trace_read_whole(tmp_path: Path) -> None:
+    """`kvbench size`'s reading of a trace (a line at a time into columns) and `traces.read` (every
+    request an object) give the same requests, format, block size and misfits."""
+    for name in ("mooncake-sample.jsonl", "bailian-sample.jsonl"):
+        path = TRACES / name
+        whole = traces.read(path)
+        reading = traces.Reading(path)
+        c = stack.TraceColumns.of(reading.requests())
+        assert (reading.format, reading.block, reading.misfit_lines) == (
+            whole.format,
+            whole.block_tokens,
+            whole.misfit_lines,
+        )
+        assert c.timestamp_s.tolist() == [r.timestamp_s for r in whole.requests]
+        assert c.input_length.tolist() == [r.input_length for r in whole.requests]
+        assert c.ids.tolist() == [h for r in whole.requests for h in r.hash_ids]

@@ -40,6 +40,7 @@ from harness.sizing.fleet import (
     Workload,
     baseline,
     baseline_key,
+    from_columns,
     from_trace,
     placement,
     placement_key,
@@ -48,6 +49,7 @@ from harness.sizing.fleet import (
 from harness.sizing.planned import Dependent
 from harness.sizing.shared import Files, Handle, Here, Kept, Store
 from harness.sizing.simulate import Cost, Tier
+from harness.sizing.stack import TraceColumns
 from harness.sizing.tiers import Fleet
 
 WHAT = (
@@ -187,11 +189,13 @@ def _workload(spec: config.SizingSpec, console: Console) -> tuple[Workload | Dep
         return sc.plan, {"scenario": {**said, "requests": sc.plan.refs.requests}}
     if w.result is None:
         assert w.trace is not None  # (config.read: one of the three)
-        trace = traces.read(w.trace, w.format, w.block_tokens)
-        if not trace.requests:
+        # (a line at a time into columns: a 10^7-line trace's requests as objects took over 10 GB)
+        reading = traces.Reading(w.trace, w.format, w.block_tokens)
+        columns = TraceColumns.of(reading.requests())
+        if not columns.requests:
             raise InputError(f"{w.trace}: the trace has no requests")
-        where = {"path": str(w.trace), "format": trace.format, "block_tokens": trace.block_tokens}
-        return from_trace(trace.requests, trace.block_tokens, w.rate_scale, w.tenants), {"trace": where}
+        where = {"path": str(w.trace), "format": reading.format, "block_tokens": reading.block}
+        return from_columns(columns, reading.block, w.rate_scale, w.tenants), {"trace": where}
     block = w.block_tokens or config.RESULT_BLOCK_TOKENS
     got = recorded.read(w.result, w.arm, block)
     if not got.requests:

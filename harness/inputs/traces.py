@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -130,6 +130,81 @@ def parse_line(obj: Any, fmt: Format, where: str, line: int) -> TraceRequest:
     return req
 
 
+class Reading:
+    """A trace file read a line at a time (`requests()`), each line checked: a bad line is an
+    InputError naming file, line and field, or (skip_bad) left out and said in `skipped`.
+    Timestamps must not go backwards (replay order is file order), and no request may be longer
+    than `max_model_len` (`context_from`: where that limit comes from, as ", KEY"). What it has
+    found so far: the format, the block size, the lines left out and those whose input_length is
+    more than a block from what their hash_ids cover (`misfits`: the first MISFIT_EXAMPLES)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        fmt: str = "auto",
+        block_tokens: int | None = None,
+        skip_bad: bool = False,
+        max_model_len: int | None = None,
+        context_from: str = "",
+    ) -> None:
+        self.path = Path(path)
+        self.format: Format | None = None if fmt == "auto" else _format(fmt)
+        self.block_tokens = block_tokens
+        self.skip_bad, self.max_model_len, self.context_from = skip_bad, max_model_len, context_from
+        self.skipped: list[str] = []
+        self.misfits: list[str] = []
+        self.misfit_lines = 0
+
+    @property
+    def block(self) -> int:
+        assert self.format is not None  # (known from the first line read)
+        return self.block_tokens or BLOCK_TOKENS[self.format]
+
+    def requests(self) -> Iterator[TraceRequest]:
+        p, last_ts = self.path, 0.0
+        try:
+            f = p.open("rb")
+        except OSError as e:
+            raise InputError(f"{p}: cannot read the trace: {e.strerror or e}") from None
+        with f:
+            for n, raw in enumerate(_lines(f, p), 1):
+                if not raw.strip():
+                    continue
+                req = self._checked(raw, f"{p}:{n}", n, last_ts)
+                if req is None:
+                    continue
+                last_ts = req.timestamp_s
+                if misfit(req, self.block):
+                    self.misfit_lines += 1
+                    if len(self.misfits) < MISFIT_EXAMPLES:
+                        self.misfits.append(
+                            f"{p}:{n}: input_length {req.input_length:,} with {len(req.hash_ids)} hash_ids"
+                        )
+                yield req
+
+    def _checked(self, raw: bytes, where: str, n: int, last_ts: float) -> TraceRequest | None:
+        """The line's request; None for a bad line left out (skip_bad)."""
+        try:
+            obj = json.loads(raw)
+            self.format = self.format or detect(obj if isinstance(obj, dict) else {})
+            req = parse_line(obj, self.format, where, n)
+            if req.timestamp_s < last_ts:
+                raise ValueError(f"{where}: timestamp: goes backwards ({req.timestamp_s:g} s after {last_ts:g} s)")
+            if self.max_model_len is not None and req.input_length + req.output_length > self.max_model_len:
+                raise ValueError(
+                    f"{where}: input_length: {req.input_length:,} + output_length {req.output_length:,} "
+                    f"exceeds the model's context ({self.max_model_len:,} tokens{self.context_from})"
+                )
+        except (ValueError, RecursionError) as e:  # json's errors are ValueErrors too
+            what = "nested too deeply" if isinstance(e, RecursionError) else e
+            text = str(e) if str(e).startswith(where) else f"{where}: not JSON: {what}"
+            if not self.skip_bad:
+                raise InputError(text) from None
+            self.skipped.append(text)
+            return None
+        return req
+
+
 def read(
     path: str | Path,
     fmt: str = "auto",
@@ -138,53 +213,21 @@ def read(
     max_model_len: int | None = None,
     context_from: str = "",
 ) -> Trace:
-    """A trace file. A bad line is an InputError naming file, line and field, or (skip_bad) left
-    out and said in `skipped`. Timestamps must not go backwards (replay order is file order), and
-    no request may be longer than `max_model_len` (`context_from`: where that limit comes from,
-    as ", KEY")."""
-    p = Path(path)
-    requests: list[TraceRequest] = []
-    skipped: list[str] = []
-    chosen: Format | None = None if fmt == "auto" else _format(fmt)
-    last_ts = 0.0
-    try:
-        f = p.open("rb")
-    except OSError as e:
-        raise InputError(f"{p}: cannot read the trace: {e.strerror or e}") from None
-    with f:
-        for n, raw in enumerate(_lines(f, p), 1):
-            where = f"{p}:{n}"
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-                chosen = chosen or detect(obj if isinstance(obj, dict) else {})
-                req = parse_line(obj, chosen, where, n)
-                if req.timestamp_s < last_ts:
-                    raise ValueError(f"{where}: timestamp: goes backwards ({req.timestamp_s:g} s after {last_ts:g} s)")
-                if max_model_len is not None and req.input_length + req.output_length > max_model_len:
-                    raise ValueError(
-                        f"{where}: input_length: {req.input_length:,} + output_length {req.output_length:,} "
-                        f"exceeds the model's context ({max_model_len:,} tokens{context_from})"
-                    )
-            except (ValueError, RecursionError) as e:  # json's errors are ValueErrors too
-                what = "nested too deeply" if isinstance(e, RecursionError) else e
-                text = str(e) if str(e).startswith(where) else f"{where}: not JSON: {what}"
-                if not skip_bad:
-                    raise InputError(text) from None
-                skipped.append(text)
-                continue
-            last_ts = req.timestamp_s
-            requests.append(req)
+    """A trace file, every request in memory (`Reading` says what is checked)."""
+    reading = Reading(path, fmt, block_tokens, skip_bad, max_model_len, context_from)
+    requests = tuple(reading.requests())
     if not requests:
-        raise InputError(f"{p}: no trace requests in it")
-    assert chosen is not None
-    block = block_tokens or BLOCK_TOKENS[chosen]
-    off = [r for r in requests if misfit(r, block)]
-    examples = tuple(
-        f"{p}:{r.line}: input_length {r.input_length:,} with {len(r.hash_ids)} hash_ids" for r in off[:MISFIT_EXAMPLES]
+        raise InputError(f"{reading.path}: no trace requests in it")
+    assert reading.format is not None
+    return Trace(
+        str(reading.path),
+        reading.format,
+        reading.block,
+        requests,
+        tuple(reading.skipped),
+        tuple(reading.misfits),
+        reading.misfit_lines,
     )
-    return Trace(str(p), chosen, block, tuple(requests), tuple(skipped), examples, len(off))
 
 
 def _lines(f: Any, p: Path) -> Iterable[bytes]:

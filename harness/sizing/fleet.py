@@ -27,7 +27,7 @@ from harness.inputs.traces import TraceRequest
 from harness.sizing import routing
 from harness.sizing.planned import Dependent, Ordered, Settled, settle
 from harness.sizing.simulate import Cost, Requests, Result, Tier, holds, simulate
-from harness.sizing.stack import References, references
+from harness.sizing.stack import References, TraceColumns, columns_references
 from harness.sizing.tiers import Fleet, curve_tallies, scoped_distances, served_by, tokens_per_request
 
 # A tier's capacity curve: its share served at these multiples of its configured capacity.
@@ -52,35 +52,42 @@ class Workload:
 
 
 def from_trace(requests: Sequence[TraceRequest], block_tokens: int, rate_scale: float, tenants: int = 1) -> Workload:
-    """The trace's requests (arrivals from its first, `rate_scale` times faster), replayed by
+    """`from_columns` of the requests."""
+    return from_columns(TraceColumns.of(requests), block_tokens, rate_scale, tenants)
+
+
+def from_columns(c: TraceColumns, block_tokens: int, rate_scale: float, tenants: int = 1) -> Workload:
+    """A trace's requests (arrivals from its first, `rate_scale` times faster), replayed by
     `tenants` independent tenants (scaled_up)."""
-    ordered = sorted(scaled_up(requests, tenants), key=lambda r: r.timestamp_s)  # as stack.references orders them
-    t0 = ordered[0].timestamp_s if ordered else 0.0
+    ordered = scaled_up(c, tenants).in_time_order()
+    t0 = ordered.timestamp_s[0] if ordered.requests else 0.0
     return Workload(
-        references(ordered, block_tokens),
-        np.array([(r.timestamp_s - t0) / rate_scale for r in ordered], dtype=np.float64),
-        np.array([r.input_length for r in ordered], dtype=np.int64),
-        np.array([r.output_length for r in ordered], dtype=np.int64),
+        columns_references(ordered, block_tokens),
+        (ordered.timestamp_s - t0) / rate_scale,
+        ordered.input_length,
+        ordered.output_length,
         block_tokens,
     )
 
 
-def scaled_up(requests: Sequence[TraceRequest], tenants: int) -> Sequence[TraceRequest]:
+def scaled_up(c: TraceColumns, tenants: int) -> TraceColumns:
     """A trace made `tenants` times larger, for a fleet bigger than the one it was recorded on:
     each tenant replays every request with block ids of its own (tenants share no prefix: their
     users, documents and system prompts are their own), tenant k's arrivals starting k/tenants of
     the trace's span later, so that they overlap instead of arriving in step. The load is
     `tenants` times the trace's; each tenant's reuse is the trace's."""
-    if tenants == 1 or not requests:
-        return requests
-    ids = max((max(r.hash_ids) for r in requests if r.hash_ids), default=-1) + 1
-    t0 = min(r.timestamp_s for r in requests)
-    span = max(r.timestamp_s for r in requests) - t0
-    return [
-        replace(r, timestamp_s=r.timestamp_s + k * span / tenants, hash_ids=tuple(h + k * ids for h in r.hash_ids))
-        for k in range(tenants)
-        for r in requests
-    ]
+    if tenants == 1 or not c.requests:
+        return c
+    ids = int(c.ids.max()) + 1 if len(c.ids) else 0
+    span = float(c.timestamp_s.max() - c.timestamp_s.min())
+    k = np.arange(tenants)
+    return TraceColumns(
+        (c.timestamp_s[None, :] + (k * span / tenants)[:, None]).ravel(),
+        np.tile(c.input_length, tenants),
+        np.tile(c.output_length, tenants),
+        np.tile(c.id_count, tenants),
+        (c.ids[None, :] + (k * ids)[:, None]).ravel(),
+    )
 
 
 @dataclass(frozen=True)
