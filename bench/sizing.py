@@ -198,37 +198,49 @@ path = sys.argv[1]
 t0 = time.perf_counter()
 {how}
 took = time.perf_counter() - t0
-digest = hashlib.sha256(w.refs.blocks.tobytes() + w.arrival_s.tobytes() + w.refs.serves.tobytes()).hexdigest()[:12]
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-print(f"{{took:.1f}} s, peak RSS {{peak:.2f}} GB, workload {{digest}}")
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # (before the digest, which reads in place)
+h = hashlib.sha256()
+for a in (w.refs.blocks, w.refs.serves, w.arrival_s):
+    h.update(memoryview(a))
+print(f"{{took:.1f}} s, peak RSS {{peak:.2f}} GB, workload {{h.hexdigest()[:12]}}")
 """
 
 
-def read(n: int) -> None:
+def write_trace(n: int, path: str) -> None:
+    """The synthetic trace of n requests as a Mooncake JSONL file (run in a process of its own, so
+    that the readers' peak RSS does not start from the synthetic trace's: Linux keeps a process's
+    peak across the exec of the child it forks)."""
     import json
-    import subprocess
-    import tempfile
-    from pathlib import Path
 
     refs = trace(n, 1.0)
     starts = np.concatenate([[0], np.cumsum(np.bincount(refs.request, minlength=n))])
     arrival = np.cumsum(np.random.default_rng(1).exponential(1 / 100.0, n)) * 1000
+    with open(path, "w") as f:
+        for i in range(n):
+            ids = refs.blocks[starts[i] : starts[i + 1]].tolist()
+            line = {"timestamp": int(arrival[i]), "input_length": len(ids) * BLOCK - 10, "output_length": 200}
+            f.write(json.dumps({**line, "hash_ids": ids}) + "\n")
+
+
+def read(n: int) -> None:
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.jsonl"
-        with path.open("w") as f:
-            for i in range(n):
-                ids = refs.blocks[starts[i] : starts[i + 1]].tolist()
-                line = {"timestamp": int(arrival[i]), "input_length": len(ids) * BLOCK - 10, "output_length": 200}
-                f.write(json.dumps({**line, "hash_ids": ids}) + "\n")
+        subprocess.run([sys.executable, __file__, "write-trace", str(n), str(path)], check=True)
         print(f"{n:,} lines, {path.stat().st_size / 2**20:.0f} MiB")
         for name, how in READ.items():
-            out = subprocess.run(
-                [sys.executable, "-c", READ_CHILD.format(how=how), str(path)], capture_output=True, text=True
-            )
+            child = READ_CHILD.format(how=how)
+            out = subprocess.run([sys.executable, "-c", child, str(path)], capture_output=True, text=True)
             print(f"{name}: {out.stdout.strip() or out.stderr.strip()[-300:]}")
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["write-trace"]:
+        write_trace(int(sys.argv[2]), sys.argv[3])
+        return
     if sys.argv[1:2] == ["read"]:
         read(int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000)
         return
