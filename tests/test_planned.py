@@ -272,15 +272,22 @@ def test_a_scenario_that_is_not_there_or_not_right_is_named(tmp_path: Path) -> N
     assert "Traceback" not in r.stderr
 
 
-def test_a_closed_loops_plan_has_no_slo_capacity_and_says_so(tmp_path: Path) -> None:
+def test_a_closed_loops_plan_has_no_slo_capacity_and_validate_says_so_too(tmp_path: Path) -> None:
     write_scenario(
         tmp_path / "plan.toml",
         'name = "plan"\n[workload]\nkind = "closed_loop"\npool = 2\nprompt_tokens = 100\n'
         "requests = 4\nconcurrency = 2\n",
     )
     sizing(tmp_path, "[slo]\nttft_s = 1.0")
-    r = kvbench("size", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out"))
-    assert r.returncode == 2 and "slo.ttft_s: a closed_loop plan has no times to speed up" in r.stderr, r.stderr
+    for args in (
+        ("size", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out")),
+        ("validate", str(tmp_path / "s.toml")),
+    ):
+        r = kvbench(*args)
+        assert r.returncode == 2 and "slo.ttft_s: a closed_loop plan has no times to speed up" in r.stderr, r.stderr
+    sizing(tmp_path)  # without [slo]: `kvbench validate` says what `kvbench size` will take
+    r = kvbench("validate", str(tmp_path / "s.toml"))
+    assert r.returncode == 0 and "the plan of a closed_loop scenario: 4 requests" in r.stdout, r.stdout + r.stderr
 
 
 def test_the_shipped_sessions_sizing_gives_the_same_figures_in_one_process_or_two(tmp_path: Path) -> None:

@@ -175,14 +175,8 @@ def _workload(spec: config.SizingSpec, console: Console) -> tuple[Workload | Dep
     was left out) or `scenario` (the file, its kind, what its plan leaves out)."""
     w = spec.workload
     if w.scenario is not None:
-        sc = planned.read(w.scenario, w.block_tokens or config.RESULT_BLOCK_TOKENS, w.rate_scale)
-        if not sc.plan.refs.requests:
-            raise InputError(f"{w.scenario}: its plan has no requests")
-        if spec.slo_ttft_s is not None and not sc.plan.ready_s.any():
-            raise InputError(
-                f"{spec.file}: slo.ttft_s: a {sc.kind} plan has no times to speed up (its load is its concurrency), "
-                "so no SLO capacity; expected no [slo] with it"
-            )
+        slo_from = spec.file if spec.slo_ttft_s is not None else None
+        sc = planned.read(w.scenario, w.block_tokens or config.RESULT_BLOCK_TOKENS, w.rate_scale, slo_from)
         if sc.note:
             console.print(f"note: the {sc.kind} plan: {sc.note}", markup=False)
         said = {"path": str(w.scenario), "kind": sc.kind, "block_tokens": sc.plan.block_tokens, "note": sc.note}

@@ -28,7 +28,14 @@ def main(scenarios: list[Path]) -> int:
             if spec.gate is not None:
                 parse_rules(spec.gate, str(path))
             n = len(spec.configurations())
-            print(f"{path}: ok (sizing file for `kvbench size`, {n} configuration{'s' if n > 1 else ''})")
+            more = ""
+            if spec.workload.scenario is not None:  # its plan, as `kvbench size` will take it
+                from harness.sizing import planned
+
+                slo_from = path if spec.slo_ttft_s is not None else None
+                kind, demand = planned.demand_of(spec.workload.scenario, slo_from)
+                more = f"; the plan of a {kind} scenario: {len(demand.parts):,} requests"
+            print(f"{path}: ok (sizing file for `kvbench size`, {n} configuration{'s' if n > 1 else ''}{more})")
             continue
         sc = parse(data, str(path))
         check_rules(sc)

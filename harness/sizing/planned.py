@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from harness.analysis.kinds import Planned, figures_of
+from harness.analysis.kinds import Demand, Planned, figures_of
 from harness.config import kinds, scenario
 from harness.core.errors import InputError
 from harness.inputs.traces import TraceRequest
@@ -63,9 +63,10 @@ class ScenarioPlan:
     note: str
 
 
-def read(path: Path, block_tokens: int, rate_scale: float) -> ScenarioPlan:
-    """The plan of the scenario at `path`. InputError for a file that is not a scenario, or a kind
-    whose plan cannot be known without running it."""
+def demand_of(path: Path, slo_from: Path | None = None) -> tuple[str, Demand]:
+    """The kind of the scenario at `path` and its plan in tokens (`Planned.demand`). InputError for
+    a file that is not a scenario, a kind whose plan cannot be known without running it, and a plan
+    with no times to speed up where the sizing file at `slo_from` asks an SLO capacity."""
     sc = scenario.load(path)
     kind = sc.workload.kind
     figures = figures_of(kind)
@@ -76,6 +77,19 @@ def read(path: Path, block_tokens: int, rate_scale: float) -> ScenarioPlan:
             f"{can}); run it and size its result folder ([workload] result = ...)"
         )
     d = figures.demand(sc)
+    if not d.parts:
+        raise InputError(f"{path}: its plan has no requests")
+    if slo_from is not None and not any(d.ready_s):
+        raise InputError(
+            f"{slo_from}: slo.ttft_s: a {kind} plan has no times to speed up (its load is its concurrency), so no "
+            "SLO capacity; expected no [slo] with it"
+        )
+    return kind, d
+
+
+def read(path: Path, block_tokens: int, rate_scale: float, slo_from: Path | None = None) -> ScenarioPlan:
+    """The plan of the scenario at `path` (`demand_of`), its prompts cut into blocks."""
+    kind, d = demand_of(path, slo_from)
     ids = BlockIds(block_tokens)
     requests = [
         TraceRequest(i + 1, float(i), sum(n for _, n in parts), out, ids.of(parts))
