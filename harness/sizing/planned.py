@@ -57,7 +57,6 @@ class Dependent:
 class ScenarioPlan:
     """A scenario's plan as read: the plan, the scenario's kind, and what its kind said of it."""
 
-    path: Path
     kind: str
     plan: Dependent
     note: str
@@ -105,7 +104,7 @@ def read(path: Path, block_tokens: int, rate_scale: float, slo_from: Path | None
         block_tokens,
         rate_scale,
     )
-    return ScenarioPlan(path, kind, plan, d.note)
+    return ScenarioPlan(kind, plan, d.note)
 
 
 def arrivals(d: Dependent, durations: np.ndarray, speed: float = 1.0) -> np.ndarray:
