@@ -3,7 +3,7 @@ installed), pre-encoded SSE chunks, batched writes. It records when it sent each
 token (monotonic ns, the clock kvbench uses), so a client's TTFT can be checked against it.
 
     python bench/firehose.py --port 0 --ttft-ms 200 --tokens 256 --timing-log server.jsonl [--tls CERT KEY]
-        [--itl-ms MS] [--framing chunked|length] [--first role|content] [--one-write]
+        [--itl-ms MS] [--framing chunked|length] [--first role|content] [--one-write] [--nagle]
 
 Prints "firehose listening on http://127.0.0.1:PORT/v1" when ready. Speaks just enough of
 OpenAI's API for kvbench: GET /v1/models, POST /tokenize (counts words), POST
@@ -16,7 +16,9 @@ first token). The body is chunked (`--framing chunked`) or one Content-Length bo
 (`--framing length`, every byte known ahead). After the first token, the rest come `--itl-ms`
 apart, or at once: 32 a write with a turn of the loop between, or all in one write
 (`--one-write`, a server that writes a response's tokens in one burst). The truth logged is the
-monotonic time just before the first token's bytes are handed to the socket.
+monotonic time just before the first token's bytes are handed to the socket. `--nagle` leaves
+Nagle's algorithm on (no TCP_NODELAY, which asyncio sets by default), as Dynamo 1.6.1's frontend
+does: a small write waits while an earlier one is unacknowledged.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import asyncio
 import json
 import signal
+import socket
 import ssl
 import sys
 import time
@@ -91,13 +94,15 @@ class Server:
 
 
 class Proto(asyncio.Protocol):
-    def __init__(self, srv: Server) -> None:
-        self.srv = srv
+    def __init__(self, srv: Server, nagle: bool = False) -> None:
+        self.srv, self.nagle = srv, nagle
         self.buf = b""
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self.nagle:
+            transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -177,6 +182,7 @@ async def main() -> None:
     ap.add_argument("--framing", choices=("chunked", "length"), default="chunked")
     ap.add_argument("--first", choices=("role", "content"), default="role", help="what the first chunk carries")
     ap.add_argument("--one-write", action="store_true", help="the tokens after the first in one write")
+    ap.add_argument("--nagle", action="store_true", help="leave Nagle's algorithm on (no TCP_NODELAY)")
     a = ap.parse_args()
     srv = Server(a.ttft_ms / 1e3, a.tokens, a.timing_log, a.itl_ms / 1e3, a.framing, a.first, a.one_write)
     loop = asyncio.get_running_loop()
@@ -184,7 +190,7 @@ async def main() -> None:
     if a.tls:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(*a.tls)
-    server = await loop.create_server(lambda: Proto(srv), "127.0.0.1", a.port, backlog=4096, ssl=ctx)
+    server = await loop.create_server(lambda: Proto(srv, a.nagle), "127.0.0.1", a.port, backlog=4096, ssl=ctx)
     port = server.sockets[0].getsockname()[1]
     scheme = "https" if ctx else "http"
     print(f"firehose listening on {scheme}://127.0.0.1:{port}/v1", flush=True)

@@ -19,6 +19,7 @@ an open loop (Poisson) at 80 % of the client's ceiling (measured first: TTFT 0, 
 
     python bench/ttft_accuracy.py [--busy] [--open] [--against REV] [KEY=VALUE ...]   # the whole matrix
     python bench/ttft_accuracy.py engine [requests]   # bench/engine.py only, 3 runs (default 1500)
+    python bench/ttft_accuracy.py nagle [--against REV] [pairs]   # a server without TCP_NODELAY
 
 KEY=VALUE keeps the rows whose factor has that value (framing=length, gap=0, tokens=128, first=role,
 connections=28, scheme=https; several: all must hold). `--against REV` runs each row with the tree
@@ -28,7 +29,14 @@ max in ms, and what run.json says of the client: its lateness p99 (ms after the 
 it read the first token) and how many first tokens came in one read with later data of their
 response (`shared`). A row passes (ok) where the issue's bound holds: mean at most 0.1 ms and p99 at most
 0.3 ms where the tokens come at once or 20 ms apart; at most the 1 ms gap where they come 1 ms
-apart."""
+apart.
+
+`nagle`: the firehose with Nagle's algorithm on (`--nagle`, as Dynamo 1.6.1's frontend), its head and
+role chunk written on arrival and the first token 2 ms later, 8 tokens, one connection and then 28,
+kept alive: a first token written while the head is unacknowledged waits for the client's
+acknowledgement, which Linux delays by 40 ms at least after a send unless the client asks for it at
+once (TCP_QUICKACK, harness/wire/connection.py). Prints the error per run, with `--against REV` the
+old tree and this one in turns, `pairs` times (default 3)."""
 
 from __future__ import annotations
 
@@ -196,8 +204,36 @@ def same(value: object, given: str) -> bool:
     return value == float(given) if isinstance(value, float) else str(value) == given
 
 
+NAGLE_TTFT_MS, NAGLE_TOKENS = 2.0, 8
+
+
+def nagle(args: list[str]) -> None:
+    """The `nagle` mode (the module docstring says what it runs)."""
+    against = args[args.index("--against") + 1] if "--against" in args else None
+    pairs = next((int(a) for a in args if a.isdigit() and a != against), 3)
+    print("firehose without TCP_NODELAY: head and role chunk on arrival, the first token 2 ms later, 8 tokens")
+    print("tree conns  err_mean  err_p50  err_p99  err_max  (ms; requests after the first wave)")
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"new": ROOT} if against is None else {"old": checkout(against, Path(tmp)), "new": ROOT}
+        for i, conc in enumerate(c for _ in range(pairs) for c in (1, 28)):
+            for name, tree in list(trees.items())[:: 1 if i % 2 == 0 else -1]:
+                CODE["root"] = tree
+                scenario = STREAMING.format(name="nagle", requests=max(300, 10 * conc), concurrency=conc)
+                scenario = scenario.replace("max_tokens = 256", f"max_tokens = {NAGLE_TOKENS}")
+                shape = ("--nagle", "--one-write")
+                _, errs = errors(scenario, 0.0, NAGLE_TTFT_MS, NAGLE_TOKENS, skip=conc, shape=shape)
+                print(
+                    f"{name:4s} {conc:5d}  {statistics.mean(errs):8.3f}  {pct(errs, 50):7.3f}  {pct(errs, 99):7.3f}"
+                    f"  {max(errs):7.2f}",
+                    flush=True,
+                )
+
+
 def main() -> None:
     args = sys.argv[1:]
+    if args[:1] == ["nagle"]:
+        nagle(args[1:])
+        return
     if args[:1] == ["engine"]:
         n = int(args[1]) if len(args) > 1 else 1500
         print("engine-like server (bench/engine.py): 128 tokens 10 ms apart, 28 connections")

@@ -101,12 +101,17 @@ def test_closed_loop_exact_lengths_whole_blocks_and_real_tokens(
             assert sum(h > 0 for h in hits) >= 16 - 4 and max(hits) <= (1000 // BLOCK) * BLOCK
 
 
-TIERS = """
+# The mocker's times as kvbench's cost model (`[engine] timing`), given to `kvbench size` too:
+# 0.192 s to compute an 8,000-token prompt (the mocker's own polynomials take about 0.19 s),
+# 5 ms an output token
+PREFILL_A, DECODE_S = 2.4e-5, 0.005
+TIERS = f"""
 name = "dyn-tiers"
 [engine]
 kind = "dynamo"
 g1_blocks = 510
 g2_blocks = 3100
+timing = {{ prefill_a = {PREFILL_A!r}, prefill_b = 0.0, decode_s_per_token = {DECODE_S!r} }}
 [endpoint]
 max_tokens = 4
 [workload]
@@ -122,10 +127,10 @@ cache = "bust"
 name = "g2"
 [[arms]]
 name = "slow"
-engine = { g2_bandwidth = "1GB/s" }
+engine = {{ g2_bandwidth = "1GB/s" }}
 [[arms]]
 name = "g1"
-engine = { g2_blocks = 0 }
+engine = {{ g2_blocks = 0 }}
 """
 
 
@@ -146,6 +151,7 @@ def test_a_host_tier_pays_at_a_high_bandwidth_and_costs_more_than_recomputing_at
     for arm, folder in folders.items():
         meta = json.loads((folder / "run.json").read_text())
         tiers, mocker = meta["engine"]["tiers"], meta["engine"]["flags"]["mocker"]
+        assert meta["engine"]["timing"]["prefill_a"] == PREFILL_A and "timing.npz" in mocker, meta["engine"]
         assert (tiers["g2"] or {}).get("bandwidth") == g2_of[arm], tiers
         assert ("--num-host-blocks" in mocker) == (g2_of[arm] is not None)
         if g2_of[arm] is not None:
@@ -173,6 +179,7 @@ def test_a_host_tier_pays_at_a_high_bandwidth_and_costs_more_than_recomputing_at
     html = (tmp_path / "r.html").read_text()
     assert "G2 3100 blocks at 1GB/s" in html and "no G2" in html and "times modelled by the mocker" in html
     assert "slower than" in html and "KV router's expected hit ratio" in html
+    assert "times from [engine] timing: prefill 2.4e-05*n" in html
     # and the gate reads them: the run against a baseline made of itself holds every rule
     base = tmp_path / "base.json"
     assert cli("baseline", "save", str(tmp_path / "out" / "dyn-tiers"), "-o", str(base)).returncode == 0
@@ -185,52 +192,76 @@ def test_a_host_tier_pays_at_a_high_bandwidth_and_costs_more_than_recomputing_at
     sized_tiers_as_served_live(tmp_path, folders)
 
 
+# The mocker's own mean TTFT (its /metrics) against kvbench's simulation given the same times
+MOCKER_TTFT_TOLERANCE = 0.05
+# What Dynamo's frontend adds to a request's first token (tokenizing, routing, relaying), which
+# `kvbench size` does not model: the frontend's TTFT less the mocker's, 0.3-8 ms a request here
+FRONTEND_S = 0.003
+
+
 def sized_tiers_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None:
-    """Issue 53's live check of the mocker's G2: `kvbench size` replays the arms' result folders on
-    one worker with the mocker's G1 (510 blocks of 16 tokens) and G2 (3,100, at the arm's
-    bandwidth), a prefill of the recompute arm's median TTFT per 8,000 tokens. With G2, the tokens
-    served from cache are the mocker's (measured: 103,792 of 144,000 both, at either bandwidth,
-    request for request; G1 alone: 31,936 predicted against 32,448 live, three cold prompts
-    finding 112-144 tokens of a start they share with another). At 1 GB/s a prompt loaded from G2
-    takes 0.59 s (8,000 tokens of 73,728 bytes), and those requests' TTFT median is within
-    LIVE_TTFT_TOLERANCE of the prediction (measured: 0.589 s against 0.599-0.609 s). The arms'
-    whole TTFT medians are not held to it: the mocker spends about 44 ms on a request whose prompt
-    is all cached, which a*n + b*n^2 does not have, and at 1 GB/s it writes evicted blocks to G2 in
-    a request's time (cold prompts 0.65 s against 0.175 s), where kvbench's tiers write behind the
-    compute (docs/sizing.md)."""
+    """Issue 53's live check of the mocker's G2 and of its TTFT: `kvbench size` replays the arms'
+    result folders on one worker with the mocker's G1 (510 blocks of 16 tokens), G2 (3,100, at
+    the arm's bandwidth) and times (the scenario's `[engine] timing`).
+
+    Tokens served from cache: with G2, the mocker's (measured: 103,792 of 144,000 both, at either
+    bandwidth, request for request); G1 alone within a point (31,936 predicted against 32,448
+    live: three cold prompts found 112-144 tokens of a start they share with another).
+
+    TTFT medians within LIVE_TTFT_TOLERANCE and FRONTEND_S: the recompute arm's against the
+    all-recompute baseline (measured 0.192 s against 0.200 s: the frontend's own milliseconds,
+    tokenizing 8,000 tokens among them), G1 alone (0.192 against 0.194) and G2 at 32 GB/s (0.0188
+    against 0.0201-0.0211). At 1 GB/s the mocker copies the blocks it evicts from G1 to G2 before the request
+    that needs their room computes (8,000 tokens' 590 MB: 0.59 s), where kvbench's tiers are
+    written behind the compute, as vLLM's offloading connectors store; so that arm's median is
+    not held (0.39 s predicted, 0.59 live), but each request's: as predicted, or later by one
+    prompt's copy (measured: 5 of 18 requests, docs/sizing.md). The other arms' mean TTFT is within
+    MOCKER_TTFT_TOLERANCE of the mocker's own, from its /metrics (measured 0.192 s against 0.1925,
+    0.0628 against 0.0631)."""
     import statistics
+
+    import pandas as pd
 
     from harness.config import reference
     from tests.test_size_command import LIVE_TTFT_TOLERANCE, size, sizing_file
 
     kv = reference.kv_bytes_per_token()
-    cold = statistics.median(x.ttft_s or 0.0 for x in read_requests(folders["recompute"]))
-    for arm, bandwidth in (("g1", None), ("g2", 32e9), ("slow", 1e9)):
+    copy_s = 8000 * kv / 1e9  # one prompt's blocks, G1 to G2 at 1 GB/s
+    for arm, bandwidth in (("recompute", 32e9), ("g1", None), ("g2", 32e9), ("slow", 1e9)):
         recs = read_requests(folders[arm])
         tiers = f'[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = {510 * BLOCK * kv}\n'
         if bandwidth:
             tiers += f'[[tiers]]\nname = "G2"\nscope = "worker"\ncapacity = {3100 * BLOCK * kv}\n'
             tiers += f"read_bandwidth = {bandwidth!r}\n"
         text = sizing_file(tmp_path, tiers).read_text().replace('trace = "t.jsonl"', f'result = "{folders[arm]}"')
-        text = text.replace("prefill_a = 0.001", f"prefill_a = {cold / 8000!r}")
-        text = text.replace("decode_s_per_token = 0.01", "decode_s_per_token = 0.0")
+        text = text.replace("prefill_a = 0.001", f"prefill_a = {PREFILL_A!r}")
+        text = text.replace("decode_s_per_token = 0.01", f"decode_s_per_token = {DECODE_S!r}")
         (tmp_path / f"{arm}.toml").write_text(text.replace("kv_bytes_per_token = 1000", f"kv_bytes_per_token = {kv}"))
         got = size(tmp_path / arm, tmp_path / f"{arm}.toml")["configurations"][0]["figures"]
         predicted, live = sum(t["served_tokens"] for t in got["tiers"]), sum(x.cached_tokens or 0 for x in recs)
         assert got["prompt_tokens"] == sum(x.prompt_tokens or 0 for x in recs) == 18 * 8000
+        measured = statistics.median(x.ttft_s or 0.0 for x in recs)
+        workers = json.loads((folders[arm] / "metrics.json").read_text())["phases"]["run"]["mapped"]
+        # (the recompute arm's prompts were made new for each request: the baseline is its prediction)
+        ttft = got["recompute_ttft_s" if arm == "recompute" else "ttft_s"]
+        if arm != "slow":
+            assert abs(ttft["mean"] / workers["workers_ttft_mean_s"] - 1) <= MOCKER_TTFT_TOLERANCE, (arm, ttft, workers)
+            assert abs(ttft["p50"] - measured) <= LIVE_TTFT_TOLERANCE * measured + FRONTEND_S, (arm, ttft, measured)
+        if arm == "recompute":
+            continue
         if arm == "g1":
             assert abs(predicted - live) <= 0.01 * got["prompt_tokens"], (predicted, live)
+        else:
+            assert predicted == live, (arm, predicted, live)
+        if arm != "slow":
             continue
-        assert predicted == live, (arm, predicted, live)
-        if arm == "slow":
-            import pandas as pd
-
-            (rows,) = (tmp_path / arm / "out").glob("*/*/requests.csv.gz")
-            sized = pd.read_csv(rows)  # (in arrival order: the live requests' order, one at a time)
-            loaded = sized["g2_tokens"] > 0
-            measured = statistics.median(x.ttft_s or 0.0 for x, g2 in zip(recs, loaded, strict=True) if g2)
-            predicted_ttft = float(sized["ttft_s"][loaded].median())
-            assert abs(predicted_ttft / measured - 1) <= LIVE_TTFT_TOLERANCE, (predicted_ttft, measured)
+        (rows,) = (tmp_path / arm / "out").glob("*/*/requests.csv.gz")
+        sized = pd.read_csv(rows)  # (in arrival order: the live requests' order, one at a time)
+        late = [(x.ttft_s or 0.0) - t for x, t in zip(recs, sized["ttft_s"], strict=True)]
+        copied = [d for d in late if abs(d / copy_s - 1) <= LIVE_TTFT_TOLERANCE]
+        # the others as predicted within 20 ms (measured -7 to +18: loads of 0.59 s 1 % faster live,
+        # the frontend's own milliseconds); later by one copy: 0.54-0.58 s
+        assert copied and all(abs(d) <= 0.02 for d in late if d not in copied), late
 
 
 G1_ALL = '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = "10GB"'  # every prompt, on each worker

@@ -10,7 +10,7 @@ import pytest
 from harness.commands.validate import is_sizing
 from harness.config import scenario
 from harness.config.context import MAX_CONTEXT_TOKENS, Context
-from harness.config.engines import DynamoEngineCfg
+from harness.config.engines import DynamoEngineCfg, MockerTiming
 from harness.config.tables import read_toml
 from harness.core.errors import InputError
 from tests.conftest import cli, write_scenario
@@ -136,6 +136,27 @@ def test_defaults() -> None:
             "arms[0].engine: applies with an [engine] table",
         ),
         (
+            SWEEP + DYN + "timing = { prefill_a = 1e-5, decode_s_per_token = 0.01 }\n",
+            "engine.timing.prefill_b: missing; expected a number of seconds >= 0",
+        ),
+        (
+            SWEEP + DYN + "timing = { prefill_a = 1e-5, prefil_b = 0, decode_s_per_token = 0.01 }\n",
+            "engine.timing.prefil_b: unknown key (did you mean 'prefill_b'?)",
+        ),
+        (
+            SWEEP + DYN + "timing = { prefill_a = -1e-5, prefill_b = 0, decode_s_per_token = 0.01 }\n",
+            "engine.timing.prefill_a: expected a number >= 0.0, got -1e-05",
+        ),
+        (
+            SWEEP + DYN + "timing = { prefill_a = 1e-5, prefill_b = 0, decode_s_per_token = 0.01, c = 1 }\n",
+            "engine.timing.c: unknown key",
+        ),
+        (SWEEP + DYN + 'timing = "fast"\n', "engine.timing: expected a table"),
+        (
+            SWEEP + DYN + '[[arms]]\nname = "a"\nengine = { timing = { prefill_a = 1 } }\n',
+            "arms[0].engine.timing: expected a key NVIDIA Dynamo's frontend",
+        ),
+        (
             SWEEP + '[engine]\nslots = 2\n[[arms]]\nname = "a"\nengine = { slots = 4 }\n',
             "arms[0].engine.slots: expected a key llama.cpp's llama-server can change between arms (none)",
         ),
@@ -228,6 +249,8 @@ def test_a_dynamo_engine_reads_its_own_keys() -> None:
         kv_bytes_per_token=1024,
     )
     assert sc.engine.context == Context(16384, "the model kvbench makes for Dynamo")
+    timed = parse(SWEEP + DYN + "timing = { prefill_a = 2.4e-5, prefill_b = 1e-9, decode_s_per_token = 0.005 }\n")
+    assert isinstance(timed.engine, DynamoEngineCfg) and timed.engine.timing == MockerTiming(2.4e-5, 1e-9, 0.005)
 
 
 def test_schema_version(tmp_path: Path) -> None:

@@ -34,6 +34,21 @@ class LlamaEngineCfg:
         return Context(self.ctx_per_slot, "engine.ctx_per_slot")
 
 
+@dataclass(frozen=True)
+class MockerTiming:
+    """The mocker's times as kvbench's cost model (`[engine] timing`): a prefill of n prompt tokens
+    computed (those it found cached not counted) takes a*n + b*n^2 seconds, each output token
+    after the first d seconds, whatever else runs. Without it the mocker times requests by its own
+    built-in polynomials, which match no engine measured here. The names are `kvbench size`'s
+    `[engine]` keys, so that a run and its sizing can be given the same times."""
+
+    prefill_a: float  # s per token
+    prefill_b: float  # s per token^2
+    decode_s_per_token: float
+
+    keys: ClassVar[tuple[str, ...]] = ("prefill_a", "prefill_b", "decode_s_per_token")
+
+
 DYNAMO_CONTEXT = 16384  # the context of the model kvbench makes for Dynamo (engines/vllm/make_model.py CTX)
 
 
@@ -55,6 +70,7 @@ class DynamoEngineCfg:
     g2_bandwidth: str = "32GB/s"  # G1 <-> G2, each way, as written
     g2_bytes_per_s: float = 32e9
     kv_bytes_per_token: int = 0  # what the mocker moves between tiers (read: the paper's model's)
+    timing: MockerTiming | None = None  # None: the mocker's built-in polynomials
 
     @property
     def context(self) -> Context:
@@ -100,9 +116,20 @@ def _dynamo(t: Table) -> DynamoEngineCfg:
         g2_bytes_per_s=bps,
         kv_bytes_per_token=t.integer("kv_bytes_per_token", None, minimum=1, what="bytes")
         or reference.kv_bytes_per_token(),  # gpt-oss-120b's
+        timing=_timing(t.sub("timing")) if t.has("timing") else None,
     )
     if t.has("g2_bandwidth") and not cfg.g2_blocks:
         t.fail("g2_bandwidth", "applies with g2_blocks > 0 (a host tier)", g2)
+    return cfg
+
+
+def _timing(t: Table) -> MockerTiming:
+    """`[engine] timing`: every one of its keys, each seconds (or per token) >= 0."""
+    what = "a number of seconds >= 0"
+    for k in MockerTiming.keys:
+        t.required(k, what)
+    cfg = MockerTiming(*(t.number(k, 0.0, minimum=0.0) for k in MockerTiming.keys))
+    t.done()
     return cfg
 
 

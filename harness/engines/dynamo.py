@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config.engines import DynamoEngineCfg, EngineCfg
+import numpy as np
+
+from harness.config.engines import DynamoEngineCfg, EngineCfg, MockerTiming
 from harness.engines import Started
 from harness.engines.process import ServerProcess, installed
 
@@ -57,9 +59,12 @@ class Workers:
     host_blocks: int = 0  # G2, the host tier's blocks (0: none)
     host_gbps: float = 32.0  # G2 <-> G1 bandwidth, both ways (GB/s)
     kv_bytes_per_token: int | None = None  # None: the model config's (gpt-oss-120b's, make_model.py)
+    profile: Path | None = None  # the times, as `write_profile` writes them (None: the mocker's own)
 
     def flags(self) -> list[str]:
         out = ["--block-size", str(self.block_size), "--num-gpu-blocks-override", str(self.gpu_blocks)]
+        if self.profile is not None:
+            out += ["--planner-profile-data", str(self.profile)]
         if self.kv_bytes_per_token is not None:
             out += ["--kv-bytes-per-token", str(self.kv_bytes_per_token)]
         if self.host_blocks:
@@ -67,6 +72,24 @@ class Workers:
             for way in ("h2d", "d2h"):
                 out += [f"--host-offload-{way}-bandwidth-gbps", f"{self.host_gbps:g}"]
         return out
+
+
+def write_profile(timing: MockerTiming, path: Path, context: int, block_size: int) -> Path:
+    """`timing` as the mocker reads a profile of an engine (`--planner-profile-data`: an NPZ of the
+    prefill time in ms at prompt lengths, which it interpolates linearly at the tokens a request
+    computes, and of the decode time per token in ms on a grid of the KV tokens active and the
+    context): a point per block up to `context`, so that between two the b*n^2 term is off by
+    b*block_size^2/4 at most; the decode time the same at every corner of its grid."""
+    n = np.arange(0, context + block_size, block_size, dtype=np.float64)
+    np.savez(
+        path,
+        prefill_isl=n,
+        prefill_ttft_ms=1000.0 * (timing.prefill_a * n + timing.prefill_b * n * n),
+        decode_active_kv_tokens=np.array([0.0, float(n[-1])]),
+        decode_context_length=np.array([1.0, float(n[-1])]),
+        decode_itl=np.full((2, 2), 1000.0 * timing.decode_s_per_token),
+    )
+    return path
 
 
 class _Dynamo(ServerProcess):
@@ -286,7 +309,10 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
     with tempfile.TemporaryDirectory(prefix=ENGINE_PREFIX) as tmp:
         model = Path(tmp) / SERVED_NAME
         make_model(py, model, answer_lengths, where)
-        deployment = Deployment(py, model, _workers(cfg), cfg.router_mode, home=Path(tmp) / "home")
+        profile = None
+        if cfg.timing is not None:
+            profile = write_profile(cfg.timing, Path(tmp) / "timing.npz", cfg.context.tokens, cfg.block_size)
+        deployment = Deployment(py, model, _workers(cfg, profile), cfg.router_mode, home=Path(tmp) / "home")
         try:
             deployment.__enter__()
         except RuntimeError as e:
@@ -307,6 +333,7 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
                 "workers": cfg.workers,
                 "router_mode": cfg.router_mode,
                 "tiers": _tiers(cfg),
+                "timing": _timing(cfg.timing),
                 "flags": {
                     "frontend": _shown(deployment.frontend.argv, model),
                     "mocker": _shown(deployment.mockers[0].argv, model),
@@ -321,7 +348,7 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
             """Before an arm: the workers restarted, as the arm's config says (or the run's)."""
             own = arm if isinstance(arm, DynamoEngineCfg) else cfg
             try:
-                said = deployment.restart_workers(_workers(own), own.router_mode)
+                said = deployment.restart_workers(_workers(own, profile), own.router_mode)
             except (RuntimeError, OSError, ValueError) as e:
                 raise EndpointError(f"{where}: [engine]: restarting Dynamo's workers before an arm: {e}") from None
             assert deployment.frontend is not None
@@ -345,7 +372,17 @@ def _tiers(cfg: DynamoEngineCfg) -> dict[str, Any]:
     return {"block_size": cfg.block_size, "g1": {"blocks": cfg.g1_blocks}, "g2": g2}
 
 
-def _workers(cfg: DynamoEngineCfg) -> Workers:
+def _timing(timing: MockerTiming | None) -> dict[str, Any]:
+    """run.json's `engine.timing`: what timed the mocker's requests."""
+    if timing is None:
+        return {"model": "the mocker's built-in polynomials"}
+    return {
+        "model": "[engine] timing: a*n + b*n^2 s for the n prompt tokens computed, d s an output token after the first",
+        **{k: getattr(timing, k) for k in timing.keys},
+    }
+
+
+def _workers(cfg: DynamoEngineCfg, profile: Path | None) -> Workers:
     return Workers(
         count=cfg.workers,
         block_size=cfg.block_size,
@@ -353,9 +390,11 @@ def _workers(cfg: DynamoEngineCfg) -> Workers:
         host_blocks=cfg.g2_blocks,
         host_gbps=cfg.g2_bytes_per_s / 1e9,
         kv_bytes_per_token=cfg.kv_bytes_per_token,
+        profile=profile,
     )
 
 
 def _shown(argv: list[str], model: Path) -> list[str]:
-    """A process's flags for run.json: the module and flags, the temporary model folder by name."""
-    return [a.replace(str(model), model.name) for a in argv[1:]]
+    """A process's flags for run.json: the module and flags, the files in the temporary folder
+    of the model (the model's, and the timing profile) by their names there."""
+    return [a.replace(str(model.parent) + os.sep, "") for a in argv[1:]]

@@ -14,6 +14,7 @@ from markupsafe import Markup
 from harness.analysis import capacity, findings, stats, wording
 from harness.analysis.kinds import Scatter, figures_of
 from harness.config import kinds, reference
+from harness.config.engines import MockerTiming
 from harness.config.reference import redbooks
 from harness.monitor import selfcheck
 from harness.report import plots
@@ -120,6 +121,14 @@ def engine_text(info: Any) -> str | None:
         g1, g2 = tiers.get("g1") or {}, tiers.get("g2")
         text += f"; per worker G1 {g1.get('blocks')} blocks of {tiers.get('block_size')} tokens"
         text += f", G2 {g2.get('blocks')} blocks at {g2.get('bandwidth')}" if isinstance(g2, dict) else ", no G2"
+    timing = info.get("timing")
+    if isinstance(timing, dict) and all(isinstance(timing.get(k), int | float) for k in MockerTiming.keys):
+        text += (
+            f"; times from [engine] timing: prefill {timing['prefill_a']:.3g}*n + {timing['prefill_b']:.3g}*n^2 s "
+            f"for n tokens computed, {timing['decode_s_per_token']:.3g} s an output token"
+        )
+    elif isinstance(timing, dict):
+        text += "; times from the mocker's built-in polynomials"
     return text
 
 
