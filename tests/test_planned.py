@@ -184,8 +184,8 @@ def rows(tmp_path: Path) -> Any:
 
 def test_a_session_sized_from_its_plan_worked_by_hand(tmp_path: Path) -> None:
     """One user, two turns, on one worker whose G1 holds everything. Turn 1: 64 + 32 = 96 tokens,
-    nothing cached: TTFT 0.096 s, then 16 tokens at 0.01 s: it ends at 0.256 s. Turn 2 arrives
-    0.5 s later (0.756 s) with 96 + 16 + 32 = 144 tokens, of which turn 1's 6 blocks (96 tokens)
+    nothing cached: TTFT 0.096 s, then the 15 tokens after the first at 0.01 s: it ends at 0.246 s.
+    Turn 2 arrives 0.5 s later (0.746 s) with 96 + 16 + 32 = 144 tokens, of which turn 1's 6 blocks (96 tokens)
     are in G1: TTFT 0.048 s (0.144 s recomputing). The first pass's guess is already right."""
     doc = sized(tmp_path, SESSIONS.format(users=1, more=""))
     assert doc["scenario"]["kind"] == "sessions" and doc["scenario"]["requests"] == 2
@@ -193,10 +193,10 @@ def test_a_session_sized_from_its_plan_worked_by_hand(tmp_path: Path) -> None:
     assert f["prompt_tokens"] == 96 + 144 and f["tiers"][0]["served_tokens"] == 96
     assert f["arrivals"]["cached"] == {"settled": True, "passes": 1, "last_change_s": 0.0}
     r = rows(tmp_path)
-    assert r["arrival_s"].tolist() == pytest.approx([0.0, 0.756])
+    assert r["arrival_s"].tolist() == pytest.approx([0.0, 0.746])
     assert r["ttft_s"].tolist() == pytest.approx([0.096, 0.048])
     assert r["recompute_ttft_s"].tolist() == pytest.approx([0.096, 0.144])
-    assert r["e2e_s"].tolist() == pytest.approx([0.256, 0.208])
+    assert r["e2e_s"].tolist() == pytest.approx([0.246, 0.198])
     (folder,) = (tmp_path / "out").glob("*/*")
     out = kvbench("report", str(folder), "--output", str(tmp_path / "r.html"))
     assert out.returncode == 0, out.stderr
@@ -204,8 +204,8 @@ def test_a_session_sized_from_its_plan_worked_by_hand(tmp_path: Path) -> None:
 
 
 def test_sessions_one_at_a_time_wait_for_the_one_before_worked_by_hand(tmp_path: Path) -> None:
-    """Two users, `max_active = 1`: user 1's first turn waits for user 0's last to end (0.756 +
-    0.048 + 0.16 = 0.964 s with G1; recomputing, 0.756 + 0.144 + 0.16 = 1.06 s), and the two
+    """Two users, `max_active = 1`: user 1's first turn waits for user 0's last to end (0.746 +
+    0.048 + 0.15 = 0.944 s with G1; recomputing, 0.746 + 0.144 + 0.15 = 1.04 s), and the two
     share nothing. Recomputing, the arrivals are the recompute's own: the Baseline's TTFTs are
     put beside the requests they belong to. The plan's times sped up by an SLO search settle
     again: the first turns of both are then limited by the slot, not the speed."""
@@ -213,7 +213,7 @@ def test_sessions_one_at_a_time_wait_for_the_one_before_worked_by_hand(tmp_path:
     f = doc["configurations"][0]["figures"]
     assert f["tiers"][0]["served_tokens"] == 2 * 96
     r = rows(tmp_path)
-    assert r["arrival_s"].tolist() == pytest.approx([0.0, 0.756, 0.964, 0.964 + 0.756])
+    assert r["arrival_s"].tolist() == pytest.approx([0.0, 0.746, 0.944, 0.944 + 0.746])
     assert r["ttft_s"].tolist() == pytest.approx([0.096, 0.048, 0.096, 0.048])
     assert r["recompute_ttft_s"].tolist() == pytest.approx([0.096, 0.144, 0.096, 0.144])
     slo = f["slo"]
@@ -221,9 +221,9 @@ def test_sessions_one_at_a_time_wait_for_the_one_before_worked_by_hand(tmp_path:
     # recomputing, half of the requests (the first turns) meet 0.1 s at any speed: the highest tried
     assert slo["recompute"]["capacity_speedup"] == slo["speedup_ceiling"]
     # the rate at the capacity is the settled one, the sessions still waiting for their answers:
-    # at x times the plan's speed, the last turn arrives at 0.256 + 0.208 + 0.256 + 1/x s
+    # at x times the plan's speed, the last turn arrives at 0.246 + 0.198 + 0.246 + 1/x s
     x = slo["cached"]["capacity_speedup"]
-    assert x == slo["speedup_ceiling"] and slo["cached"]["capacity_req_per_s"] == pytest.approx(3 / (0.72 + 1 / x))
+    assert x == slo["speedup_ceiling"] and slo["cached"]["capacity_req_per_s"] == pytest.approx(3 / (0.69 + 1 / x))
 
 
 def test_what_did_not_settle_is_told_per_configuration() -> None:
