@@ -340,13 +340,22 @@ def size(
             show_default=False,
         ),
     ] = None,
+    dynamo: Annotated[
+        bool,
+        typer.Option(
+            "--dynamo",
+            help="Also replay each configuration Dynamo models (G1/G2 per worker, round-robin or its KV router) "
+            "with Dynamo's offline replay, given the same requests and times (engines/dynamo/install.sh; exit 3 "
+            "without it).",
+        ),
+    ] = False,
 ) -> int:
     """Size a fleet's KV tiers from a request trace, in simulation: the share of prompt tokens
     each tier serves, the read bandwidth each must sustain, TTFT and the SLO; lists in the file
     are a sweep of their every combination."""
     from harness.commands import size as command
 
-    return command.main(file, out, stderr_console(), workers, requests, ray)
+    return command.main(file, out, stderr_console(), workers, requests, ray, dynamo)
 
 
 @app.command()

@@ -26,8 +26,9 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.core.children import die_with_parent
-from harness.core.errors import InputError, replaced, signals_held
+from harness.core.errors import EndpointError, InputError, replaced, signals_held
 from harness.core.units import human_bandwidth, human_size
+from harness.engines import replay
 from harness.gate.rules import parse_rules
 from harness.inputs import traces
 from harness.results import utc_stamp, versions
@@ -59,6 +60,7 @@ WHAT = (
     "as `cluster.routing` says), each tier's bandwidth shared by the loads it serves at once, prefill "
     "and decode by the engine's cost model."
 )
+SIMULATED_BY = "kvbench's own simulation (harness/sizing/): every figure, but a configuration's dynamo_replay"
 
 
 def main(
@@ -68,11 +70,24 @@ def main(
     processes: int = 1,
     requests: bool | None = None,
     ray: str | None = None,
+    dynamo: bool = False,
 ) -> int:
     """`requests`: write a row per request of each configuration (True), not (False), or when
     there are at most MAX_REQUEST_ROWS of them (None). `ray`: the address of a Ray cluster whose
-    nodes size the configurations (`processes` of them at a time) instead of this host."""
+    nodes size the configurations (`processes` of them at a time) instead of this host.
+    `dynamo`: each configuration Dynamo's offline replay models replayed by it too, beside
+    (engines/replay.py)."""
     spec = config.read(file)
+    replayer = None
+    if dynamo:
+        from harness.engines import dynamo as engine
+
+        replayer = engine.python()
+        if replayer is None:
+            raise EndpointError(
+                "--dynamo: Dynamo is not installed here: run engines/dynamo/install.sh (or set KVBENCH_DYNAMO_PYTHON "
+                "to a Python that has ai-dynamo)"
+            )
     if spec.gate is not None:
         parse_rules(spec.gate, str(file))  # refused now, not after the sizing
     if processes < 1:
@@ -84,7 +99,7 @@ def main(
             raypool.require()
             console.print(f"Joining the Ray cluster at {ray} ...", markup=False)
             stack.enter_context(raypool.joined_now(ray))
-        return _main(spec, file, out, console, processes, requests, ray)
+        return _main(spec, file, out, console, processes, requests, ray, replayer)
 
 
 def _main(
@@ -95,6 +110,7 @@ def _main(
     processes: int,
     requests: bool | None,
     ray: str | None,
+    replayer: Path | None = None,
 ) -> int:
     cost, kv, source = _engine(spec)
     workload, where = _workload(spec, console)
@@ -119,19 +135,13 @@ def _main(
         "swept": sorted({k for c in configurations for k, _ in c.swept}),
         "gate": spec.gate,
         "sized_by": {"processes": processes, "ray": ray},  # where: this host, or a Ray cluster's nodes
+        # which engine simulated what: every figure kvbench's, but a configuration's `dynamo_replay`
+        "engines": {"kvbench": SIMULATED_BY, **({"dynamo_replay": replay.WHAT} if replayer else {})},
         "configurations": [],
     }
     folder = out / spec.name / f"{doc['created']}-size"
     folder.mkdir(parents=True, exist_ok=True)
-    many = f"{len(configurations)} configurations" + (f" in {processes} processes" if processes > 1 else "")
-    console.print(
-        f"Sizing {n:,} requests of {spec.workload.source}"
-        + (f" ({spec.workload.tenants} tenants)" if spec.workload.tenants > 1 else "")
-        + ": "
-        + (many if len(configurations) > 1 else f"{spec.workers[0]} workers, {len(spec.tiers)} tier(s)")
-        + " ...",
-        markup=False,
-    )
+    console.print(_starting(spec, n, len(configurations), processes), markup=False)
     rows = n * len(configurations)
     keep = requests if requests is not None else rows <= MAX_REQUEST_ROWS
     doc["requests_file"] = result.REQUESTS if keep else None
@@ -148,6 +158,9 @@ def _main(
         ):
             for i, sized in each_sized(workload, plans, processes, keep, ray is not None):
                 one = {"index": i, **_configuration(configurations[i], plans[i], sized.figures)}
+                said = None
+                if replayer is not None:
+                    one["dynamo_replay"], said = _replayed(replayer, workload, plans[i], sized.figures)
                 with signals_held():  # its rows and its line whole, or neither begun
                     put_rows(i, sized)  # first: a configuration said done has all its rows
                     f.write(json.dumps(one, default=str) + "\n")
@@ -155,6 +168,8 @@ def _main(
                 done += 1
                 if len(configurations) > 1:
                     console.print(f"  {done}/{len(configurations)}: {_label(configurations[i])}", markup=False)
+                if said is not None:
+                    console.print(f"    {said}", markup=False)
         doc["status"] = "completed"
     except BaseException as e:  # what was sized is kept, and said to be all there is
         doc["status"] = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
@@ -167,6 +182,18 @@ def _main(
     show(doc, console)
     console.print(f"Results: {folder}", markup=False)
     return 0
+
+
+def _starting(spec: config.SizingSpec, n: int, configurations: int, processes: int) -> str:
+    """The line that says what is being sized."""
+    many = f"{configurations} configurations" + (f" in {processes} processes" if processes > 1 else "")
+    return (
+        f"Sizing {n:,} requests of {spec.workload.source}"
+        + (f" ({spec.workload.tenants} tenants)" if spec.workload.tenants > 1 else "")
+        + ": "
+        + (many if configurations > 1 else f"{spec.workers[0]} workers, {len(spec.tiers)} tier(s)")
+        + " ..."
+    )
 
 
 def _workload(spec: config.SizingSpec, console: Console) -> tuple[Workload | Dependent, dict[str, Any]]:
@@ -377,6 +404,26 @@ def _size_one(task: tuple[int, Handle, Plan, tuple[Handle, ...], bool]) -> tuple
     placed, base = (h.load() for h in shared) if shared else (None, None)
     sized = size(given.load(), plan, placed, base)
     return i, sized if rows else Sized(sized.figures, {})
+
+
+def _replayed(
+    py: Path, workload: Workload | Dependent, plan: Plan, figures: dict[str, Any]
+) -> tuple[dict[str, Any], str]:
+    """Dynamo's replay of one configuration (`--dynamo`), or why it was not replayed; and a line
+    for the terminal, beside kvbench's own figures."""
+    why = replay.why_not(workload, plan)
+    if why is not None:
+        return {"not_modelled": why}, f"Dynamo's replay: not modelled ({why})"
+    assert isinstance(workload, Workload)
+    got = replay.replay(py, workload, plan)
+    if "error" in got:
+        return got, f"warning: Dynamo's replay failed: {got['error']}"
+    share = sum(t["share"] for t in figures["tiers"])
+    return got, (
+        f"Dynamo's replay: cached {got['cached_share']:.1%} (kvbench {share:.1%}), TTFT p50 "
+        f"{got['ttft_s']['p50']:.4g} s (kvbench {figures['ttft_s']['p50']:.4g} s), p99 {got['ttft_s']['p99']:.4g} s "
+        f"(kvbench {figures['ttft_s']['p99']:.4g} s)"
+    )
 
 
 def _configuration(c: config.Configuration, plan: Plan, figures: dict[str, Any]) -> dict[str, Any]:

@@ -55,7 +55,30 @@ def _one(s: Sizing) -> dict[str, Any]:
         "first": rows[0]["label"] if rows else "",
         "knees": _knees(first) if first else [],
         "against": _against(configurations, swept),
+        "replays": [_replay(c, r) for c, r in zip(configurations, rows, strict=True) if "dynamo_replay" in c],
+        "replay_what": str((doc.get("engines") or {}).get("dynamo_replay", "")),
     }
+
+
+def _replay(c: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """A configuration's figures beside Dynamo's replay of it (`kvbench size --dynamo`), or why
+    there is none: not modelled, or the replay's error."""
+    got = c["dynamo_replay"]
+    out: dict[str, Any] = {"values": row["values"], "said": None}
+    if "not_modelled" in got:
+        out["said"] = f"not modelled by Dynamo: {got['not_modelled']}"
+    elif "error" in got:
+        out["said"] = f"Dynamo's replay failed: {got['error']}"
+    else:
+        out |= {
+            "share": sum(float(t["share"]) for t in c["figures"]["tiers"]),
+            "dynamo_share": float(got["cached_share"]),
+            "ttft_p50": row["ttft_p50"],
+            "ttft_p99": row["ttft_p99"],
+            "dynamo_p50": float(got["ttft_s"]["p50"]),
+            "dynamo_p99": float(got["ttft_s"]["p99"]),
+        }
+    return out
 
 
 def _replayed(result: dict[str, Any] | None) -> str:
