@@ -259,9 +259,11 @@ def sized_tiers_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None
         sized = pd.read_csv(rows)  # (in arrival order: the live requests' order, one at a time)
         late = [(x.ttft_s or 0.0) - t for x, t in zip(recs, sized["ttft_s"], strict=True)]
         copied = [d for d in late if abs(d / copy_s - 1) <= LIVE_TTFT_TOLERANCE]
-        # the others as predicted within 20 ms (measured -7 to +18: loads of 0.59 s 1 % faster live,
-        # the frontend's own milliseconds); later by one copy: 0.54-0.58 s
-        assert copied and all(abs(d) <= 0.02 for d in late if d not in copied), late
+        # the others as predicted within 50 ms (measured -7 to +18 ms: loads of 0.59 s 1 % faster
+        # live, the frontend's own milliseconds; beside three busy loops on this 2-core VM, one in
+        # eight runs had a request past 20 ms: the mocker keeps wall time); later by one copy:
+        # 0.54-0.58 s
+        assert copied and all(abs(d) <= 0.05 for d in late if d not in copied), [round(d, 4) for d in late]
 
 
 G1_ALL = '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = "10GB"'  # every prompt, on each worker

@@ -47,7 +47,6 @@ s = run_trace_replay(
 print(json.dumps({
     "cached_share": s["first_admission_prefix_cache_reused_ratio"],
     "prompt_tokens": s["total_input_tokens"],
-    "requests": s.get("num_requests", s.get("completed_requests")),
     "ttft_s": {k: s[f"{k}_ttft_ms"] / 1000 for k in ("mean", "median", "p99")},
 }))
 """
