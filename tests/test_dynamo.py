@@ -464,6 +464,40 @@ def test_kvbench_starts_dynamo_from_the_scenario_and_every_answer_has_its_length
     assert dynamo_processes() <= before and engine_leftovers() == []
 
 
+def test_the_mockers_times_are_fitted_to_a_sweep_kvbench_ran(tmp_path: Path) -> None:
+    """`[engine] timing = { fit_from = ... }`: the mocker timed by a TTFT sweep's fit (a result
+    folder whose cold TTFTs are exactly 2e-5 n + 3e-10 n^2 s, its answers 0.015 s a token after the
+    first), as `kvbench size`'s `fit_from` fits it: run.json says so with the numbers, and the
+    mocker's own mean TTFT for 4,000-token prompts computed in full is the fit's 0.0848 s within
+    MOCKER_TTFT_TOLERANCE. A folder that cannot be fitted stops the run before anything starts,
+    exit 2, naming the key."""
+    from tests.test_size_command import result_folder
+
+    a, b, d = 2e-5, 3e-10, 0.015
+    records = []
+    for n in (1000, 4000, 16000):
+        at = {"prompt_id": f"L{n}", "phase": "cold", "prompt_tokens": n, "target_tokens": n, "start_s": 0.0}
+        ttft = a * n + b * n * n
+        records += [{**at, "ttft_s": ttft, "e2e_s": ttft + d * 9, "completion_tokens": 10}] * 2
+    folder = result_folder(tmp_path / "runs", {"kind": "sweep"}, records)
+    sc = ENGINE.format(name="dyn-fit").replace("workers = 2\n", f'timing = {{ fit_from = "{folder}" }}\n')
+    sc += '[workload]\nkind = "closed_loop"\nrequests = 6\nconcurrency = 1\npool = 6\nprompt_tokens = 4000\n'
+    sc += '[[arms]]\nname = "recompute"\ncache = "bust"\n'  # (every prompt computed in full)
+    r = kvbench("run", str(write_scenario(tmp_path / "s.toml", sc)), "--out", str(tmp_path / "out"), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (run,) = arm_folders(tmp_path / "out", "dyn-fit").values()
+    timing = json.loads((run / "run.json").read_text())["engine"]["timing"]
+    assert timing["prefill_a"] == pytest.approx(a) and timing["prefill_b"] == pytest.approx(b), timing
+    assert timing["decode_s_per_token"] == pytest.approx(d) and f"fitted to {folder}" in timing["source"]
+    workers = json.loads((run / "metrics.json").read_text())["phases"]["run"]["mapped"]["workers_ttft_mean_s"]
+    assert abs(workers / (a * 4000 + b * 4000**2) - 1) <= MOCKER_TTFT_TOLERANCE, workers
+    bad = write_scenario(tmp_path / "bad.toml", sc.replace(str(folder), str(tmp_path / "nothing")))
+    before = dynamo_processes()
+    r = kvbench("run", str(bad), "--out", str(tmp_path / "bad"), timeout=120)
+    assert r.returncode == 2 and "engine.timing.fit_from: " in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert dynamo_processes() <= before
+
+
 def test_sigterm_stops_the_dynamo_deployment_kvbench_started(tmp_path: Path) -> None:
     before = dynamo_processes()
     sc = ENGINE.format(name="dyn-term") + (

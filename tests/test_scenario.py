@@ -10,7 +10,7 @@ import pytest
 from harness.commands.validate import is_sizing
 from harness.config import scenario
 from harness.config.context import MAX_CONTEXT_TOKENS, Context
-from harness.config.engines import DynamoEngineCfg, MockerTiming
+from harness.config.engines import DynamoEngineCfg, FittedTiming, MockerTiming
 from harness.config.tables import read_toml
 from harness.core.errors import InputError
 from tests.conftest import cli, write_scenario
@@ -137,7 +137,7 @@ def test_defaults() -> None:
         ),
         (
             SWEEP + DYN + "timing = { prefill_a = 1e-5, decode_s_per_token = 0.01 }\n",
-            "engine.timing.prefill_b: missing; expected a number of seconds >= 0",
+            "engine.timing.prefill_b: missing; expected a number of seconds >= 0, or fit_from alone",
         ),
         (
             SWEEP + DYN + "timing = { prefill_a = 1e-5, prefil_b = 0, decode_s_per_token = 0.01 }\n",
@@ -152,6 +152,11 @@ def test_defaults() -> None:
             "engine.timing.c: unknown key",
         ),
         (SWEEP + DYN + 'timing = "fast"\n', "engine.timing: expected a table"),
+        (
+            SWEEP + DYN + 'timing = { fit_from = "results/x", prefill_a = 1e-5 }\n',
+            "engine.timing.prefill_a: applies without fit_from (the fit gives it)",
+        ),
+        (SWEEP + DYN + "timing = { fit_from = 3 }\n", "engine.timing.fit_from: expected a string"),
         (
             SWEEP + DYN + '[[arms]]\nname = "a"\nengine = { timing = { prefill_a = 1 } }\n',
             "arms[0].engine.timing: expected a key NVIDIA Dynamo's frontend",
@@ -251,6 +256,8 @@ def test_a_dynamo_engine_reads_its_own_keys() -> None:
     assert sc.engine.context == Context(16384, "the model kvbench makes for Dynamo")
     timed = parse(SWEEP + DYN + "timing = { prefill_a = 2.4e-5, prefill_b = 1e-9, decode_s_per_token = 0.005 }\n")
     assert isinstance(timed.engine, DynamoEngineCfg) and timed.engine.timing == MockerTiming(2.4e-5, 1e-9, 0.005)
+    fitted = parse(SWEEP + DYN + 'timing = { fit_from = "results/sweep" }\n')
+    assert isinstance(fitted.engine, DynamoEngineCfg) and fitted.engine.timing == FittedTiming("results/sweep")
 
 
 def test_schema_version(tmp_path: Path) -> None:

@@ -49,6 +49,16 @@ class MockerTiming:
     keys: ClassVar[tuple[str, ...]] = ("prefill_a", "prefill_b", "decode_s_per_token")
 
 
+@dataclass(frozen=True)
+class FittedTiming:
+    """`[engine] timing = { fit_from = "results/..." }`: the mocker's times fitted, when the run
+    starts, to a TTFT sweep kvbench ran on a real engine, as `kvbench size`'s `[engine] fit_from`
+    fits them (its cold TTFTs' a*n + b*n^2, its median TPOT): a mocker calibrated to something
+    measured. The path is relative to the current directory, as a scenario's paths are."""
+
+    fit_from: str
+
+
 DYNAMO_CONTEXT = 16384  # the context of the model kvbench makes for Dynamo (engines/vllm/make_model.py CTX)
 
 
@@ -70,7 +80,7 @@ class DynamoEngineCfg:
     g2_bandwidth: str = "32GB/s"  # G1 <-> G2, each way, as written
     g2_bytes_per_s: float = 32e9
     kv_bytes_per_token: int = 0  # what the mocker moves between tiers (read: the paper's model's)
-    timing: MockerTiming | None = None  # None: the mocker's built-in polynomials
+    timing: MockerTiming | FittedTiming | None = None  # None: the mocker's built-in polynomials
 
     @property
     def context(self) -> Context:
@@ -123,9 +133,17 @@ def _dynamo(t: Table) -> DynamoEngineCfg:
     return cfg
 
 
-def _timing(t: Table) -> MockerTiming:
-    """`[engine] timing`: every one of its keys, each seconds (or per token) >= 0."""
-    what = "a number of seconds >= 0"
+def _timing(t: Table) -> MockerTiming | FittedTiming:
+    """`[engine] timing`: `fit_from` alone, or each of MockerTiming's keys, seconds (or per
+    token) >= 0."""
+    fit_from = t.text("fit_from")
+    if fit_from is not None:
+        for k in MockerTiming.keys:
+            if t.has(k):
+                t.fail(k, "applies without fit_from (the fit gives it)", t.get(k))
+        t.done()
+        return FittedTiming(fit_from)
+    what = "a number of seconds >= 0, or fit_from alone"
     for k in MockerTiming.keys:
         t.required(k, what)
     cfg = MockerTiming(*(t.number(k, 0.0, minimum=0.0) for k in MockerTiming.keys))

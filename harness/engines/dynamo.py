@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.config.engines import DynamoEngineCfg, EngineCfg, MockerTiming
+from harness.config.engines import DynamoEngineCfg, EngineCfg, FittedTiming, MockerTiming
 from harness.engines import Started
 from harness.engines.process import ServerProcess, installed
 
@@ -306,12 +306,13 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
             f'{where}: [engine] kind = "dynamo": Dynamo is not installed here: run engines/dynamo/install.sh '
             "(or set KVBENCH_DYNAMO_PYTHON to a Python that has ai-dynamo)"
         )
+    timing, source = _resolved(cfg.timing, where)  # (a fit refused before anything is started)
     with tempfile.TemporaryDirectory(prefix=ENGINE_PREFIX) as tmp:
         model = Path(tmp) / SERVED_NAME
         make_model(py, model, answer_lengths, where)
         profile = None
-        if cfg.timing is not None:
-            profile = write_profile(cfg.timing, Path(tmp) / "timing.npz", cfg.context.tokens, cfg.block_size)
+        if timing is not None:
+            profile = write_profile(timing, Path(tmp) / "timing.npz", cfg.context.tokens, cfg.block_size)
         deployment = Deployment(py, model, _workers(cfg, profile), cfg.router_mode, home=Path(tmp) / "home")
         try:
             deployment.__enter__()
@@ -333,7 +334,7 @@ def start(cfg: DynamoEngineCfg, where: str, answer_lengths: Collection[int]) -> 
                 "workers": cfg.workers,
                 "router_mode": cfg.router_mode,
                 "tiers": _tiers(cfg),
-                "timing": _timing(cfg.timing),
+                "timing": _timing(timing, source),
                 "flags": {
                     "frontend": _shown(deployment.frontend.argv, model),
                     "mocker": _shown(deployment.mockers[0].argv, model),
@@ -372,12 +373,28 @@ def _tiers(cfg: DynamoEngineCfg) -> dict[str, Any]:
     return {"block_size": cfg.block_size, "g1": {"blocks": cfg.g1_blocks}, "g2": g2}
 
 
-def _timing(timing: MockerTiming | None) -> dict[str, Any]:
-    """run.json's `engine.timing`: what timed the mocker's requests."""
+def _resolved(timing: MockerTiming | FittedTiming | None, where: str) -> tuple[MockerTiming | None, str]:
+    """`[engine] timing` as numbers (a fit made now, where it asks for one), and where they came
+    from."""
+    if not isinstance(timing, FittedTiming):
+        return timing, "[engine] timing" if timing is not None else "the mocker's built-in polynomials"
+    from harness.core.errors import InputError
+    from harness.sizing.recorded import fitted_cost
+
+    try:
+        fit = fitted_cost(Path(timing.fit_from))
+    except InputError as e:
+        raise InputError(f"{where}: engine.timing.fit_from: {e}") from None
+    return MockerTiming(fit.prefill_a, fit.prefill_b, fit.decode_s_per_token), f"[engine] timing, {fit.said}"
+
+
+def _timing(timing: MockerTiming | None, source: str) -> dict[str, Any]:
+    """run.json's `engine.timing`: what timed the mocker's requests, and where it came from."""
     if timing is None:
-        return {"model": "the mocker's built-in polynomials"}
+        return {"model": source}
     return {
-        "model": "[engine] timing: a*n + b*n^2 s for the n prompt tokens computed, d s an output token after the first",
+        "model": "a*n + b*n^2 s for the n prompt tokens computed, d s an output token after the first",
+        "source": source,
         **{k: getattr(timing, k) for k in timing.keys},
     }
 
