@@ -131,6 +131,18 @@ def other_warnings(meta: dict[str, Any]) -> list[str]:
     return [w for w in meta["warnings"] if w not in (late, busy, *rows)]
 
 
+def kind_table(runs: list[Any], title: str) -> dict[str, dict[str, Any]]:
+    """The first table of the report section titled `title` that the runs' kind gives them (as
+    the kind gives it, before the report formats it): each row by its first cell, its cells by
+    column."""
+    from harness.analysis.kinds import figures_of
+    from harness.analysis.kinds.document import Table
+
+    (section,) = [s for s in figures_of(runs[0].kind).sections(runs) if s.title == title]
+    table = next(p for p in section.parts if isinstance(p, Table))
+    return {str(row[0]): dict(zip(table.columns, row, strict=True)) for row in table.rows}
+
+
 def result_lines(out: Path) -> int:
     """How many records the runs under `out` have written so far."""
     return sum(len(p.read_bytes().splitlines()) for p in out.glob("*/*/requests.jsonl"))

@@ -18,9 +18,8 @@ from harness import load
 from harness.analysis import frames, stats
 from harness.commands.export import to_csv, write_table
 from harness.gate import figures
-from harness.report.build import build_context
 from harness.results import load_runs
-from tests.conftest import ROOT, cli
+from tests.conftest import ROOT, cli, kind_table
 
 GOLDEN = Path(__file__).parent / "golden" / "runs"
 
@@ -28,15 +27,17 @@ GOLDEN = Path(__file__).parent / "golden" / "runs"
 def test_per_arm_figures_equal_run_json_the_report_and_the_gate() -> None:
     runs = load(GOLDEN / "golden-loop")
     summary = runs.summary().set_index("arm")
-    ctx = build_context(load_runs([GOLDEN / "golden-loop"]))
-    report = {x["label"].split("/")[1]: x for x in ctx["loops"]}
+    report = {
+        label.split("/")[1]: row
+        for label, row in kind_table(load_runs([GOLDEN / "golden-loop"]), "Throughput (closed loop)").items()
+    }
     gate = figures.of_runs(load_runs([GOLDEN / "golden-loop"])).run_values
     for run in runs.runs:
         row, s = summary.loc[run.arm], run.meta["summary"]
         assert row["completed"] == s["completed"] and row["req_per_s"] == s["req_per_s"]
         for q in ("p50", "p90", "p99"):
-            assert row[f"ttft_s_{q}"] == s["ttft_s"][q] == report[run.arm]["ttft"][q]
-        assert row["req_per_s"] == report[run.arm]["cl"].req_per_s == gate[(run.arm, "req_per_s", None, None)][0]
+            assert row[f"ttft_s_{q}"] == s["ttft_s"][q] == report[run.arm][f"TTFT {q} (s)"]
+        assert row["req_per_s"] == report[run.arm]["req/s"] == gate[(run.arm, "req_per_s", None, None)][0]
 
 
 def test_one_row_per_request_with_its_run() -> None:

@@ -130,6 +130,19 @@ def test_a_kind_with_its_own_record_fields_and_report_section_needs_no_other_fil
     assert (
         "Ladder: TTFT by rung" in page and "<td>2</td><td>3,000</td><td>2</td>" in page
     )  # rung 2: 3,000 tokens, 2 requests
+    # its further parts, in order: a heading, a paragraph, a plot drawn, a folded table with a
+    # flagged cell wherever a repeat was not the faster
+    order = [
+        page.index(x)
+        for x in (
+            "<h3>Repeats against first sends</h3>",
+            "should be the faster",
+            "Median TTFT by rung.</figcaption>",
+            "<summary>Faster on a repeat, by rung</summary>",
+        )
+    ]
+    assert order == sorted(order)
+    assert page.count("<td>yes</td>") + page.count('<span class="flag">no</span>') == 3
 
     # beside a run of another kind (the bursts toy's): its ladder columns are empty
     bursts = write_scenario(tmp_path / "toy.toml", TOY.replace("bursts = 3", "bursts = 1"))

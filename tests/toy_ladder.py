@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from harness.analysis import stats
-from harness.analysis.kinds import Figures, Section
+from harness.analysis.kinds import Figures, Section, document
+from harness.analysis.kinds.document import Flag, Heading, Line, Lines, Paragraph
 from harness.config.kinds import KindSpec, WorkloadConfig
 from harness.config.tables import Table
 from harness.results import KindRecord, RequestRecord, RunResult
@@ -101,16 +102,14 @@ def by_rung(records: stats.Records) -> dict[int, tuple[int, list[RequestRecord],
 
 
 class LadderFigures(Figures):
-    def figures(
-        self, records: stats.Records, counted: stats.Records, slo: dict[str, float] | None
-    ) -> dict[str, Any]:
+    def figures(self, records: stats.Records, counted: stats.Records, slo: dict[str, float] | None) -> dict[str, Any]:
         return {"rungs": len(by_rung(counted))}
 
     def lines(self, s: dict[str, Any]) -> list[str]:
         return [f"{s['rungs']} rungs"]
 
     def sections(self, runs: list[RunResult]) -> list[Section]:
-        rows = []
+        rows: list[tuple[Any, ...]] = []
         for run in runs:
             for rung, (tokens, first, again) in sorted(by_rung(stats.ok(run.records)).items()):
                 ttft_first = stats.values(first, "ttft_s")
@@ -125,12 +124,26 @@ class LadderFigures(Figures):
                         statistics.median(ttft_again) if len(ttft_again) else None,
                     )
                 )
+        # the same figures drawn, and each rung said faster or not (not: flagged), folded
+        curves = tuple(
+            Line(name, tuple(float(r[2]) for r in rows), tuple(r[k] for r in rows), style=i)
+            for i, (name, k) in enumerate((("first send", 4), ("repeats", 5)))
+        )
+        faster = tuple(
+            (r[0], r[1], "yes" if r[4] is not None and r[5] is not None and r[5] < r[4] else Flag("no")) for r in rows
+        )
         return [
             Section(
                 "Ladder: TTFT by rung",
                 "Each rung's prompt sent once with nothing cached, then again finding its KV: the median TTFT of each.",
                 ("run", "rung", "prompt tokens", "requests", "first send TTFT (s)", "repeats' TTFT (s)"),
                 tuple(rows),
+                parts=(
+                    Heading("Repeats against first sends"),
+                    Paragraph("A repeat finds its rung's KV: it should be the faster.", "read"),
+                    Lines("Median TTFT by rung.", "prompt tokens", "TTFT (s)", curves),
+                    document.Table(("run", "rung", "repeat faster"), faster, folded="Faster on a repeat, by rung"),
+                ),
             )
         ]
 

@@ -1,9 +1,12 @@
-"""How a summary's figures are written in a terminal line (pure): numbers, a schedule's lag, the
-share served from cache."""
+"""How figures are written (pure): numbers (one formatter for the report, `compare`, the CLI and
+the kinds' report sections), a schedule's lag, the share served from cache."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import numpy as np
 
 from harness.analysis.stats import EMULATOR_LATE_SHARE
 
@@ -49,3 +52,18 @@ def _ms(x: float | None) -> str:
 
 def fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
+
+
+def num(x: Any, digits: int = 3) -> str:
+    """A number as the report shows it: integers whole with thousands separators, others to
+    `digits` significant digits (whole from 1,000 up); "-" for none."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, int | np.integer):
+        return f"{int(x):,}"
+    x = float(x)
+    if x == 0:
+        return "0"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"

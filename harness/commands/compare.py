@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.analysis import stats
+from harness.analysis.wording import num
 from harness.config import kinds
 from harness.core.errors import ExitCode, InputError
-from harness.report.format import num
 from harness.results import RunResult, Table, load_runs, skipped_warning
 
 ALPHA = 0.05

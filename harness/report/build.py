@@ -10,10 +10,10 @@ from typing import Any
 import jinja2
 
 from harness import __version__
+from harness.analysis.wording import num
 from harness.config.reference import redbooks
 from harness.core.errors import write_file
 from harness.report import sections
-from harness.report.format import num
 from harness.results import RunResult
 
 
@@ -27,18 +27,14 @@ def base() -> dict[str, Any]:
 
 def build_context(runs: list[RunResult]) -> dict[str, Any]:
     rows = [sections.run_row(r) for r in runs]
-    sweeps = [sections.sweep(r) for r in sections.feeding(runs, "by_length")]
-    loops = sections.loops(runs)
-    measured = sections.measured_claims(runs, sweeps, loops["loops"])
+    measured = sections.measured_claims(runs)
     return {
         **base(),
         "source": redbooks()["source"],
         "runs": rows,
         "emulated": any(x["emulated"] for x in rows),
         "any_interrupted": any(x["status"] != "completed" for x in rows),
-        "sweeps": sweeps,
-        **loops,
-        "cards": sections.cards(measured, loops["loops"], sweeps),
+        "cards": sections.cards(runs, measured),
         **sections.claims(measured),
         # the paper's claims audit: only for runs of a scenario that names a published test
         "show_claims": any(r.reference_test for r in runs),
@@ -46,7 +42,6 @@ def build_context(runs: list[RunResult]) -> dict[str, Any]:
         **sections.timelines(runs),
         **sections.verification(runs),
         **sections.traffic(runs),
-        **sections.open_loop(runs),
         **sections.versus_recompute(runs),
         **sections.kind_sections(runs),
         **sections.server(runs),

@@ -11,6 +11,8 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
+from harness.analysis.kinds.document import Bars, Lines
+
 # Colour-blind-safe (Okabe-Ito), each paired with its own marker and dash pattern.
 STYLES: list[dict[str, Any]] = [
     {"color": "#0072B2", "marker": "o", "linestyle": "-"},
@@ -51,80 +53,20 @@ def to_svg(fig: Figure) -> str:
     return svg[svg.index("<svg") :]
 
 
-def ttft_vs_length(series: Sequence[dict[str, Any]], published: Sequence[dict[str, Any]]) -> str:
-    """series: {label, lengths, p50, lo, hi}; published: {label, length, value}."""
-    fig = _fig("ttft")
+def bars(plot: Bars, name: str) -> str:
+    """A measured bar per label beside its published one (hatched), each with its value."""
+    fig = _fig(name, h=3.8)
     ax = fig.add_subplot()
-    for i, s in enumerate(series):
-        st = style(i)
-        yerr = None
-        if s.get("lo") is not None:
-            yerr = np.abs(np.array([s["lo"], s["hi"]], dtype=float) - np.array(s["p50"], dtype=float))
-        ax.errorbar(s["lengths"], s["p50"], yerr=yerr, label=s["label"], capsize=3, **st)
-    for j, p in enumerate(published):
-        ax.plot([p["length"]], [p["value"]], label="published" if j == 0 else None, **PUBLISHED)
-        ax.annotate(
-            f"{p['label']} {p['value']:g} s",
-            (p["length"], p["value"]),
-            textcoords="offset points",
-            xytext=(6, -12 if "warm" in p["label"] else 6),
-            fontsize=8,
-        )
-    ax.set_yscale("log")
-    ax.set_xlabel("prompt length (tokens)")
-    ax.set_ylabel("TTFT, median (s, log scale)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    return to_svg(fig)
-
-
-def speedup_vs_length(
-    lengths: Sequence[int],
-    speedup: Sequence[float | None],
-    lo: Sequence[float | None],
-    hi: Sequence[float | None],
-    published: Sequence[tuple[int, float]],
-) -> str:
-    fig = _fig("speedup")
-    ax = fig.add_subplot()
-    x = np.array(lengths, dtype=float)
-    y = np.array([np.nan if v is None else v for v in speedup], dtype=float)
-    ax.plot(x, y, label="measured (cold / warm median)", **style(0))
-    if all(v is not None for v in lo):
-        ax.fill_between(
-            x,
-            np.array(lo, dtype=float),
-            np.array(hi, dtype=float),
-            alpha=0.2,
-            color=style(0)["color"],
-            label="95 % interval",
-        )
-    for j, (n, v) in enumerate(published):
-        ax.plot([n], [v], label="published" if j == 0 else None, **PUBLISHED)
-        ax.annotate(f"{v:g}x", (n, v), textcoords="offset points", xytext=(6, 6), fontsize=8)
-    ax.set_xlabel("prompt length (tokens)")
-    ax.set_ylabel("speedup (x)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    return to_svg(fig)
-
-
-def bars(
-    labels: Sequence[str], measured: Sequence[float | None], published: Sequence[float | None], ylabel: str
-) -> str:
-    fig = _fig("bars", h=3.8)
-    ax = fig.add_subplot()
-    x = np.arange(len(labels))
-    m = [0.0 if v is None else v for v in measured]
-    p = [0.0 if v is None else v for v in published]
-    ax.bar(x - 0.2, m, 0.4, label="measured", color=style(0)["color"], edgecolor="black")
-    ax.bar(x + 0.2, p, 0.4, label="published", color="white", edgecolor="black", hatch="//")
-    for xi, v in zip(x, measured, strict=True):
-        ax.annotate("-" if v is None else f"{v:.3g}", (xi - 0.2, v or 0), ha="center", va="bottom", fontsize=8)
-    for xi, v in zip(x, published, strict=True):
-        ax.annotate("-" if v is None else f"{v:.3g}", (xi + 0.2, v or 0), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(x, [shown(label).replace("/", "/\n") for label in labels], fontsize=8)
-    ax.set_ylabel(ylabel)
+    x = np.arange(len(plot.labels))
+    for shift, values, look in (
+        (-0.2, plot.measured, {"label": "measured", "color": style(0)["color"]}),
+        (0.2, plot.published, {"label": "published", "color": "white", "hatch": "//"}),
+    ):
+        ax.bar(x + shift, [v or 0.0 for v in values], 0.4, edgecolor="black", **look)
+        for xi, v in zip(x, values, strict=True):
+            ax.annotate("-" if v is None else f"{v:.3g}", (xi + shift, v or 0), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [shown(label).replace("/", "/\n") for label in plot.labels], fontsize=8)
+    ax.set_ylabel(plot.y_label)
     ax.legend()
     ax.grid(True, axis="y", alpha=0.3)
     return to_svg(fig)
@@ -205,62 +147,43 @@ def timeline(
     return to_svg(fig)
 
 
-def cost_fit(
-    cold: tuple[np.ndarray, np.ndarray],
-    warm: tuple[np.ndarray, np.ndarray],
-    a: float,
-    b: float,
-    c: float,
-    s: float,
-    break_even: float | None,
-) -> str:
-    fig = _fig("costfit")
-    ax = fig.add_subplot()
-    n_max = max(float(np.max(cold[0])), float(np.max(warm[0])))
-    n = np.linspace(0, n_max * 1.05, 200)
-    ax.plot(
-        cold[0],
-        cold[1],
-        linestyle="none",
-        label="cold (measured)",
-        **{k: v for k, v in style(1).items() if k != "linestyle"},
-    )
-    ax.plot(
-        warm[0],
-        warm[1],
-        linestyle="none",
-        label="warm (measured)",
-        **{k: v for k, v in style(0).items() if k != "linestyle"},
-    )
-    ax.plot(n, a * n + b * n * n, color=style(1)["color"], linestyle="--", label="recompute fit a*n + b*n^2")
-    ax.plot(n, c + s * n, color=style(0)["color"], linestyle="-", label="load fit c + n/r")
-    if break_even is not None and 0 < break_even < n_max * 1.05:
-        ax.axvline(break_even, color="black", linestyle=":", label=f"break-even {break_even:,.0f} tokens")
-    ax.set_xlabel("prompt tokens")
-    ax.set_ylabel("TTFT (s)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    return to_svg(fig)
+MARK_LINES = {"solid": "-", "dashed": "--", "dotted": ":"}
 
 
-def against_load(series: Sequence[dict[str, Any]], ylabel: str, name: str, log: bool = False) -> str:
-    """Open loops: one curve per (arm, figure) against offered load. series: {label, x, y,
-    style (index), dashed, capacity (x of a vertical mark, or None), saturation (x or None)}."""
-    fig = _fig(name, h=3.8)
+def lines(plot: Lines, name: str) -> str:
+    """Curves (an interval as error bars or a band), vertical marks, published points (black
+    crosses with their notes)."""
+    fig = _fig(name, h=4.2 if plot.published else 3.8)
     ax = fig.add_subplot()
-    for s in series:
-        st = dict(style(s["style"]))
-        if s.get("dashed"):
+    for line in plot.lines:
+        st = dict(style(line.style))
+        if line.dotted:
             st["linestyle"] = ":"
-        x = np.asarray(s["x"], dtype=float)
-        y = np.asarray([np.nan if v is None else v for v in s["y"]], dtype=float)
-        ax.plot(x, y, label=shown(s["label"]), **st)
-        if s.get("capacity"):
-            ax.axvline(s["capacity"], color=st["color"], linestyle="-", alpha=0.5, linewidth=2)
-        if s.get("saturation"):
-            ax.axvline(s["saturation"], color=st["color"], linestyle="--", alpha=0.5)
-    ax.set_xscale("log")  # arms with and without a tier differ by tens of times
-    return _labelled(fig, ax, "offered load (requests / s, log scale)", ylabel, log)
+        if line.draw == "points":
+            st["linestyle"] = "none"
+        elif line.draw == "curve":
+            st.pop("marker")
+        x = np.asarray(line.x, dtype=float)
+        y = np.asarray([np.nan if v is None else v for v in line.y], dtype=float)
+        label = shown(line.label)
+        if line.lo and not line.band:
+            err = np.abs(np.array([line.lo, line.hi], dtype=float) - y)
+            ax.errorbar(x, y, yerr=err, label=label, capsize=3, **st)
+            continue
+        ax.plot(x, y, label=label, **st)
+        if line.lo:
+            ax.fill_between(x, line.lo, line.hi, alpha=0.2, color=st["color"], label=shown(line.band))
+    for mark in plot.marks:
+        look = {"color": "black"} if mark.style is None else {"color": style(mark.style)["color"], "alpha": 0.5}
+        width = 2 if mark.line == "solid" and mark.style is not None else 1
+        ax.axvline(mark.x, linestyle=MARK_LINES[mark.line], linewidth=width, label=shown(mark.label) or None, **look)
+    for j, p in enumerate(plot.published):
+        ax.plot([p.x], [p.y], label="published" if j == 0 else None, **PUBLISHED)
+        at = (6, -12 if p.below else 6)
+        ax.annotate(shown(p.note), (p.x, p.y), textcoords="offset points", xytext=at, fontsize=8)
+    if plot.logx:
+        ax.set_xscale("log")
+    return _labelled(fig, ax, plot.x_label, plot.y_label, plot.logy)
 
 
 def scatter(series: Sequence[dict[str, Any]], xlabel: str, ylabel: str, name: str, logy: bool = False) -> str:

@@ -1,42 +1,34 @@
 """The report's sections, each built from the runs' raw records by the statistics core and
 findings.py; published figures come from the reference file. One function per section, each
-returning the template variables it fills."""
+returning the template variables it fills. A workload kind's own sections (analysis/kinds) come
+as data: `kind_sections` formats their cells and draws their plots."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict
-from typing import Any
+from typing import Any, assert_never
 
 import numpy as np
 from markupsafe import Markup
 
-from harness.analysis import capacity, findings, stats, wording
-from harness.analysis.kinds import Scatter, figures_of
+from harness.analysis import findings, stats
+from harness.analysis.kinds import Audited, figures_of
+from harness.analysis.kinds import document as doc
+from harness.analysis.wording import num
 from harness.config import kinds, reference
 from harness.config.engines import MockerTiming
 from harness.config.reference import redbooks
 from harness.monitor import selfcheck
 from harness.report import plots
-from harness.report.format import num
 from harness.results import RunResult, Table, skipped_warning
 from harness.server import checks
 from harness.traffic.base import ACHIEVED_WARN_SHARE
 
-# (reference test, arm) -> the measured figure of the claims audit it provides
-CLAIM_KEYS = {
-    ("concurrency", "recompute"): "recompute_req_per_s",
-    ("concurrency", "cached"): "cached_req_per_s",
-    ("competing_traffic", "traffic"): "traffic_req_per_s",
-    # the clean arm of a traffic run: the fairest base for its drop (same prompts, same time)
-    ("competing_traffic", "clean"): "clean_req_per_s",
-}
 MAX_TIMELINES = 8
-# The report's own sections a workload kind's runs may go into (its `report_sections`): a sweep's
-# table and plots by prompt length, a closed loop's throughput against the paper's, an open
-# loop's loads and SLO capacity, and the sentence for an arm that reuses the cache yet came out
-# slower than recomputing.
-SECTIONS = ("by_length", "loop", "capacity", "versus_recompute")
+# The report's own sections a workload kind's runs may go into (its `report_sections`): the
+# sentence for an arm that reuses the cache yet came out slower than recomputing.
+SECTIONS = ("versus_recompute",)
 
 
 def feeding(runs: list[RunResult], section: str) -> list[RunResult]:
@@ -45,29 +37,62 @@ def feeding(runs: list[RunResult], section: str) -> list[RunResult]:
     return [r for r in runs if r.records and section in kinds.get(r.kind).report_sections]
 
 
-def kind_sections(runs: list[RunResult]) -> dict[str, Any]:
-    """The sections each workload kind adds of its own, over its runs: their tables as they are,
-    their plots drawn."""
-    by_kind: dict[str, list[RunResult]] = {}
+def by_kind(runs: list[RunResult]) -> dict[str, list[RunResult]]:
+    """The runs with records, by workload kind, kinds in the order their first run comes."""
+    out: dict[str, list[RunResult]] = {}
     for r in runs:
         if r.records:
-            by_kind.setdefault(r.kind, []).append(r)
+            out.setdefault(r.kind, []).append(r)
+    return out
+
+
+def kind_sections(runs: list[RunResult]) -> dict[str, Any]:
+    """The sections each workload kind adds of its own, over its runs: their parts in order, the
+    plots and table a section leads with first; cells formatted, plots drawn."""
     out = []
-    for name, rs in by_kind.items():
+    for name, rs in by_kind(runs).items():
         for k, section in enumerate(figures_of(name).sections(rs)):
-            drawn = [
-                {"svg": Markup(_scatter(plot, f"{name}-{k}-{p}")), "caption": plot.caption}
-                for p, plot in enumerate(section.plots)
-            ]
-            # (its fields as they are: asdict would copy every plotted point only to replace them)
-            fields = {"title": section.title, "text": section.text, "columns": section.columns, "rows": section.rows}
-            out.append({**fields, "plots": drawn})
+            parts = [_part(part, f"{name}-{k}-{p}") for p, part in enumerate(_parts(section))]
+            out.append({"title": section.title, "text": section.text, "parts": parts})
     return {"kind_sections": out}
 
 
-def _scatter(plot: Scatter, name: str) -> str:
-    series = [{"label": s.label, "x": s.x, "y": s.y, "style": i} for i, s in enumerate(plot.series)]
-    return plots.scatter(series, plot.x_label, plot.y_label, name, logy=plot.logy)
+def _parts(section: doc.Section) -> tuple[doc.Part, ...]:
+    lead = (doc.Table(section.columns, section.rows),) if section.columns else ()
+    return (*section.plots, *lead, *section.parts)
+
+
+def _part(part: doc.Part, name: str) -> dict[str, Any]:
+    """A part as the template shows it."""
+    if isinstance(part, doc.Paragraph):
+        return {"type": "paragraph", "text": part.text, "tone": part.tone}
+    if isinstance(part, doc.Heading):
+        return {"type": "heading", "text": part.text}
+    if isinstance(part, doc.Table):
+        rows = [[_cell(v, part.digits) for v in row] for row in part.rows]
+        marked = set(part.marked)
+        return {"type": "table", "columns": part.columns, "rows": rows, "marked": marked, "folded": part.folded}
+    return {"type": "plot", "svg": Markup(_drawn(part, name)), "caption": part.caption}
+
+
+def _cell(v: Any, digits: int) -> tuple[str, bool]:
+    """A cell's text, and whether it is flagged."""
+    if isinstance(v, doc.Flag):
+        return v.text, True
+    if v is None or (isinstance(v, int | float) and not isinstance(v, bool)):
+        return num(v, digits), False
+    return str(v), False
+
+
+def _drawn(plot: doc.Scatter | doc.Lines | doc.Bars, name: str) -> str:
+    if isinstance(plot, doc.Scatter):
+        series = [{"label": s.label, "x": s.x, "y": s.y, "style": i} for i, s in enumerate(plot.series)]
+        return plots.scatter(series, plot.x_label, plot.y_label, name, logy=plot.logy)
+    if isinstance(plot, doc.Lines):
+        return plots.lines(plot, name)
+    if isinstance(plot, doc.Bars):
+        return plots.bars(plot, name)
+    assert_never(plot)
 
 
 def run_row(run: RunResult) -> dict[str, Any]:
@@ -136,121 +161,16 @@ def _ms(s: float | None) -> float | None:
     return None if s is None else s * 1e3
 
 
-def _published_sweep() -> tuple[list[dict[str, Any]], list[tuple[int, float]]]:
-    t = redbooks()["ttft"]
-    lo_n, hi_n = int(t["prompt_tokens_min"]), int(t["prompt_tokens_max"])
-    points = [
-        {"label": "cold", "length": lo_n, "value": float(t["no_cache_s"][str(lo_n)])},
-        {"label": "cold", "length": hi_n, "value": float(t["no_cache_s"][str(hi_n)])},
-        {"label": "warm", "length": lo_n, "value": float(t["cached_s_range"][0])},
-        {"label": "warm", "length": hi_n, "value": float(t["cached_s_range"][1])},
-    ]
-    return points, [(hi_n, float(redbooks()["claims"]["ttft_speedup"]))]
-
-
-def _ttft_series(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    series = []
-    for i, phase in enumerate(("cold", "warm")):
-        g = sorted((row for row in groups if row["phase"] == phase), key=lambda row: row["target_tokens"])
-        if not g:
-            continue
-        lo = [row["ttft_s_p50_ci_lo"] for row in g]
-        series.append(
-            {
-                "label": phase,
-                "lengths": [row["target_tokens"] for row in g],
-                "p50": [row["ttft_s_p50"] for row in g],
-                "lo": lo if all(v is not None for v in lo) else None,
-                "hi": [row["ttft_s_p50_ci_hi"] for row in g],
-                "style": i,
-            }
-        )
-    return series
-
-
-def _fit_svg(fit: findings.CostFit) -> Markup:
-    def points(phase: str) -> tuple[np.ndarray, np.ndarray]:
-        rows = [r for r in fit.residuals if r["phase"] == phase]
-        return np.asarray([r["tokens"] for r in rows]), np.asarray([r["measured_s"] for r in rows])
-
-    return Markup(
-        plots.cost_fit(points("cold"), points("warm"), fit.a, fit.b, fit.c, fit.s_per_token, fit.break_even_tokens)
-    )
-
-
-def sweep(run: RunResult) -> dict[str, Any]:
-    rows = stats.sweep_rows(run.records, intervals=True)
-    groups = findings.group_stats(stats.ok(run.records), by=("phase", "target_tokens"))
-    series = _ttft_series(groups)
-    published, pub_speedup = _published_sweep() if run.reference_test == "ttft" else ([], [])
-    restores = findings.restores(run.records)
-    # KV bytes per token: the scenario's, else what the engine's restores read, else the paper's model's
-    engine_kv = restores["kv_bytes_per_token"] if restores else None
-    kv = int(run.scenario.get("model", {}).get("kv_bytes_per_token") or engine_kv or reference.kv_bytes_per_token())
-    fit = findings.fit_cost_model(run.records, kv)
-    speedup_svg = plots.speedup_vs_length(
-        [r["length"] for r in rows],
-        [r["speedup"] for r in rows],
-        [r["speedup_ci_lo"] for r in rows],
-        [r["speedup_ci_hi"] for r in rows],
-        pub_speedup,
-    )
-    return {
-        "label": run.label,
-        "rows": rows,
-        "groups": groups,
-        "published": published,
-        "ttft_svg": Markup(plots.ttft_vs_length(series, published)) if series else None,
-        "speedup_svg": Markup(speedup_svg) if rows else None,
-        "fit": fit,
-        "fit_svg": _fit_svg(fit) if fit else None,
-        "fit_residuals": fit.residuals if fit else [],
-        "restores": restores,
-        "tiers": run.meta.get("tiers") if isinstance(run.meta.get("tiers"), dict) else None,
-        "late": wording.late_rows(rows),
-        "late_note": wording.LATE_ROWS,
-    }
-
-
-def loops(runs: list[RunResult]) -> dict[str, Any]:
-    rows = []
-    for r in feeding(runs, "loop"):
-        rows.append(
-            {
-                "label": r.label,
-                "cl": stats.throughput(r.records),
-                "ttft": stats.describe(stats.values(r.records, "ttft_s")),
-                "published": reference.req_per_s(r.reference_test, r.arm),
-                "concurrency": r.scenario.get("workload", {}).get("concurrency"),
-                "restores": findings.restores(r.records),
-                "tiers": r.meta.get("tiers") if isinstance(r.meta.get("tiers"), dict) else None,
-            }
-        )
-    bars = None
-    if rows:
-        bars = plots.bars(
-            [x["label"] for x in rows],
-            [x["cl"].req_per_s for x in rows],
-            [x["published"] for x in rows],
-            "requests per second",
-        )
-    return {"loops": rows, "bars_svg": Markup(bars) if bars else None}
-
-
-def measured_claims(
-    runs: list[RunResult], sweeps: list[dict[str, Any]], loop_rows: list[dict[str, Any]]
-) -> dict[str, float | None]:
-    """The figures of this set of runs that the claims audit sets beside the published ones."""
+def measured_claims(runs: list[RunResult]) -> dict[str, float | None]:
+    """The figures of this set of runs that the claims audit sets beside the published ones: what
+    each kind's runs claim (the first run that gives a figure gives it), and what follows from
+    them."""
     m: dict[str, float | None] = {}
-    for s in sweeps:
-        for r in s["rows"]:
-            if r["length"] == reference.ttft_speedup_length() and r["speedup"]:
-                m["ttft_speedup_max"] = r["speedup"]
-    by_label = {x["label"]: x["cl"] for x in loop_rows}
-    for run in runs:
-        key = CLAIM_KEYS.get((run.reference_test or "", run.arm))
-        if run.label in by_label and key and key not in m:
-            m[key] = by_label[run.label].req_per_s
+    for name, rs in by_kind(runs).items():
+        if isinstance(fig := figures_of(name), Audited):
+            for run in rs:
+                for key, v in fig.claimed(run).items():
+                    m.setdefault(key, v)
     rec, cac, tra = m.get("recompute_req_per_s"), m.get("cached_req_per_s"), m.get("traffic_req_per_s")
     if rec and cac:
         m["concurrency_speedup"] = cac / rec
@@ -283,50 +203,22 @@ def claims(measured: dict[str, float | None]) -> dict[str, Any]:
     return {"claims": findings.claims_audit(redbooks(), measured), "comparisons": comparisons}
 
 
-def cards(
-    measured: dict[str, float | None], loop_rows: list[dict[str, Any]], sweeps: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def cards(runs: list[RunResult], measured: dict[str, float | None]) -> list[dict[str, Any]]:
+    """The key figures: each kind's (kinds in the order of their first run), then the paper's
+    speedup under concurrency and drop under competing traffic, where measured."""
+    out: list[doc.Card] = []
+    for name, rs in by_kind(runs).items():
+        if isinstance(fig := figures_of(name), Audited):
+            out += fig.cards(rs)
     claimed = redbooks()["claims"]
-    out: list[dict[str, Any]] = []
-    if measured.get("ttft_speedup_max"):
-        n = reference.ttft_speedup_length()
-        value = f"{measured['ttft_speedup_max']:.1f}x"
-        out.append(
-            {
-                "title": f"TTFT speedup at {n // 1000}K tokens",
-                "value": value,
-                "published": f"{claimed['ttft_speedup']}x",
-            }
-        )
-    elif sweeps and sweeps[0]["rows"] and sweeps[0]["rows"][-1]["speedup"]:
-        last = sweeps[0]["rows"][-1]
-        out.append(
-            {
-                "title": f"TTFT speedup at {last['length']:,} tokens"
-                + (" (restore included)" if sweeps[0].get("restores") else ""),
-                "value": f"{last['speedup']:.1f}x",
-                "published": None,
-            }
-        )
-    for x in loop_rows:
-        if x["cl"].req_per_s is not None:
-            pub = f"{x['published']:g} req/s" if x["published"] else None
-            out.append(
-                {"title": f"{x['label']} throughput", "value": f"{x['cl'].req_per_s:.3g} req/s", "published": pub}
-            )
     if measured.get("concurrency_speedup"):
         value = f"{measured['concurrency_speedup']:.1f}x"
-        out.append({"title": "Concurrency speedup", "value": value, "published": f"{claimed['concurrency_speedup']}x"})
+        out.append(doc.Card("Concurrency speedup", value, f"{claimed['concurrency_speedup']}x"))
     if measured.get("traffic_drop_pct") is not None:
         drop = reference.traffic_drop()
-        out.append(
-            {
-                "title": "Drop under competing traffic",
-                "value": f"{measured['traffic_drop_pct']:.1f} %",
-                "published": f"{drop['claimed_pct']} % claimed, {drop['drop_pct']:.1f} % from the published figures",
-            }
-        )
-    return out
+        published = f"{drop['claimed_pct']} % claimed, {drop['drop_pct']:.1f} % from the published figures"
+        out.append(doc.Card("Drop under competing traffic", f"{measured['traffic_drop_pct']:.1f} %", published))
+    return [asdict(c) for c in out]
 
 
 def distributions(runs: list[RunResult]) -> dict[str, Any]:
@@ -460,66 +352,6 @@ def server(runs: list[RunResult]) -> dict[str, Any]:
         rows += [_server_row(r.label, phase, p) for phase, p in sm.get("phases", {}).items()]
         unreachable += [(r.label, u, why) for u, why in (sm.get("unreachable") or {}).items()]
     return {"server_rows": rows, "server_unreachable": unreachable}
-
-
-def open_loop(runs: list[RunResult]) -> dict[str, Any]:
-    """Open loops: per arm its loads (latency, goodput, schedule lag), saturation and SLO
-    capacity, curves against offered load, and the tier's benefit as capacity."""
-    arms = capacity.curves(feeding(runs, "capacity"))
-    if not arms:
-        return {"open_arms": [], "benefit": [], "open_ttft_svg": None, "open_goodput_svg": None}
-    ttft, good = [], []
-    for i, a in enumerate(arms):
-        x = [p.offered_req_per_s for p in a.points]
-        cap = a.capacity.req_per_s if a.capacity.bound in ("measured", "saturation") else None
-        ttft.append(
-            {
-                "label": f"{a.arm} TTFT p50",
-                "x": x,
-                "y": [p.ttft_p50_s for p in a.points],
-                "style": i,
-                "capacity": cap,
-                "saturation": a.saturation_rate,
-            }
-        )
-        ttft.append(
-            {"label": f"{a.arm} TTFT p99", "x": x, "y": [p.ttft_p99_s for p in a.points], "style": i, "dashed": True}
-        )
-        if any(p.goodput_req_per_s is not None for p in a.points):
-            good.append(
-                {
-                    "label": f"{a.arm} goodput",
-                    "x": x,
-                    "y": [p.goodput_req_per_s for p in a.points],
-                    "style": i,
-                    "capacity": cap,
-                    "saturation": a.saturation_rate,
-                }
-            )
-        good.append(
-            {
-                "label": f"{a.arm} completed",
-                "x": x,
-                "y": [p.achieved_req_per_s for p in a.points],
-                "style": i,
-                "dashed": True,
-            }
-        )
-    return {
-        "open_arms": [
-            {
-                "arm": a.arm,
-                "points": a.points,
-                "capacity": capacity.capacity_text(asdict(a.capacity)) if a.capacity.bound != "no_slo" else None,
-                "saturation_rate": a.saturation_rate,
-                "saturated": a.saturated,
-            }
-            for a in arms
-        ],
-        "benefit": [capacity.sentence(b) for b in capacity.benefit(arms)],
-        "open_ttft_svg": Markup(plots.against_load(ttft, "TTFT (s)", "open-ttft", log=True)),
-        "open_goodput_svg": Markup(plots.against_load(good, "requests / s", "open-goodput")),
-    }
 
 
 def versus_recompute(runs: list[RunResult]) -> dict[str, Any]:

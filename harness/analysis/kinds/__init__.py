@@ -1,7 +1,8 @@
 """Each workload kind's figures (the analysis part of a kind; config/kinds/ says what a kind's
-parts are): run.json's summary of an arm, its lines in the terminal, the figures it gives the gate
-and report sections of its own. Pure: records in, figures out. A kind without figures of its own
-names `PLAIN` (or `REUSES`) in its spec; `figures_of(name)` finds a kind's figures by its spec."""
+parts are): run.json's summary of an arm, its lines in the terminal, the figures it gives the gate,
+and its report sections (as data: document.py), key figures and claims-audit figures. Pure:
+records in, figures out. A kind without figures of its own names `PLAIN` (or `REUSES`) in its
+spec; `figures_of(name)` finds a kind's figures by its spec."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.analysis import stats, wording
+from harness.analysis.kinds.document import Card, Heading, Paragraph, Part, Section, Table
 from harness.config import kinds
 from harness.config.kinds.pool import PoolConfig
 from harness.core.errors import InputError
@@ -24,39 +26,6 @@ if TYPE_CHECKING:
 GateFigures = dict[tuple[str, int | None], float]  # (figure, prompt length or None) -> value
 # A prompt as consecutive parts, each (what it is shared with, its tokens): `Figures.prompt_parts`
 Parts = tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True)
-class Series:
-    """One run's points in a kind's plot."""
-
-    label: str
-    x: tuple[float, ...]
-    y: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class Scatter:
-    """A plot a kind's section asks the report to draw: a series of points per run, its axes'
-    labels, and a caption that says what it shows."""
-
-    caption: str
-    x_label: str
-    y_label: str
-    series: tuple[Series, ...]
-    logy: bool = False
-
-
-@dataclass(frozen=True)
-class Section:
-    """A report section a kind adds: a title, a sentence saying what it shows, a table (every
-    cell text or a number; the report escapes them; none without columns) and plots."""
-
-    title: str
-    text: str
-    columns: tuple[str, ...] = ()
-    rows: tuple[tuple[Any, ...], ...] = ()
-    plots: tuple[Scatter, ...] = ()
 
 
 class Figures:
@@ -156,6 +125,17 @@ class Demand:
 
 
 @runtime_checkable
+class Audited(Protocol):
+    """A kind whose runs measure what the paper publishes: the figures of the report's claims
+    audit a run gives (named as the audit names them, config/reference.py), and the key figures
+    its runs put at the top of the report."""
+
+    def claimed(self, run: RunResult) -> dict[str, float]: ...
+
+    def cards(self, runs: list[RunResult]) -> list[Card]: ...
+
+
+@runtime_checkable
 class Planned(Protocol):
     """A kind whose plan `kvbench size` can take as its workload: its requests in tokens, from the
     scenario alone (pure, seeded as the run draws them)."""
@@ -193,6 +173,42 @@ class ReusesAcrossRequests(Figures):
 
     def lines(self, s: dict[str, Any]) -> list[str]:
         return [*wording.cached_lines(s), *super().lines(s)]
+
+
+def restore_parts(rs: dict[str, Any], tiers: dict[str, Any] | None) -> list[Part]:
+    """The restores kvbench made before warm requests, as the engine reported them
+    (`findings.restores`), with the fio read probe of the same directory where the run has one."""
+    read = (
+        'How to read this: kvbench restored each prompt\'s file before sending its request; "request alone" is the '
+        'request\'s own TTFT, and "with restore" adds the restore: the whole cost of coming back from disk, the '
+        "figure every warm TTFT and speedup of this report shows. Read rate = bytes / restore time per restore; the "
+        "fit restore = c + bytes / r gives the fixed cost c and the bandwidth r over all restores. KV bytes per "
+        f"token (the engine's): {wording.num(rs['kv_bytes_per_token'])}."
+    )
+    columns = (
+        "prompt tokens",
+        "restores",
+        "tokens read",
+        "bytes read",
+        "restore median (s)",
+        "read rate median (GB/s)",
+        "request alone: TTFT median (s)",
+        "with restore (s)",
+    )
+    keys = ("length", "n", "tokens", "bytes", "restore_s_p50", "gb_per_s_p50", "warm_ttft_s_p50", "with_restore_s_p50")
+    parts: list[Part] = [
+        Heading("Restores from disk, as the engine reported them"),
+        Paragraph(read, "read"),
+        Table(columns, tuple(tuple(r[k] for k in keys) for r in rs["rows"]), digits=4),
+    ]
+    if rs["gb_per_s"]:
+        parts.append(Paragraph(f"Fit: c = {wording.num(rs['c_s'], 4)} s, r = {wording.num(rs['gb_per_s'])} GB/s."))
+    probe = (tiers or {}).get("fio_read")
+    if probe:
+        rate = probe.get("bytes_per_s")
+        got = f"{wording.num(rate / 1e9)} GB/s" if rate else f"not measured: {probe.get('error')}"
+        parts.append(Paragraph(f"fio on the same directory ({probe.get('job')}): {got}."))
+    return parts
 
 
 def workload_tokens(run: RunResult, key: str) -> int:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from harness.analysis import stats
-from harness.analysis.kinds import Demand, Parts, ReusesAcrossRequests, Scatter, Section, Series, workload_tokens
+from harness.analysis.kinds import Demand, Parts, ReusesAcrossRequests, workload_tokens
+from harness.analysis.kinds.document import Scatter, Section, Series
 from harness.config.kinds.sessions import SessionsConfig
 from harness.results import RequestRecord, RunResult, Table
 

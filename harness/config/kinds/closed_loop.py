@@ -50,5 +50,5 @@ SPEC = KindSpec(
     config=ClosedLoopConfig,
     figures="harness.analysis.kinds.closed_loop:FIGURES",
     driver="harness.workloads.closed_loop:DRIVER",
-    report_sections=("loop", "versus_recompute"),
+    report_sections=("versus_recompute",),
 )

@@ -142,5 +142,4 @@ SPEC = KindSpec(
     config=OpenLoopConfig,
     figures="harness.analysis.kinds.open_loop:FIGURES",
     driver="harness.workloads.open_loop:DRIVER",
-    report_sections=("capacity",),
 )

@@ -51,5 +51,4 @@ SPEC = KindSpec(
     driver="harness.workloads.sweep:DRIVER",
     shares_schedule=False,  # each warm request follows its cold one: one connection
     per_length=True,
-    report_sections=("by_length",),
 )
