@@ -73,6 +73,10 @@ def test_a_prompt_seen_before_is_served_by_the_tier_that_holds_it_worked_by_hand
     assert f["ttft_s"]["max"] == pytest.approx(0.064) and f["ttft_s"]["p50"] == pytest.approx((0.064 + 0.016) / 2)
     assert f["recompute_ttft_s"]["max"] == pytest.approx(0.064) and f["recompute_ttft_s"]["p50"] == pytest.approx(0.064)
     assert f["prefill_gpu_s"] == pytest.approx(0.064 + 0.016) and f["recompute_prefill_gpu_s"] == pytest.approx(0.128)
+    # the first request writes the 3 blocks it computes into G1 as its prefill makes them (48,000
+    # bytes in 0.064 s); the second finds them and writes nothing
+    assert f["tiers"][0]["written_tokens"] == 48
+    assert f["tiers"][0]["write_bytes_per_s"]["mean"] == pytest.approx(48_000 / 0.064)
 
     g4_tier = '[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = "64KB"\nread_bandwidth = 48000\nlatency_s = 0.5'
     g4 = size(tmp_path / "g4", sizing_file(tmp_path, g4_tier, "[slo]\nttft_s = 1.0"))
@@ -80,6 +84,7 @@ def test_a_prompt_seen_before_is_served_by_the_tier_that_holds_it_worked_by_hand
     assert f["tiers"][0]["served_tokens"] == 48
     assert f["ttft_s"]["max"] == pytest.approx(0.5 + 1.0 + 0.016)
     assert f["tiers"][0]["read_bytes_per_s"]["mean"] == pytest.approx(48_000)
+    assert f["tiers"][0]["written_tokens"] == 48  # shared or not, the first request's blocks once
     slo = f["slo"]  # loading the prefix is slower than recomputing it here
     assert slo["cached"]["within"] == 0.5 and slo["recompute"]["within"] == 1.0
 
@@ -129,6 +134,12 @@ def test_the_shipped_example_adds_up(tmp_path: Path) -> None:
         assert shares == sorted(shares)
     g4 = f["tiers"][-1]["read_bytes_per_s"]
     assert g4["p99"] >= g4["mean"] > 0
+    # a block is written where it misses: the fastest tier writes what it does not serve of what
+    # the prompts reference; a larger, slower tier misses no more often
+    g1, g4 = f["tiers"][0], f["tiers"][-1]
+    assert 0 < g1["written_tokens"] + g1["served_tokens"] <= f["prompt_tokens"]
+    assert 0 < g4["written_tokens"] <= g1["written_tokens"]
+    assert g4["write_bytes_per_s"]["p99"] >= g4["write_bytes_per_s"]["mean"] > 0
     assert doc["engine"]["source"].startswith("emulator profile redbooks-g4")
 
 

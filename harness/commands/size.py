@@ -493,7 +493,9 @@ def show(doc: dict[str, Any], console: Console) -> None:
 
 def _one(c: dict[str, Any], console: Console) -> None:
     f = c["figures"]
-    t = Table("tier", "scope", "instances", "capacity", "share of prompt tokens", "read mean", "read p99", "knee")
+    t = Table(
+        "tier", "scope", "instances", "capacity", "share of prompt tokens", "read mean", "read p99", "write p99", "knee"
+    )
     for tier, spec in zip(f["tiers"], c["tiers"], strict=True):
         bw = tier["read_bytes_per_s"]
         knee = result.knee_bytes(spec, tier)
@@ -505,6 +507,7 @@ def _one(c: dict[str, Any], console: Console) -> None:
             f"{tier['share']:.1%}",
             "free" if bw["mean"] is None else human_bandwidth(bw["mean"]),
             human_bandwidth(bw["p99"]),
+            human_bandwidth(tier["write_bytes_per_s"]["p99"]),
             "-" if knee is None else human_size(knee),
         )
     Console(file=console.file, width=max(120, console.width)).print(t)  # (a row a line)
@@ -537,6 +540,7 @@ def _sweep(doc: dict[str, Any], console: Console) -> None:
         *doc["swept"],
         *(f"{n} share" for n in names),
         *(f"{n} read p99" for n in names),
+        *(f"{n} write p99" for n in names),
         "TTFT p50",
         "TTFT p99",
         *(("within SLO", "SLO capacity vs recompute") if slo else ()),
@@ -546,6 +550,7 @@ def _sweep(doc: dict[str, Any], console: Console) -> None:
         cells = [result.value(k, c["swept"].get(k)) for k in doc["swept"]]
         cells += [f"{x['share']:.1%}" for x in f["tiers"]]
         cells += [human_bandwidth(x["read_bytes_per_s"]["p99"]) for x in f["tiers"]]
+        cells += [human_bandwidth(x["write_bytes_per_s"]["p99"]) for x in f["tiers"]]
         cells += [f"{f['ttft_s']['p50']:.3f} s", f"{f['ttft_s']['p99']:.3f} s"]
         if slo:
             s = f["slo"]
@@ -556,7 +561,7 @@ def _sweep(doc: dict[str, Any], console: Console) -> None:
                 "-" if ratio is None else ("at least " if ceiling else "") + f"{ratio:.2f}x",
             ]
         t.add_row(*cells)
-    Console(file=console.file, width=max(160, console.width)).print(t)  # (as the gate's: a row a line)
+    Console(file=console.file, width=max(220, console.width)).print(t)  # (as the gate's: a row a line)
     r = configurations[0]["figures"]["recompute_ttft_s"]
     console.print(
         f"Recomputing every prompt: TTFT p50 {r['p50']:.3f} s, p99 {r['p99']:.3f} s"

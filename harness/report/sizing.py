@@ -112,6 +112,7 @@ def _row(c: dict[str, Any], swept: list[str]) -> dict[str, Any]:
             {
                 "share": float(t["share"]),
                 "read_p99": human_bandwidth(float(t["read_bytes_per_s"]["p99"])),
+                "write_p99": human_bandwidth(float(w["p99"])) if (w := t.get("write_bytes_per_s")) else "-",
                 "free": t["read_bytes_per_s"]["mean"] is None,
             }
             for t in f["tiers"]

@@ -26,7 +26,7 @@ import numpy as np
 from harness.inputs.traces import TraceRequest
 from harness.sizing import routing
 from harness.sizing.planned import Dependent, Ordered, Settled, settle
-from harness.sizing.simulate import Cost, Requests, Result, Tier, holds, simulate
+from harness.sizing.simulate import Cost, Requests, Result, Tier, binned, holds, simulate
 from harness.sizing.stack import References, TraceColumns, columns_references
 from harness.sizing.tiers import Fleet, curve_tallies, scoped_distances, served_by, tokens_per_request
 
@@ -351,6 +351,7 @@ def _figures(
     instance, tier_tokens, capacities = reqs.instance, reqs.tier_tokens, [t.capacity_blocks for t in plan.tiers]
     total = int(w.prompt_tokens.sum())
     served = tier_tokens.sum(axis=0)
+    written = [_written(refs, distances[k], capacities[k]) for k in range(len(plan.tiers))]
     return {
         "requests": int(refs.requests),
         "prompt_tokens": total,
@@ -363,7 +364,9 @@ def _figures(
                 "capacity_blocks": t.capacity_blocks,
                 "served_tokens": int(served[k]),
                 "share": float(served[k] / total) if total else 0.0,
-                "read_bytes_per_s": _bandwidth(cached, k, plan.bandwidth_bin_s),
+                "read_bytes_per_s": _reads(cached, k, plan.bandwidth_bin_s),
+                "written_tokens": int(written[k].sum()),
+                "write_bytes_per_s": _writes(cached, written[k] * plan.kv_bytes_per_token, plan.bandwidth_bin_s),
                 "curve": _curve(refs, distances, tier, capacities, k),
             }
             for k, t in enumerate(plan.tiers)
@@ -386,16 +389,39 @@ def _quantiles(x: np.ndarray) -> dict[str, float | None]:
     return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(x.max())}
 
 
-def _bandwidth(result: Result, k: int, bin_s: float) -> dict[str, float | None]:
+def _written(refs: References, distance: np.ndarray, capacity: int) -> np.ndarray:
+    """The prompt tokens each request writes into a tier: those of its blocks the tier did not
+    hold (write-through: every block referenced is inserted where it misses, docs/sizing.md)."""
+    miss = distance >= capacity
+    return np.bincount(refs.request[miss], weights=refs.serves[miss], minlength=refs.requests)
+
+
+def _reads(result: Result, k: int, bin_s: float) -> dict[str, float | None]:
     """Tier k's read bandwidth (all its instances, bytes/s): the mean over the time it was read
     at all (first load to last byte), and the p99 and max of its bins."""
     loads = result.loads[k]
     if not len(loads):
         return {"mean": 0.0, "p99": 0.0, "max": 0.0}
     start, end, total = float(loads[:, 1].min()), float(loads[:, 2].max()), float(loads[:, 3].sum())
-    bins = result.read_bandwidth(k, bin_s)[int(start // bin_s) :]
+    return _bandwidth(result.read_bandwidth(k, bin_s), start, end, total, bin_s)
+
+
+def _writes(result: Result, written_bytes: np.ndarray, bin_s: float) -> dict[str, float | None]:
+    """A tier's write bandwidth (all its instances, bytes/s), each request's blocks written as
+    its prefill makes them (`Result.writes`), as `_reads` gives its reads'."""
+    stretches = result.writes(written_bytes)
+    if not len(stretches):
+        return {"mean": 0.0, "p99": 0.0, "max": 0.0}
+    start, end = float(stretches[:, 0].min()), float(stretches[:, 1].max())
+    return _bandwidth(binned(stretches, bin_s), start, end, float(written_bytes.sum()), bin_s)
+
+
+def _bandwidth(bins: np.ndarray, start: float, end: float, total: float, bin_s: float) -> dict[str, float | None]:
+    """The mean of `total` bytes over start to end (None where they are one instant), and the
+    p99 and max of the bins from start on."""
+    bins = bins[int(start // bin_s) :]
     return {
-        "mean": total / (end - start) if end > start else None,  # a free tier's loads are instants
+        "mean": total / (end - start) if end > start else None,
         "p99": float(np.percentile(bins, 99)) if len(bins) else 0.0,
         "max": float(bins.max()) if len(bins) else 0.0,
     }

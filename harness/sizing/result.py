@@ -69,8 +69,8 @@ def read(folder: Path) -> Sizing:
 
 # What `kvbench gate` checks of each configuration of a sizing result, one value each (aggregate
 # `value`); `sized_` says they are simulated. Per tier: `sized_g1_share` ... `sized_g4_share` (the
-# share of prompt tokens it serves), `sized_g1_read_p99` ... (bytes/s).
-TIER_METRICS = tuple(f"sized_{t.lower()}_{what}" for t in TIER_NAMES for what in ("share", "read_p99"))
+# share of prompt tokens it serves), `sized_g1_read_p99` ... and `sized_g1_write_p99` ... (bytes/s).
+TIER_METRICS = tuple(f"sized_{t.lower()}_{what}" for t in TIER_NAMES for what in ("share", "read_p99", "write_p99"))
 METRICS = (
     "sized_ttft_p50_s",
     "sized_ttft_p99_s",
@@ -99,6 +99,8 @@ def gate_values(s: Sizing) -> dict[str, dict[str, float]]:
             for t in f["tiers"]:
                 got[f"sized_{str(t['name']).lower()}_share"] = t["share"]
                 got[f"sized_{str(t['name']).lower()}_read_p99"] = t["read_bytes_per_s"]["p99"]
+                if "write_bytes_per_s" in t:  # (a sizing.json written before writes were reckoned has none)
+                    got[f"sized_{str(t['name']).lower()}_write_p99"] = t["write_bytes_per_s"]["p99"]
             if f["recompute_prefill_gpu_s"]:
                 got["sized_prefill_saved_share"] = 1 - f["prefill_gpu_s"] / f["recompute_prefill_gpu_s"]
             if (slo := f["slo"]) is not None:
@@ -134,6 +136,8 @@ def row(c: dict[str, Any]) -> dict[str, Any]:
             f"{n}_read_mean": bw["mean"],
             f"{n}_read_p99": bw["p99"],
             f"{n}_read_max": bw["max"],
+            f"{n}_written_tokens": got.get("written_tokens"),
+            **{f"{n}_write_{q}": (got.get("write_bytes_per_s") or {}).get(q) for q in ("mean", "p99", "max")},
             f"{n}_knee_bytes": knee_bytes(t, got),
         }
     for k in ("ttft_s", "recompute_ttft_s"):

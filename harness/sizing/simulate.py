@@ -88,20 +88,35 @@ class Result:
     def read_bandwidth(self, tier: int, bin_s: float) -> np.ndarray:
         """A tier's read bandwidth (bytes/s, all its instances together), exactly, averaged over
         bins of `bin_s` seconds from time 0 to its last byte."""
-        stretches = self.delivered[tier]
-        if not len(stretches):
-            return np.zeros(0)
-        a, b, rate = stretches[:, 0], stretches[:, 1], stretches[:, 2]
-        # each stretch's share of each bin it spans, all at once (a loop over the stretches in
-        # Python took 8 % of a sizing): a row per (stretch, bin)
-        first, last = (a // bin_s).astype(np.int64), (b // bin_s).astype(np.int64)
-        spans = np.maximum(last - first, 0) + 1
-        row = np.repeat(np.arange(len(a)), spans)
-        k = first[row] + np.arange(len(row)) - np.repeat(np.cumsum(spans) - spans, spans)
-        overlap = np.maximum(0.0, np.minimum(b[row], (k + 1) * bin_s) - np.maximum(a[row], k * bin_s))
-        instant = b[row] <= a[row]  # its bytes in its bin
-        got = np.where(instant, rate[row], rate[row] * overlap)
-        return np.bincount(k, weights=got, minlength=int(b.max() // bin_s) + 1) / bin_s
+        return binned(self.delivered[tier], bin_s)
+
+    def writes(self, written_bytes: np.ndarray) -> np.ndarray:
+        """Stretches (start, end, bytes/s) of each request's writes of `written_bytes` (a tier's,
+        per request) into a tier, spread over its prefill: the blocks it computes, written as
+        they are made (an instant, (t, t, bytes), where the prefill took no time)."""
+        some = written_bytes > 0
+        a = (self.start_s + self.load_s)[some]
+        took, size = self.prefill_s[some], written_bytes[some].astype(np.float64)
+        rate = np.divide(size, took, out=size.copy(), where=took > 0)
+        return np.column_stack((a, a + took, rate))
+
+
+def binned(stretches: np.ndarray, bin_s: float) -> np.ndarray:
+    """Stretches (start, end, bytes/s; an instant: (t, t, bytes)) as bytes/s, exactly, averaged
+    over bins of `bin_s` seconds from time 0 to the last byte."""
+    if not len(stretches):
+        return np.zeros(0)
+    a, b, rate = stretches[:, 0], stretches[:, 1], stretches[:, 2]
+    # each stretch's share of each bin it spans, all at once (a loop over the stretches in Python
+    # took 8 % of a sizing): a row per (stretch, bin)
+    first, last = (a // bin_s).astype(np.int64), (b // bin_s).astype(np.int64)
+    spans = np.maximum(last - first, 0) + 1
+    row = np.repeat(np.arange(len(a)), spans)
+    k = first[row] + np.arange(len(row)) - np.repeat(np.cumsum(spans) - spans, spans)
+    overlap = np.maximum(0.0, np.minimum(b[row], (k + 1) * bin_s) - np.maximum(a[row], k * bin_s))
+    instant = b[row] <= a[row]  # its bytes in its bin
+    got = np.where(instant, rate[row], rate[row] * overlap)
+    return np.bincount(k, weights=got, minlength=int(b.max() // bin_s) + 1) / bin_s
 
 
 ARRIVE, LOADED, TRANSFERRED, PREFILLED = 0, 1, 2, 3
