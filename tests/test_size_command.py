@@ -134,6 +134,21 @@ def test_the_shipped_example_adds_up(tmp_path: Path) -> None:
         assert shares == sorted(shares)
     g4 = f["tiers"][-1]["read_bytes_per_s"]
     assert g4["p99"] >= g4["mean"] > 0
+    # its G4's writes through its read bandwidth instead: the same blocks written, loads no faster
+    shared = tmp_path / "shared.toml"
+    text = (
+        (ROOT / "scenarios" / "sizing" / "fleet.toml")
+        .read_text()
+        .replace("latency_s = 0.002", 'latency_s = 0.002\nwrites = "shared"')
+    )
+    shared.write_text(text.replace('"../traces/', f'"{ROOT / "scenarios" / "traces"}/'))
+    r = kvbench("size", str(shared), "--out", str(tmp_path / "shared"))
+    assert r.returncode == 0, r.stderr
+    (both,) = [json.loads(p.read_text()) for p in (tmp_path / "shared").glob("*/*/sizing.json")]
+    g = both["configurations"][0]["figures"]
+    assert g["tiers"][-1]["written_tokens"] == f["tiers"][-1]["written_tokens"]
+    assert g["ttft_s"]["p99"] >= f["ttft_s"]["p99"] and g["ttft_s"]["mean"] >= f["ttft_s"]["mean"]
+    assert both["configurations"][0]["tiers"][-1]["writes"] == "shared"
     # a block is written where it misses: the fastest tier writes what it does not serve of what
     # the prompts reference; a larger, slower tier misses no more often
     g1, g4 = f["tiers"][0], f["tiers"][-1]
@@ -166,6 +181,9 @@ def test_the_shipped_example_adds_up(tmp_path: Path) -> None:
         ),
         ('[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = []', "tiers[0].capacity"),
         ('[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = [1, 1]', "tiers[0].capacity"),
+        ('[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 1\nwrites = "sideways"', "tiers[0].writes"),
+        # a free tier's writes have no bandwidth to share
+        ('[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 1\nwrites = "shared"', "tiers[0].writes"),
     ],
 )
 def test_a_bad_sizing_file_names_the_file_and_the_key(tmp_path: Path, change: str, key: str) -> None:

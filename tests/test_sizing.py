@@ -237,12 +237,41 @@ def test_separate_instances_do_not_share_bandwidth_and_a_free_tier_costs_nothing
     assert got.ttft_s.tolist() == pytest.approx([1.25 + COST.prefill_s(3000, 1500)] * 2)
 
 
+def test_writes_that_share_a_tier_slow_its_loads_and_wait_for_nobody() -> None:
+    """A shared tier of 1,000 bytes/s (a byte a token). The first request computes its 3,000
+    tokens and writes the 2,000 the tier did not hold once its prefill ends, at t0; the second
+    arrives then on another worker and loads 1,000 tokens from the tier. Written behind, the load
+    takes 1 s. Sharing the tier's bandwidth, each transfer gets 500 bytes/s: the load takes 2 s,
+    then the write's last 1,000 bytes 1 s alone; the first request's own times do not change."""
+    t0 = COST.prefill_s(3000, 0)
+    reqs = simulate.Requests(
+        arrival_s=np.asarray([0.0, t0]),
+        worker=np.asarray([0, 1]),
+        prompt_tokens=np.full(2, 3000),
+        output_tokens=np.full(2, 10),
+        tier_tokens=np.asarray([[0], [1000]]),
+        instance=np.zeros((2, 1), dtype=np.int64),
+        written=np.asarray([[2000], [0]]),
+    )
+    behind = simulate.simulate(reqs, [simulate.Tier(0.0, 1000.0)], 1.0, COST)
+    shared = simulate.simulate(reqs, [simulate.Tier(0.0, 1000.0, shared_writes=True)], 1.0, COST)
+    assert behind.load_s.tolist() == pytest.approx([0.0, 1.0]) and behind.wrote is None
+    assert shared.load_s.tolist() == pytest.approx([0.0, 2.0])
+    assert shared.ttft_s[0] == pytest.approx(behind.ttft_s[0]) == pytest.approx(t0)
+    assert shared.wrote is not None
+    (row,) = shared.wrote[0].tolist()
+    assert row == pytest.approx([0, t0, t0 + 3.0, 2000.0])
+    # the load's bytes, spread over its 2 s, are the tier's reads; the write's, over its 3 s
+    assert shared.read_bandwidth(0, 1.0).sum() == pytest.approx(1000.0)
+    assert (shared.read_bandwidth(0, 1.0) <= 500.0 + 1e-9).all()
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_compiled_event_loop_gives_what_it_gives_as_python(seed: int) -> None:
     """The timing's event loop compiled by numba and run as plain Python, on a fleet of 8 workers,
-    4 a node, with arrivals that tie, a free G1, a G2 per node and a shared G4: every request's
-    times, every load and every stretch delivered, identical (the hand-worked cases above check
-    what they are)."""
+    4 a node, with arrivals that tie, a free G1, a G2 per node and a shared G4 whose writes share
+    its bandwidth: every request's times, every load, write and stretch delivered, identical (the
+    hand-worked cases above check what they are)."""
     rng = np.random.default_rng(seed)
     n = 400
     worker = rng.integers(0, 8, n)
@@ -256,8 +285,9 @@ def test_the_compiled_event_loop_gives_what_it_gives_as_python(seed: int) -> Non
         output_tokens=rng.integers(1, 300, n),
         tier_tokens=(split * cached[:, None]).astype(np.int64),
         instance=np.stack([worker, worker // 4, np.zeros(n, dtype=np.int64)], axis=1),
+        written=(rng.random((n, 3)) < 0.5) * rng.integers(0, 3000, (n, 3)),
     )
-    timing = [simulate.Tier(0.0, None), simulate.Tier(0.001, 5e9), simulate.Tier(0.002, 2e10)]
+    timing = [simulate.Tier(0.0, None), simulate.Tier(0.001, 5e9), simulate.Tier(0.002, 2e10, shared_writes=True)]
     compiled = simulate.simulate(reqs, timing, 73728.0, COST)
     plain = simulate.run(simulate.event_loop, reqs, timing, 73728.0, COST)
     for f in ("start_s", "load_s", "prefill_s", "ttft_s", "e2e_s"):
@@ -265,6 +295,8 @@ def test_the_compiled_event_loop_gives_what_it_gives_as_python(seed: int) -> Non
     for k in range(3):
         assert np.array_equal(compiled.loads[k], plain.loads[k]) and len(compiled.loads[k])
         assert np.array_equal(compiled.delivered[k], plain.delivered[k])
+    assert compiled.wrote is not None and plain.wrote is not None and not len(compiled.wrote[1])
+    assert np.array_equal(compiled.wrote[2], plain.wrote[2]) and len(compiled.wrote[2])
     assert (compiled.ttft_s >= compiled.prefill_s - 1e-9).all() and (compiled.start_s > reqs.arrival_s).any()  # queued
     # the SLO capacity search's runs, without loads or stretches: the same times
     bare = simulate.run(simulate.compiled_event_loop(), reqs, timing, 73728.0, COST, loads=False)

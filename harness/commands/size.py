@@ -296,7 +296,12 @@ def _plan(spec: config.SizingSpec, c: config.Configuration, block_bytes: int, kv
     return Plan(
         Fleet(c.workers, spec.workers_per_node),
         tuple(
-            TierPlan(t.name, t.scope, t.capacity_bytes // block_bytes, Tier(t.latency_s, t.read_bandwidth))
+            TierPlan(
+                t.name,
+                t.scope,
+                t.capacity_bytes // block_bytes,
+                Tier(t.latency_s, t.read_bandwidth, t.writes == "shared"),
+            )
             for t in c.tiers
         ),
         kv,

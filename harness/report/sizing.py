@@ -49,6 +49,8 @@ def _one(s: Sizing) -> dict[str, Any]:
         "requests": int(first["figures"]["requests"]) if first else 0,
         "swept": swept,
         "tier_names": [str(t["name"]) for t in first["tiers"]] if first else [],
+        # the tiers whose writes share their read bandwidth (absent from a sizing.json before `writes`)
+        "shared_writes": [str(t["name"]) for t in first["tiers"] if t.get("writes") == "shared"] if first else [],
         "rows": rows,
         "slo": bool(first and first["figures"]["slo"]),
         "curves": Markup(_curves(first)) if first else None,

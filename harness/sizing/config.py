@@ -43,6 +43,7 @@ from harness.config.scenario import TIER_NAMES, Slo
 from harness.config.tables import Collect, Table, read_toml, size
 from harness.core.errors import InputError
 from harness.sizing.routing import ROUTINGS
+from harness.sizing.simulate import WRITES
 from harness.sizing.tiers import SCOPES
 
 T = TypeVar("T")
@@ -99,6 +100,7 @@ class TierSpec:
     capacity_bytes: int
     read_bandwidth: float | None  # bytes/s of each instance; None: free (a GPU's own memory)
     latency_s: float
+    writes: str = "behind"  # WRITES: written on a path of their own, or through the read bandwidth
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class TierChoices:
     capacities: tuple[int, ...]
     bandwidths: tuple[float | None, ...]
     latency_s: float
+    writes: str = "behind"
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,9 @@ class SizingSpec:
         for values in itertools.product(*(v for _, v in axes)):
             got = dict(zip((k for k, _ in axes), values, strict=True))
             tiers = tuple(
-                TierSpec(t.name, t.scope, got[f"{t.name}.capacity"], got[f"{t.name}.read_bandwidth"], t.latency_s)
+                TierSpec(
+                    t.name, t.scope, got[f"{t.name}.capacity"], got[f"{t.name}.read_bandwidth"], t.latency_s, t.writes
+                )
                 for t in self.tiers
             )
             swept = tuple((k, got[k]) for k, v in axes if len(v) > 1)
@@ -344,10 +349,13 @@ def _tiers(top: Table, path: Path) -> tuple[TierChoices, ...]:
         capacities = _swept(t, "capacity", lambda t, k: size(t, k, 0))
         bandwidths = _swept(t, "read_bandwidth", _bandwidth)
         latency = t.number("latency_s", 0.0, minimum=0.0)
+        writes = t.text("writes", "behind", choices=WRITES)
+        if writes == "shared" and None in bandwidths:
+            t.fail("writes", 'expected "behind" for a free tier: its writes have no read bandwidth to share', writes)
         t.done()
         if out and TIER_NAMES.index(name) <= TIER_NAMES.index(out[-1].name):
             t.fail("name", f"expected a tier slower than {out[-1].name} (tiers go fastest first, each once)", name)
-        out.append(TierChoices(name, scope, capacities, bandwidths, latency))
+        out.append(TierChoices(name, scope, capacities, bandwidths, latency, writes))
     return tuple(out)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from harness.inputs.traces import TraceRequest
 from harness.sizing import routing
 from harness.sizing.planned import Dependent, Ordered, Settled, settle
-from harness.sizing.simulate import Cost, Requests, Result, Tier, binned, holds, simulate
+from harness.sizing.simulate import Cost, Requests, Result, Tier, binned, holds, simulate, spread
 from harness.sizing.stack import References, TraceColumns, columns_references
 from harness.sizing.tiers import Fleet, curve_tallies, scoped_distances, served_by, tokens_per_request
 
@@ -183,9 +183,12 @@ def placement(w: Workload, plan: Plan) -> Placement:
 def _requests(w: Workload, plan: Plan, p: Placement) -> tuple[Requests, np.ndarray]:
     """The requests with the tokens each tier serves them at the plan's capacities; and which
     tier serves each reference (served_by)."""
-    tier = served_by(p.distances, [t.capacity_blocks for t in plan.tiers])
+    capacities = [t.capacity_blocks for t in plan.tiers]
+    tier = served_by(p.distances, capacities)
     tier_tokens = tokens_per_request(w.refs, tier, len(plan.tiers))
-    return Requests(w.arrival_s, p.worker, w.prompt_tokens, w.output_tokens, tier_tokens, p.instance), tier
+    written = np.stack([_written(w.refs, d, c) for d, c in zip(p.distances, capacities, strict=True)], axis=1)
+    reqs = Requests(w.arrival_s, p.worker, w.prompt_tokens, w.output_tokens, tier_tokens, p.instance, written)
+    return reqs, tier
 
 
 @dataclass(frozen=True)
@@ -351,7 +354,8 @@ def _figures(
     instance, tier_tokens, capacities = reqs.instance, reqs.tier_tokens, [t.capacity_blocks for t in plan.tiers]
     total = int(w.prompt_tokens.sum())
     served = tier_tokens.sum(axis=0)
-    written = [_written(refs, distances[k], capacities[k]) for k in range(len(plan.tiers))]
+    assert reqs.written is not None  # (`_requests` gives it)
+    written = reqs.written
     return {
         "requests": int(refs.requests),
         "prompt_tokens": total,
@@ -365,8 +369,8 @@ def _figures(
                 "served_tokens": int(served[k]),
                 "share": float(served[k] / total) if total else 0.0,
                 "read_bytes_per_s": _reads(cached, k, plan.bandwidth_bin_s),
-                "written_tokens": int(written[k].sum()),
-                "write_bytes_per_s": _writes(cached, written[k] * plan.kv_bytes_per_token, plan.bandwidth_bin_s),
+                "written_tokens": int(written[:, k].sum()),
+                "write_bytes_per_s": _writes(cached, k, written[:, k] * plan.kv_bytes_per_token, plan.bandwidth_bin_s),
                 "curve": _curve(refs, distances, tier, capacities, k),
             }
             for k, t in enumerate(plan.tiers)
@@ -393,7 +397,7 @@ def _written(refs: References, distance: np.ndarray, capacity: int) -> np.ndarra
     """The prompt tokens each request writes into a tier: those of its blocks the tier did not
     hold (write-through: every block referenced is inserted where it misses, docs/sizing.md)."""
     miss = distance >= capacity
-    return np.bincount(refs.request[miss], weights=refs.serves[miss], minlength=refs.requests)
+    return np.bincount(refs.request[miss], weights=refs.serves[miss], minlength=refs.requests).astype(np.int64)
 
 
 def _reads(result: Result, k: int, bin_s: float) -> dict[str, float | None]:
@@ -406,10 +410,12 @@ def _reads(result: Result, k: int, bin_s: float) -> dict[str, float | None]:
     return _bandwidth(result.read_bandwidth(k, bin_s), start, end, total, bin_s)
 
 
-def _writes(result: Result, written_bytes: np.ndarray, bin_s: float) -> dict[str, float | None]:
-    """A tier's write bandwidth (all its instances, bytes/s), each request's blocks written as
-    its prefill makes them (`Result.writes`), as `_reads` gives its reads'."""
-    stretches = result.writes(written_bytes)
+def _writes(result: Result, k: int, written_bytes: np.ndarray, bin_s: float) -> dict[str, float | None]:
+    """Tier k's write bandwidth (all its instances, bytes/s), as `_reads` gives its reads': each
+    request's blocks written as its prefill makes them (`Result.writes`), or where its writes
+    share its bandwidth, as the simulation wrote them (each at its average rate)."""
+    shared = result.wrote is not None and len(result.wrote[k])
+    stretches = spread(result.wrote[k]) if result.wrote is not None and shared else result.writes(written_bytes)
     if not len(stretches):
         return {"mean": 0.0, "p99": 0.0, "max": 0.0}
     start, end = float(stretches[:, 0].min()), float(stretches[:, 1].max())

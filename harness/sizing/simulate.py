@@ -10,6 +10,11 @@ events: plain Python took 25 s for them, and the SLO capacity search runs the lo
   (one per worker, per node or for the cluster: its scope) divides its bandwidth equally among the
   loads it serves at each moment (processor sharing): the contention of many workers reading one
   shared tier. A request loads from its tiers one after the other, fastest first.
+- A tier whose writes share its bandwidth (`Tier.shared_writes`) takes each request's new blocks
+  (those it did not hold: `Requests.written`) once the request's prefill ends, as one more
+  transfer beside its loads; nobody waits for it, but the loads beside it go slower. Other
+  tiers' writes go behind, on a path of their own (`Result.writes` spreads them over the
+  prefill that makes them).
 - Prefill of n prompt tokens of which c were loaded: a*(n - c) + b*(n^2 - c^2) seconds (the
   report's cost-model fit reads recompute the same way); decode: d seconds per output token after
   the first, which the prefill gives (as the emulator and Dynamo's mocker time it, and as the
@@ -46,13 +51,20 @@ class Cost:
         return self.prefill_a * p + self.prefill_b * p * p + self.decode_s * np.maximum(output - 1, 0)
 
 
+# How a tier takes the blocks written into it (a sizing file's `[[tiers]] writes`): "behind", on a
+# path of its own that slows nothing; "shared", through its read bandwidth, beside its loads
+WRITES = ("behind", "shared")
+
+
 @dataclass(frozen=True)
 class Tier:
-    """A tier as the timing sees it: its latency, and each instance's read bandwidth (bytes/s;
-    None: free, as a GPU's own memory is against its compute)."""
+    """A tier as the timing sees it: its latency, each instance's read bandwidth (bytes/s; None:
+    free, as a GPU's own memory is against its compute), and whether the blocks written into it
+    share that bandwidth with its reads (else they are written behind, on a path of their own)."""
 
     latency_s: float
     bandwidth: float | None
+    shared_writes: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,14 +79,18 @@ class Requests:
     output_tokens: np.ndarray
     tier_tokens: np.ndarray
     instance: np.ndarray
+    # the prompt tokens each request writes into each tier (same shape: the blocks the tier did not
+    # hold); None: none written (a baseline with no tiers)
+    written: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class Result:
     """Per request: when its load began, how long its loads and its prefill took, its TTFT and
-    end (seconds); per tier, every load as (instance, start, end, bytes), and the stretches in
-    which the tier delivered bytes as (start, end, bytes/s): an instance that serves any load
-    delivers its whole bandwidth, shared; a free tier's loads are instants, (t, t, bytes)."""
+    end (seconds); per tier, every load as (instance, start, end, bytes), the stretches in which
+    the tier delivered bytes as (start, end, bytes/s): an instance that serves any transfer
+    delivers its whole bandwidth, shared; a free tier's loads are instants, (t, t, bytes); and,
+    where its writes share its bandwidth, every write as (instance, start, end, bytes)."""
 
     start_s: np.ndarray
     load_s: np.ndarray
@@ -84,10 +100,15 @@ class Result:
     loads: list[np.ndarray]
     delivered: list[np.ndarray]
     stopped: bool = False  # by a miss budget (`holds`): the times of requests not yet done are 0
+    wrote: list[np.ndarray] | None = None
 
     def read_bandwidth(self, tier: int, bin_s: float) -> np.ndarray:
-        """A tier's read bandwidth (bytes/s, all its instances together), exactly, averaged over
-        bins of `bin_s` seconds from time 0 to its last byte."""
+        """A tier's read bandwidth (bytes/s, all its instances together), averaged over bins of
+        `bin_s` seconds from time 0 to its last byte: exactly, from what it delivered; where
+        writes share it, each load's bytes spread evenly over the load (what it delivered counts
+        the writes too)."""
+        if self.wrote is not None and len(self.wrote[tier]):
+            return binned(spread(self.loads[tier]), bin_s)
         return binned(self.delivered[tier], bin_s)
 
     def writes(self, written_bytes: np.ndarray) -> np.ndarray:
@@ -99,6 +120,14 @@ class Result:
         took, size = self.prefill_s[some], written_bytes[some].astype(np.float64)
         rate = np.divide(size, took, out=size.copy(), where=took > 0)
         return np.column_stack((a, a + took, rate))
+
+
+def spread(transfers: np.ndarray) -> np.ndarray:
+    """Transfers (instance, start, end, bytes) as stretches (start, end, bytes/s), each at its
+    average rate (an instant: (t, t, bytes))."""
+    a, b, size = transfers[:, 1], transfers[:, 2], transfers[:, 3]
+    took = b - a
+    return np.column_stack((a, b, np.divide(size, took, out=size.copy(), where=took > 0)))
 
 
 def binned(stretches: np.ndarray, bin_s: float) -> np.ndarray:
@@ -121,8 +150,8 @@ def binned(stretches: np.ndarray, bin_s: float) -> np.ndarray:
 
 ARRIVE, LOADED, TRANSFERRED, PREFILLED = 0, 1, 2, 3
 # what the event loop gives: per request start, load, prefill, TTFT and end; the loads; the
-# stretches delivered; whether a miss budget stopped it
-LoopOut = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
+# stretches delivered; the writes that shared a tier's bandwidth; whether a miss budget stopped it
+LoopOut = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
 EPS_S = 1e-9  # two event times closer than this are the same moment (float rounding)
 
 
@@ -168,11 +197,14 @@ def run(
 ) -> Result:
     """`simulate` with the event loop given (compiled, or `event_loop` itself as plain Python),
     and the arrays it takes: `costs` (KV bytes per token, prefill a and b, decode per token);
-    `first[k]`, tier k's first instance number; `slot_at[j]`, where instance j's heap of loads
-    (target bytes attained, request) starts in the flat heap arrays; `order[queue_at[w]:
-    queue_at[w + 1]]`, worker w's requests in arrival order. It gives per request start, load,
-    prefill, TTFT and end; the loads as rows (tier, instance, start, end, bytes) and the stretches
-    each tier delivered as (tier, start, end, bytes/s), split here by tier (both only if `loads`).
+    `first[k]`, tier k's first instance number, and `tier_of[j]` instance j's tier; `slot_at[j]`,
+    where instance j's heap of transfers (target bytes attained, request; a write: n + request)
+    starts in the flat heap arrays; `order[queue_at[w]: queue_at[w + 1]]`, worker w's requests
+    in arrival order; `(written, shares)`, the tokens each request writes into each tier whose
+    writes share its bandwidth (`shares`; no rows where none does). It gives per request start, load, prefill,
+    TTFT and end; the loads and the shared writes as rows (tier, instance, start, end, bytes) and
+    the stretches each tier delivered as (tier, start, end, bytes/s), split here by tier (only if
+    `loads`).
     Not `loads`: the loop records neither. `budget` (a TTFT, a count): the loop stops, and says
     so, once more requests than the count have a longer TTFT."""
     n, k = len(reqs.arrival_s), len(tiers)
@@ -185,12 +217,21 @@ def run(
         first[t + 1] = first[t] + (int(instance[:, t].max()) + 1 if n else 0)
     workers = int(worker.max()) + 1 if n else 0
     slots = np.zeros(int(first[k]), dtype=np.int64)
+    shares = np.array([t.shared_writes and t.bandwidth is not None for t in tiers], dtype=np.bool_)
+    written = np.zeros((0, k), dtype=np.int64)
+    if reqs.written is not None and shares.any():
+        written = np.where(shares, reqs.written, 0).astype(np.int64)
     for t in range(k):
         # the workers reading each instance: a table of (instance, worker) pairs seen, where a
         # sort of the pairs (np.unique over columns) took half of a sizing's time
         seen = np.zeros((int(first[t + 1] - first[t]), workers), dtype=bool)
         seen[instance[:, t], worker] = True
         slots[first[t] : first[t + 1]] = seen.sum(axis=1)
+        if len(written):  # and every write it may take at once, at most one a request
+            slots[first[t] : first[t + 1]] += np.bincount(
+                instance[written[:, t] > 0, t], minlength=first[t + 1] - first[t]
+            )
+    tier_of = np.repeat(np.arange(k, dtype=np.int64), np.diff(first))
     slot_at = np.concatenate([[0], np.cumsum(slots)]).astype(np.int64)
     # each worker's requests in arrival order (a stable sort of small integers: numpy's radix sort)
     narrow = worker.astype(np.int16) if workers <= np.iinfo(np.int16).max else worker
@@ -207,17 +248,21 @@ def run(
         np.array([np.nan if t.bandwidth is None else t.bandwidth for t in tiers], dtype=np.float64),
         np.array([kv_bytes_per_token, cost.prefill_a, cost.prefill_b, cost.decode_s], dtype=np.float64),
         first,
+        tier_of,
         slot_at,
         order,
         queue_at,
+        (written, shares),
         loads,
         np.inf if budget is None else budget[0],
         n if budget is None else budget[1],
     )
-    start, load, prefill, ttft, e2e, rows, delivered, stopped = out
+    start, load, prefill, ttft, e2e, rows, delivered, writes, stopped = out
     by_tier = [rows[rows[:, 0] == t][:, 1:] for t in range(k)]
     stretches = [delivered[delivered[:, 0] == t][:, 1:] for t in range(k)]
-    return Result(start, load, prefill, ttft, e2e, by_tier, stretches, bool(stopped))
+    writes[:, 4] *= kv_bytes_per_token  # (its rows hold tokens)
+    wrote = [writes[writes[:, 0] == t][:, 1:] for t in range(k)] if len(written) else None
+    return Result(start, load, prefill, ttft, e2e, by_tier, stretches, bool(stopped), wrote)
 
 
 @functools.cache
@@ -234,6 +279,9 @@ def compiled_event_loop() -> Any:
         _delivered,
         _joined,
         _transferred,
+        _write_new,
+        _transfer_ends,
+        _finished,
     )
     return compiled(event_loop, helpers)
 
@@ -252,28 +300,32 @@ def event_loop(
     bandwidth: np.ndarray,
     costs: np.ndarray,
     first: np.ndarray,
+    tier_of: np.ndarray,
     slot_at: np.ndarray,
     order: np.ndarray,
     queue_at: np.ndarray,
+    writing: tuple[np.ndarray, np.ndarray],
     record: bool,
     slo_s: float,
     budget: int,
 ) -> LoopOut:  # pragma: no cover
     """The simulation's events in time order (ties: arrivals first, then as pushed; `run` says
-    what it takes and gives). A shared instance gives each of its loads bandwidth / n: all advance
-    alike in attained bytes, and a load ends when they reach its target. A free tier without
-    latency gives its bytes at once, with no event. (Run compiled; the tests run it as Python.)"""
-    (kv, a, b, d), (n, tiers) = (costs[0], costs[1], costs[2], costs[3]), tier_tokens.shape
+    what it takes and gives). A shared instance gives each of its transfers bandwidth / n: all
+    advance alike in attained bytes, and a transfer ends when they reach its target. A free tier
+    without latency gives its bytes at once, with no event. (Run compiled; tests run it as Python.)"""
+    (kv, a, b, d), (n, tiers), (written, shares) = (costs[0], costs[1], costs[2], costs[3]), tier_tokens.shape, writing
     start, load, pre, ttft, began = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
-    stage = np.zeros(n, dtype=np.int64)  # the tier a request loads from next
-    rows = n * tiers if record else 0
-    loads, delivered, counts = np.zeros((rows, 5)), np.zeros((rows, 4)), np.zeros(2, dtype=np.int64)
+    stage, rows = np.zeros(n, dtype=np.int64), n * tiers if record else 0  # the tier a request loads from next
+    loads, writes, counts = np.zeros((rows, 5)), np.zeros((rows if len(written) else 0, 5)), np.zeros(3, np.int64)
+    delivered = np.zeros((rows + len(writes), 4))  # (a stretch ends as a transfer does)
     inst, active = np.zeros((len(slot_at) - 1, 3)), np.zeros(len(slot_at) - 1, dtype=np.int64)
     heap_target, heap_req = np.zeros(slot_at[-1]), np.zeros(slot_at[-1], dtype=np.int64)
     head, arrived = queue_at[:-1].copy(), queue_at[:-1].copy()  # each worker's next to serve, and end
     busy = np.zeros(len(queue_at) - 1, dtype=np.bool_)
     events = [(0.0, 0, 0, 0)][1:]  # (time, order pushed, kind, request or instance)
     seq, nxt, misses = n, 0, 0  # (arrivals come in order: `nxt` is the next)
+    at = (first, tier_of, instance, bandwidth, inst, active, heap_target, heap_req, slot_at)  # (the instances)
+    kept = (loads, delivered, writes, counts, stage, began, tier_tokens, kv, arrival, ttft, written)  # (and records)
     while nxt < n or events:
         if nxt < n and (not events or arrival[nxt] <= events[0][0]):
             now, kind, what = arrival[nxt], ARRIVE, nxt
@@ -290,6 +342,8 @@ def event_loop(
                 misses += ttft[what] > slo_s
                 if misses > budget:
                     break
+                if len(written):
+                    seq = _write_new(what, n, now, written[what] * kv, shares, at, events, seq)
             if not busy[w]:
                 go = _take(w, now, order, head, arrived, busy, start)
         elif kind == LOADED:
@@ -299,13 +353,8 @@ def event_loop(
             else:
                 j, size = first[k] + instance[what, k], tier_tokens[what, k] * kv
                 again = _joined(what, j, now, bandwidth[k], size, inst, active, heap_target, heap_req, slot_at)
-        elif active[what]:  # TRANSFERRED: instance `what`'s first load may be done now
-            k = stage[heap_req[slot_at[what]]]
-            if _due(inst, active, heap_target, slot_at, what, bandwidth[k]) <= now + EPS_S:
-                i, again = _transferred(what, k, now, bandwidth[k], inst, active, heap_target, heap_req, slot_at)
-                if again < 0:
-                    _delivered(delivered, counts, k, inst[what, SINCE], now, bandwidth[k])
-                go = _loaded(i, now, stage, instance, began, tier_tokens, kv, loads, counts, delivered, bandwidth)
+        elif active[what]:  # TRANSFERRED: instance `what`'s first transfer may be done now
+            go, again = _transfer_ends(what, n, now, at, kept)
         if go >= 0:
             t, step = _next_step(go, now, stage, tier_tokens, prompt, latency, start, load, pre, began, a, b)
             while step == LOADED and t == now and np.isnan(bandwidth[stage[go]]):
@@ -316,10 +365,10 @@ def event_loop(
             heapq.heappush(events, (t, seq, step, go))
         if again >= 0:
             seq += 1
-            due = _due(inst, active, heap_target, slot_at, again, bandwidth[stage[heap_req[slot_at[again]]]])
+            due = _due(inst, active, heap_target, slot_at, again, bandwidth[tier_of[again]])
             heapq.heappush(events, (due if due != 0.0 else now, seq, TRANSFERRED, again))
     e2e = ttft + np.maximum(output - 1, 0) * d
-    return start, load, pre, ttft, e2e, loads[: counts[0]], delivered[: counts[1]], misses > budget
+    return start, load, pre, ttft, e2e, loads[: counts[0]], delivered[: counts[1]], writes[: counts[2]], misses > budget
 
 
 def _joined(
@@ -334,7 +383,8 @@ def _joined(
     heap_req: np.ndarray,
     slot_at: np.ndarray,
 ) -> int:  # pragma: no cover
-    """Request i's load of `size` bytes joins instance j's loads now: j, whose next end to set out."""
+    """A transfer of `size` bytes joins instance j's now (request i's load, or where i is n plus a
+    request, its write): j, whose next end to set out."""
     _advance(inst, active, j, now, bandwidth)
     _heap_push(heap_target, heap_req, slot_at[j], active[j], inst[j, SERVED] + size, i)
     active[j] += 1
@@ -487,6 +537,61 @@ def _loaded(
         _delivered(delivered, counts, k, now, now, tier_tokens[i, k] * kv)
     stage[i] = k + 1
     return i
+
+
+def _write_new(
+    i: int, n: int, now: float, size: np.ndarray, shares: np.ndarray, at: Any, events: Any, seq: int
+) -> int:  # pragma: no cover
+    """Request i's prefill ended now: its new blocks (`size` bytes for each tier) join each tier
+    whose writes share its bandwidth, as transfers of their own (n + i), beside its loads; the
+    count of events pushed, updated."""
+    first, _, instance, bandwidth, inst, active, heap_target, heap_req, slot_at = at
+    for k in range(len(size)):
+        if shares[k] and size[k] > 0:
+            j = _joined(
+                n + i,
+                first[k] + instance[i, k],
+                now,
+                bandwidth[k],
+                size[k],
+                inst,
+                active,
+                heap_target,
+                heap_req,
+                slot_at,
+            )
+            seq += 1
+            heapq.heappush(events, (_due(inst, active, heap_target, slot_at, j, bandwidth[k]), seq, TRANSFERRED, j))
+    return seq
+
+
+def _transfer_ends(j: int, n: int, now: float, at: Any, kept: Any) -> tuple[int, int]:  # pragma: no cover
+    """Instance j's first transfer, if it is done now: recorded, and the request whose load it was
+    (-1: none, or a write, which nobody waits for), and j again if it has more in flight (their
+    next end to set out), else -1."""
+    _, tier_of, instance, bandwidth, inst, active, heap_target, heap_req, slot_at = at
+    loads, delivered, writes, counts, stage, began, tier_tokens, kv, arrival, ttft, written = kept
+    k = tier_of[j]
+    if _due(inst, active, heap_target, slot_at, j, bandwidth[k]) > now + EPS_S:
+        return -1, -1
+    i, again = _transferred(j, k, now, bandwidth[k], inst, active, heap_target, heap_req, slot_at)
+    if again < 0:
+        _delivered(delivered, counts, k, inst[j, SINCE], now, bandwidth[k])
+    if i >= n:
+        _finished(writes, counts, k, instance[i - n, k], arrival[i - n] + ttft[i - n], now, written[i - n, k])
+        return -1, again
+    return _loaded(i, now, stage, instance, began, tier_tokens, kv, loads, counts, delivered, bandwidth), again
+
+
+def _finished(
+    writes: np.ndarray, counts: np.ndarray, k: int, j: int, since: float, until: float, tokens: float
+) -> None:  # pragma: no cover
+    """A write of `tokens` tokens' blocks into instance j of tier k, from the end of its request's
+    prefill to now (its bytes filled in by `run`)."""
+    if len(writes):  # (recorded)
+        row = writes[counts[2]]
+        row[0], row[1], row[2], row[3], row[4] = k, j, since, until, tokens
+        counts[2] += 1
 
 
 def _delivered(
