@@ -414,8 +414,8 @@ def _writes(result: Result, k: int, written_bytes: np.ndarray, bin_s: float) -> 
     """Tier k's write bandwidth (all its instances, bytes/s), as `_reads` gives its reads': each
     request's blocks written as its prefill makes them (`Result.writes`), or where its writes
     share its bandwidth, as the simulation wrote them (each at its average rate)."""
-    shared = result.wrote is not None and len(result.wrote[k])
-    stretches = spread(result.wrote[k]) if result.wrote is not None and shared else result.writes(written_bytes)
+    wrote = result.wrote[k] if result.wrote is not None else np.zeros((0, 4))
+    stretches = spread(wrote) if len(wrote) else result.writes(written_bytes)
     if not len(stretches):
         return {"mean": 0.0, "p99": 0.0, "max": 0.0}
     start, end = float(stretches[:, 0].min()), float(stretches[:, 1].max())

@@ -201,12 +201,11 @@ def run(
     where instance j's heap of transfers (target bytes attained, request; a write: n + request)
     starts in the flat heap arrays; `order[queue_at[w]: queue_at[w + 1]]`, worker w's requests
     in arrival order; `(written, shares)`, the tokens each request writes into each tier whose
-    writes share its bandwidth (`shares`; no rows where none does). It gives per request start, load, prefill,
-    TTFT and end; the loads and the shared writes as rows (tier, instance, start, end, bytes) and
-    the stretches each tier delivered as (tier, start, end, bytes/s), split here by tier (only if
-    `loads`).
-    Not `loads`: the loop records neither. `budget` (a TTFT, a count): the loop stops, and says
-    so, once more requests than the count have a longer TTFT."""
+    writes share its bandwidth (`shares`; no rows where none does). It gives per request start,
+    load, prefill, TTFT and end; the loads and the shared writes as rows (tier, instance, start,
+    end, bytes) and the stretches each tier delivered as (tier, start, end, bytes/s), split here
+    by tier (only if `loads`). Not `loads`: the loop records none of them. `budget` (a TTFT, a
+    count): the loop stops, and says so, once more requests than the count have a longer TTFT."""
     n, k = len(reqs.arrival_s), len(tiers)
     worker = reqs.worker.astype(np.int64, copy=False)
     instance = reqs.instance.astype(np.int64, copy=False).reshape(n, k)
