@@ -28,7 +28,7 @@ from harness.sizing import routing
 from harness.sizing.planned import Dependent, Ordered, Settled, settle
 from harness.sizing.simulate import Cost, Requests, Result, Tier, binned, holds, simulate, spread
 from harness.sizing.stack import References, TraceColumns, columns_references
-from harness.sizing.tiers import Fleet, curve_tallies, scoped_distances, served_by, tokens_per_request
+from harness.sizing.tiers import Fleet, curve_tallies, scoped_distances, served_by, tokens_per_request, tokens_written
 
 # A tier's capacity curve: its share served at these multiples of its configured capacity.
 CURVE_MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -186,7 +186,7 @@ def _requests(w: Workload, plan: Plan, p: Placement) -> tuple[Requests, np.ndarr
     capacities = [t.capacity_blocks for t in plan.tiers]
     tier = served_by(p.distances, capacities)
     tier_tokens = tokens_per_request(w.refs, tier, len(plan.tiers))
-    written = np.stack([_written(w.refs, d, c) for d, c in zip(p.distances, capacities, strict=True)], axis=1)
+    written = np.stack([tokens_written(w.refs, d, c) for d, c in zip(p.distances, capacities, strict=True)], axis=1)
     reqs = Requests(w.arrival_s, p.worker, w.prompt_tokens, w.output_tokens, tier_tokens, p.instance, written)
     return reqs, tier
 
@@ -391,13 +391,6 @@ def _quantiles(x: np.ndarray) -> dict[str, float | None]:
         return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
     p50, p90, p99 = np.percentile(x, [50, 90, 99])
     return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(x.max())}
-
-
-def _written(refs: References, distance: np.ndarray, capacity: int) -> np.ndarray:
-    """The prompt tokens each request writes into a tier: those of its blocks the tier did not
-    hold (write-through: every block referenced is inserted where it misses, docs/sizing.md)."""
-    miss = distance >= capacity
-    return np.bincount(refs.request[miss], weights=refs.serves[miss], minlength=refs.requests).astype(np.int64)
 
 
 def _reads(result: Result, k: int, bin_s: float) -> dict[str, float | None]:

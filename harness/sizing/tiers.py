@@ -83,6 +83,14 @@ def tokens_per_request(refs: References, tier: np.ndarray, tiers: int) -> np.nda
     return compiled_tallies()[0](tier, refs.request, refs.serves, refs.requests, tiers)
 
 
+def tokens_written(refs: References, distance: np.ndarray, capacity: int) -> np.ndarray:
+    """The prompt tokens each request writes into a tier (its scoped distances, its capacity in
+    blocks): those of its blocks the tier did not hold (write-through: every block referenced is
+    inserted where it misses), in one compiled pass, as the tiers' own tokens are counted (numpy's
+    mask and weighted count hold a copy of the references a tier misses)."""
+    return compiled_tallies()[2](distance, refs.request, refs.serves, refs.requests, float(capacity))
+
+
 def curve_tallies(
     distance: np.ndarray, tier: np.ndarray, serves: np.ndarray, beyond: np.ndarray | None, caps: np.ndarray, k: int
 ) -> tuple[float, np.ndarray, np.ndarray]:
@@ -95,9 +103,9 @@ def curve_tallies(
 
 
 @functools.cache
-def compiled_tallies() -> tuple[Any, Any]:
+def compiled_tallies() -> tuple[Any, Any, Any]:
     """The tallies, compiled at their first use in a process."""
-    return compiled(tier_tally), compiled(curve_tally)
+    return compiled(tier_tally), compiled(curve_tally), compiled(written_tally)
 
 
 def tier_tally(
@@ -108,6 +116,17 @@ def tier_tally(
     for r in range(len(tier)):
         if tier[r] < tiers:
             out[request[r], tier[r]] += serves[r]
+    return out
+
+
+def written_tally(
+    distance: np.ndarray, request: np.ndarray, serves: np.ndarray, requests: int, capacity: float
+) -> np.ndarray:  # pragma: no cover
+    """tokens_written's pass. (Run compiled; the tests run it as Python too.)"""
+    out = np.zeros(requests, dtype=np.int64)
+    for r in range(len(distance)):
+        if distance[r] >= capacity:
+            out[request[r]] += serves[r]
     return out
 
 
