@@ -11,7 +11,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from harness.analysis.kinds.document import Bars, Lines
+from harness.analysis.kinds.document import Bars, Lines, Scatter
 
 # Colour-blind-safe (Okabe-Ito), each paired with its own marker and dash pattern.
 STYLES: list[dict[str, Any]] = [
@@ -186,14 +186,14 @@ def lines(plot: Lines, name: str) -> str:
     return _labelled(fig, ax, plot.x_label, plot.y_label, plot.logy)
 
 
-def scatter(series: Sequence[dict[str, Any]], xlabel: str, ylabel: str, name: str, logy: bool = False) -> str:
-    """Points per series: {label, x, y, style (index)}."""
+def scatter(plot: Scatter, name: str) -> str:
+    """A series of points per run, each in its own style."""
     fig = _fig(name, h=3.8)
     ax = fig.add_subplot()
-    for s in series:
-        st = style(s["style"])
-        ax.scatter(s["x"], s["y"], label=shown(s["label"]), color=st["color"], marker=st["marker"], s=14, alpha=0.7)
-    return _labelled(fig, ax, xlabel, ylabel, logy)
+    for i, s in enumerate(plot.series):
+        st = style(i)
+        ax.scatter(s.x, s.y, label=shown(s.label), color=st["color"], marker=st["marker"], s=14, alpha=0.7)
+    return _labelled(fig, ax, plot.x_label, plot.y_label, plot.logy)
 
 
 def _labelled(fig: Figure, ax: Any, xlabel: str, ylabel: str, logy: bool) -> str:

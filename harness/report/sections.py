@@ -86,8 +86,7 @@ def _cell(v: Any, digits: int) -> tuple[str, bool]:
 
 def _drawn(plot: doc.Scatter | doc.Lines | doc.Bars, name: str) -> str:
     if isinstance(plot, doc.Scatter):
-        series = [{"label": s.label, "x": s.x, "y": s.y, "style": i} for i, s in enumerate(plot.series)]
-        return plots.scatter(series, plot.x_label, plot.y_label, name, logy=plot.logy)
+        return plots.scatter(plot, name)
     if isinstance(plot, doc.Lines):
         return plots.lines(plot, name)
     if isinstance(plot, doc.Bars):
