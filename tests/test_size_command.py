@@ -14,9 +14,11 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from harness.sizing.config import read
-from harness.sizing.fleet import CAPACITY_STEPS
+from harness.sizing.fleet import CAPACITY_PRECISION, CAPACITY_STEPS, slo_capacity
 from tests.conftest import ROOT, cli, kvbench
 
 pytest.importorskip("numba")  # the sizing extra
@@ -104,6 +106,28 @@ def test_the_slo_capacity_is_the_highest_speed_up_that_holds_worked_by_hand(tmp_
     assert slo["recompute"]["capacity_req_per_s"] == pytest.approx(slo["recompute"]["capacity_speedup"] * 0.1)
     assert slo["cached"]["capacity_speedup"] == 2**CAPACITY_STEPS
     assert slo["capacity_ratio"] == pytest.approx(2**CAPACITY_STEPS / slo["recompute"]["capacity_speedup"])
+
+
+@given(st.floats(min_value=2.0**-14, max_value=2.0**14))
+def test_the_slo_search_told_how_the_workloads_own_times_fare_does_not_simulate_them_again(limit: float) -> None:
+    """The SLO capacity search, given `holds(1.0)` (the simulation at the workload's own times,
+    which the sizing has run already), never asks it, and finds the same capacity as when it asks:
+    the highest speed-up found to hold, within CAPACITY_PRECISION of the true limit."""
+    asked: list[float] = []
+
+    def holds(x: float) -> bool:
+        asked.append(x)
+        return x <= limit
+
+    cold = slo_capacity(holds)
+    assert asked[0] == 1.0
+    asked.clear()
+    assert slo_capacity(holds, limit >= 1.0) == cold
+    assert 1.0 not in asked
+    if cold is None:
+        assert limit < 2.0**-CAPACITY_STEPS
+    elif cold < 2**CAPACITY_STEPS:
+        assert cold <= limit < cold * CAPACITY_PRECISION
 
 
 def test_a_tier_too_small_for_a_prompt_serves_none_of_it_and_its_curve_says_where_it_would(tmp_path: Path) -> None:

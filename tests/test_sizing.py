@@ -303,14 +303,22 @@ def test_the_compiled_event_loop_gives_what_it_gives_as_python(seed: int) -> Non
     for f in ("start_s", "load_s", "prefill_s", "ttft_s", "e2e_s"):
         assert np.array_equal(getattr(compiled, f), getattr(bare, f)), f
     assert not any(len(x) for x in (*bare.loads, *bare.delivered))
-    # and stopped by a miss budget: the same answer as the whole run's, compiled or as Python
+    # and stopped by a miss budget as soon as the answer is certain: the same answer as the whole
+    # run's, compiled or as Python, with every request done by then timed as in the whole run
     for ttft_s in np.quantile(compiled.ttft_s, [0.05, 0.5, 0.9, 0.99]):
         for share in (0.0, 0.5, 0.9, 0.95, 1.0):
             expected = float(np.mean(compiled.ttft_s <= ttft_s)) >= share
             assert simulate.holds(reqs, timing, 73728.0, COST, float(ttft_s), share) == expected, (ttft_s, share)
-            allowed = (float(ttft_s), simulate.miss_budget(n, share))
-            stopped = simulate.run(simulate.event_loop, reqs, timing, 73728.0, COST, False, allowed)
-            assert stopped.stopped == (not expected)
+            allowed = simulate.miss_budget(n, share)
+            stopped = simulate.run(simulate.event_loop, reqs, timing, 73728.0, COST, False, (float(ttft_s), allowed))
+            assert stopped.slo_held == expected
+            done = stopped.ttft_s > 0
+            assert np.array_equal(stopped.ttft_s[done], compiled.ttft_s[done])
+            met, missed = int(np.sum(stopped.ttft_s[done] <= ttft_s)), int(np.sum(stopped.ttft_s[done] > ttft_s))
+            # it stopped at the request that decided it (where all may miss, the first): one fewer
+            # would not have
+            decided = met == n - allowed or (allowed == n and met + missed == 1)
+            assert (decided and missed <= allowed) if expected else (missed == allowed + 1), (met, missed, allowed)
 
 
 def test_the_miss_budget_is_the_most_misses_the_share_allows_as_it_is_computed() -> None:

@@ -496,9 +496,10 @@ def _arm_slo(
             fast, _ = _placed(replace(w, arrival_s=w.arrival_s / speedup), plan, cached)
         return holds(fast, timing, plan.kv_bytes_per_token, plan.cost, ttft_s, plan.slo_share)
 
-    cap, rate = _capacity(at), _rate(w.arrival_s)
+    within = _within(result.ttft_s, ttft_s)
+    cap, rate = slo_capacity(at, within >= plan.slo_share), _rate(w.arrival_s)
     return {
-        "within": _within(result.ttft_s, ttft_s),
+        "within": within,
         "capacity_speedup": cap,
         "capacity_req_per_s": None if cap is None or rate is None else cap * rate,
     }
@@ -522,9 +523,12 @@ def _dependent_slo(d: Dependent, plan: Plan, cached: bool, now: Settled[_Pass]) 
             loose.append(speedup)
         return _within(s.got.result.ttft_s, ttft_s) >= plan.slo_share
 
-    cap = _capacity(at)
+    within = _within(now.got.result.ttft_s, ttft_s)
+    if now.settled:  # the search's first question, answered by the pass at the plan's own times
+        rates[1.0] = _rate(now.got.w.arrival_s)
+    cap = slo_capacity(at, within >= plan.slo_share if now.settled else None)
     return {
-        "within": _within(now.got.result.ttft_s, ttft_s),
+        "within": within,
         "capacity_speedup": cap,
         "capacity_req_per_s": None if cap is None else rates[cap],
         "unsettled_speedups": loose,  # tried, their arrivals not settled: answered from the last pass
@@ -542,12 +546,14 @@ def _rate(arrival_s: np.ndarray) -> float | None:
     return (len(arrival_s) - 1) / span if span > 0 else None
 
 
-def _capacity(holds: Callable[[float], bool]) -> float | None:
+def slo_capacity(holds: Callable[[float], bool], at_one: bool | None = None) -> float | None:
     """The highest speed-up x at which `holds(x)` (taken to hold below it and fail above it),
     within CAPACITY_PRECISION: from 1x by doubling or halving, then bisecting. None if it fails
     even 2^-CAPACITY_STEPS times as fast as the trace; the highest tried if it holds even
-    2^CAPACITY_STEPS times as fast."""
-    up = holds(1.0)
+    2^CAPACITY_STEPS times as fast. `at_one`: `holds(1.0)` where the caller knows it already
+    (its simulation at the workload's own times is the one `holds` would run: one run of the
+    search's eight or so saved)."""
+    up = holds(1.0) if at_one is None else at_one
     lo, hi = (1.0, 2.0) if up else (0.5, 1.0)
     for _ in range(CAPACITY_STEPS):
         if up and holds(hi):

@@ -99,7 +99,9 @@ class Result:
     e2e_s: np.ndarray
     loads: list[np.ndarray]
     delivered: list[np.ndarray]
-    stopped: bool = False  # by a miss budget (`holds`): the times of requests not yet done are 0
+    # with a miss budget (`holds`): whether the share of requests it allows met the TTFT, decided
+    # as soon as it was, either way (the times of the requests not done by then are 0)
+    slo_held: bool | None = None
     wrote: list[np.ndarray] | None = None
 
     def read_bandwidth(self, tier: int, bin_s: float) -> np.ndarray:
@@ -151,7 +153,9 @@ def binned(stretches: np.ndarray, bin_s: float) -> np.ndarray:
 ARRIVE, LOADED, TRANSFERRED, PREFILLED = 0, 1, 2, 3
 # what the event loop gives: per request start, load, prefill, TTFT and end; the loads; the
 # stretches delivered; the writes that shared a tier's bandwidth; whether a miss budget stopped it
-LoopOut = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
+# (_tally: MISSED, MET, or 0)
+LoopOut = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]
+MISSED, MET = 1, 2
 EPS_S = 1e-9  # two event times closer than this are the same moment (float rounding)
 
 
@@ -164,15 +168,15 @@ def holds(
     reqs: Requests, tiers: list[Tier], kv_bytes_per_token: float, cost: Cost, ttft_s: float, share: float
 ) -> bool:
     """Whether at least `share` of the requests meet a TTFT of `ttft_s` (the SLO capacity search's
-    question, about ten times a search). The run keeps no loads, and stops as soon as more
-    requests have missed it than `share` allows: such a load fails whatever the others do (a
-    sweep's configurations spend most of their time in these runs, half of which fail)."""
+    question, several times a search). The run keeps no loads, and stops as soon as its answer is
+    certain: once more requests have missed the TTFT than `share` allows (such a load fails
+    whatever the others do; a sweep's configurations spend most of their time in these runs,
+    half of which fail), or once enough have met it (the rest cannot make it fail)."""
     n = len(reqs.arrival_s)
     if not n:
         return share <= 0.0  # (no request: a share of 0, as the SLO figures count it)
     allowed = miss_budget(n, share)
-    result = run(compiled_event_loop(), reqs, tiers, kv_bytes_per_token, cost, False, (ttft_s, allowed))
-    return not result.stopped and float(np.mean(result.ttft_s <= ttft_s)) >= share
+    return bool(run(compiled_event_loop(), reqs, tiers, kv_bytes_per_token, cost, False, (ttft_s, allowed)).slo_held)
 
 
 def miss_budget(n: int, share: float) -> int:
@@ -205,7 +209,8 @@ def run(
     load, prefill, TTFT and end; the loads and the shared writes as rows (tier, instance, start,
     end, bytes) and the stretches each tier delivered as (tier, start, end, bytes/s), split here
     by tier (only if `loads`). Not `loads`: the loop records none of them. `budget` (a TTFT, a
-    count): the loop stops, and says so, once more requests than the count have a longer TTFT."""
+    count): the loop stops once more requests than the count have a longer TTFT, or once so many
+    have it or a shorter one that the count cannot be passed, and says which (`slo_held`)."""
     n, k = len(reqs.arrival_s), len(tiers)
     worker = reqs.worker.astype(np.int64, copy=False)
     instance = reqs.instance.astype(np.int64, copy=False).reshape(n, k)
@@ -256,12 +261,13 @@ def run(
         np.inf if budget is None else budget[0],
         n if budget is None else budget[1],
     )
-    start, load, prefill, ttft, e2e, rows, delivered, writes, stopped = out
+    start, load, prefill, ttft, e2e, rows, delivered, writes, verdict = out
     by_tier = [rows[rows[:, 0] == t][:, 1:] for t in range(k)]
     stretches = [delivered[delivered[:, 0] == t][:, 1:] for t in range(k)]
     writes[:, 4] *= kv_bytes_per_token  # (its rows hold tokens)
     wrote = [writes[writes[:, 0] == t][:, 1:] for t in range(k)] if len(written) else None
-    return Result(start, load, prefill, ttft, e2e, by_tier, stretches, bool(stopped), wrote)
+    held = None if budget is None else verdict != MISSED  # (run to its end: within the budget)
+    return Result(start, load, prefill, ttft, e2e, by_tier, stretches, held, wrote)
 
 
 @functools.cache
@@ -281,6 +287,7 @@ def compiled_event_loop() -> Any:
         _write_new,
         _transfer_ends,
         _finished,
+        _tally,
     )
     return compiled(event_loop, helpers)
 
@@ -322,7 +329,7 @@ def event_loop(
     head, arrived = queue_at[:-1].copy(), queue_at[:-1].copy()  # each worker's next to serve, and end
     busy = np.zeros(len(queue_at) - 1, dtype=np.bool_)
     events = [(0.0, 0, 0, 0)][1:]  # (time, order pushed, kind, request or instance)
-    seq, nxt, misses = n, 0, 0  # (arrivals come in order: `nxt` is the next)
+    seq, nxt, verdict, tally = n, 0, 0, np.zeros(2, dtype=np.int64)  # (arrivals come in order: `nxt` is next)
     at = (first, tier_of, instance, bandwidth, inst, active, heap_target, heap_req, slot_at)  # (the instances)
     kept = (loads, delivered, writes, counts, stage, began, tier_tokens, kv, arrival, ttft, written)  # (and records)
     while nxt < n or events:
@@ -338,8 +345,8 @@ def event_loop(
                 arrived[w] += 1
             else:
                 ttft[what], busy[w] = now - arrival[what], False
-                misses += ttft[what] > slo_s
-                if misses > budget:
+                verdict = _tally(tally, ttft[what], slo_s, budget, n)
+                if verdict:
                     break
                 if len(written):
                     seq = _write_new(what, n, now, written[what] * kv, shares, at, events, seq)
@@ -367,7 +374,7 @@ def event_loop(
             due = _due(inst, active, heap_target, slot_at, again, bandwidth[tier_of[again]])
             heapq.heappush(events, (due if due != 0.0 else now, seq, TRANSFERRED, again))
     e2e = ttft + np.maximum(output - 1, 0) * d
-    return start, load, pre, ttft, e2e, loads[: counts[0]], delivered[: counts[1]], writes[: counts[2]], misses > budget
+    return start, load, pre, ttft, e2e, loads[: counts[0]], delivered[: counts[1]], writes[: counts[2]], verdict
 
 
 def _joined(
@@ -536,6 +543,16 @@ def _loaded(
         _delivered(delivered, counts, k, now, now, tier_tokens[i, k] * kv)
     stage[i] = k + 1
     return i
+
+
+def _tally(tally: np.ndarray, ttft: float, slo_s: float, budget: int, n: int) -> int:
+    """One more of the n requests with its TTFT, against an SLO of `slo_s` (none: inf) of which
+    at most `budget` may miss (`tally`: how many missed it, how many met it): MISSED once more
+    have missed it, MET once so many have met it that the rest cannot pass the budget, else 0."""
+    tally[0 if ttft > slo_s else 1] += 1
+    if tally[0] > budget:
+        return MISSED
+    return MET if slo_s < np.inf and tally[1] >= n - budget else 0
 
 
 def _write_new(
