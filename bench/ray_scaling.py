@@ -34,7 +34,7 @@ interval, and where the client core went in them (`CoreUse`: a Ray worker's acto
 kvbench's coordination of it, beside what a worker actor takes at rest, which is Ray's).
 
     python bench/ray_scaling.py [requests]      # default 20000
-    python bench/ray_scaling.py pairs [requests]  # the pairs only (default 8000 requests per run)
+    python bench/ray_scaling.py pairs [requests]  # the pairs only (default 24000 requests per run)
     python bench/ray_scaling.py apart RATE [requests]  # the open loop's pairs only (default 5000)
     python bench/ray_scaling.py busy [requests]  # beside a busy loop on the client core only (default 2000)
 """
@@ -63,10 +63,12 @@ from harness.analysis.stats import CI_LEVEL, STATISTICS, bootstrap_ci
 from harness.distributed.raypool import WORKER_ENTRY
 
 ROUNDS = 3
-# The pairs (one process, one Ray worker apart) in turns on one cluster, and their requests: short
-# runs, so that a pair sees this host at one speed.
+# The pairs (one process, one Ray worker apart) in turns on one cluster, and their requests: runs
+# short enough that a pair sees this host at one speed, long enough that the CPU times, which Linux
+# gives in ticks of 10 ms, resolve the actor's share: over the middle of an 8,000-request run (some
+# 1.5 s) it moved in steps of 0.7 points of a core, about a quarter of the 3 % it is held to.
 PAIRS = 12
-PAIR_REQUESTS = 8000
+PAIR_REQUESTS = 24000
 # The open loop's pairs (two workers apart, `open_apart`): requests per run.
 OPEN_PAIR_REQUESTS = 5000
 # Requests per run beside a busy loop (`beside_busy`): a sender with half a core, or less.

@@ -345,3 +345,48 @@ def test_no_test_monkeypatches_a_module_global_of_harness() -> None:
             ):
                 found.append(f"{path.name}:{node.lineno}")
     assert not found
+
+
+def test_the_wire_keeps_no_mutable_state_of_its_own_at_module_level() -> None:
+    """Issue 54: the wire's state is owned by the client that made it (its parse budget, its
+    patterns), never a module's: every global of a harness.wire module is a module, a function
+    (memoised or not: a cache of a pure function's answers changes none), a class, a typing
+    construct or a value that cannot change (numbers, strings, bytes, tuples and frozensets of
+    them, compiled patterns and structs, frozen dataclasses, named tuples, and context variables,
+    whose value is each task's own); and nothing lowers the interpreter's switch interval, which
+    is a whole process's."""
+    import dataclasses
+    import importlib
+    import inspect
+    import re
+    import struct
+    import typing
+    from contextvars import ContextVar
+
+    def frozen(v: object) -> bool:
+        if v is None or isinstance(v, int | float | str | bytes | re.Pattern | struct.Struct | ContextVar):
+            return True
+        if isinstance(v, tuple | frozenset):  # (a named tuple too)
+            return all(frozen(x) for x in v)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return type(v).__dataclass_params__.frozen and all(  # type: ignore[attr-defined]
+                frozen(getattr(v, f.name)) for f in dataclasses.fields(v)
+            )
+        return (
+            inspect.ismodule(v)
+            or inspect.isroutine(inspect.unwrap(v))
+            or isinstance(v, type)
+            or typing.get_origin(v) is not None
+            or type(v).__module__ in ("typing", "__future__")  # Any, Literal, `annotations`
+        )
+
+    found = []
+    for f in sorted((HARNESS / "wire").glob("*.py")):
+        assert "setswitchinterval" not in f.read_text(encoding="utf-8"), f.name
+        module = importlib.import_module(f"harness.wire.{f.stem}" if f.stem != "__init__" else "harness.wire")
+        found += [
+            f"{f.name}: {name}"
+            for name, v in vars(module).items()
+            if name != "__all__" and not name.startswith("__") and not frozen(v)
+        ]
+    assert not found
