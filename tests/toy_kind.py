@@ -102,9 +102,7 @@ class Bursts(Driver[BurstsConfig]):
 
 
 class BurstsFigures(Figures):
-    def figures(
-        self, records: stats.Records, counted: stats.Records, slo: dict[str, float] | None
-    ) -> dict[str, Any]:
+    def figures(self, records: stats.Records, counted: stats.Records, slo: dict[str, float] | None) -> dict[str, Any]:
         return {"bursts": len(by_burst(counted)), "burst_ttft_spread_s": spread(counted)}
 
     def lines(self, s: dict[str, Any]) -> list[str]:
