@@ -17,7 +17,7 @@ sampled share over 300 capacities from one block to past the whole trace.
 `fleet`: the timing's event loop (harness/sizing/simulate.py) as plain Python against compiled on
 the same 20,000 requests (the ratio; the results must be identical), then one configuration
 sized whole (`fleet.size`: routes, scoped distances, both simulations, curves, and the SLO
-capacity search's ~20 more simulations) on 64 workers, 8 a node, a free G1 of 80 GB per worker
+capacity search's ~15 more simulations) on 64 workers, 8 a node, a free G1 of 80 GB per worker
 and a G4 of 100 TB shared at 100 GB/s, Poisson arrivals at 100 req/s, alpha 1.
 
 `sweep`: the same fleet swept over the G4's capacity (25, 50, 100, 200 TB) and read bandwidth

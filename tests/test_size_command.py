@@ -216,6 +216,37 @@ def test_a_bad_sizing_file_names_the_file_and_the_key(tmp_path: Path, change: st
     assert r.returncode == 2 and f"{f}: {key}" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+G4_48KB = '[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = 64000\nread_bandwidth = 48000\nlatency_s = 0.5'
+
+
+def test_bandwidths_over_more_bins_than_it_keeps_are_binned_wider_and_it_says_so(tmp_path: Path) -> None:
+    """The two requests 10 s apart in bins of 0.1 microsecond: some 10^8 bins, past the million
+    kept, so the bins are the fewest whole multiples of it that fit, sizing.json says which, the
+    terminal warns, and the figures that do not depend on the bins are those of 1 s bins."""
+    f = sizing_file(tmp_path, G4_48KB)
+    f.write_text(f.read_text().replace('name = "hand"\n', 'name = "hand"\nbandwidth_bin_s = 1e-7\n'))
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/*/sizing.json")]
+    got = doc["configurations"][0]["figures"]
+    assert doc["bandwidth_bin_s"] == 1e-7 and got["bandwidth_bin_s"] > 1e-7
+    assert got["bandwidth_bin_s"] / 1e-7 == pytest.approx(round(got["bandwidth_bin_s"] / 1e-7))
+    assert re.search(r"warning: configuration 0: its bandwidths' p99 and max are over bins of [0-9.e+-]+ s", r.stderr)
+    (tmp_path / "whole").mkdir()
+    whole = size(tmp_path / "whole", sizing_file(tmp_path / "whole", G4_48KB))["configurations"][0]["figures"]
+    assert whole["bandwidth_bin_s"] == 1.0
+    assert got["tiers"][0]["read_bytes_per_s"]["mean"] == whole["tiers"][0]["read_bytes_per_s"]["mean"] == 48_000
+    assert got["ttft_s"] == whole["ttft_s"]
+
+
+def test_arrivals_spread_past_what_the_clock_can_time_are_refused(tmp_path: Path) -> None:
+    f = sizing_file(tmp_path, G4_48KB)
+    f.write_text(f.read_text().replace("block_tokens = 16\n", "block_tokens = 16\nrate_scale = 1e-300\n"))
+    r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and f"{f}: workload.rate_scale: expected arrivals over at most" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 SWEEP = """[[tiers]]
 name = "G1"
 scope = "worker"

@@ -218,6 +218,20 @@ def test_a_tiers_read_bandwidth_is_each_stretchs_bytes_in_the_bins_it_spans(seed
     assert got == pytest.approx(slow / bin_s, rel=1e-12)
     whole = np.where(ends > starts, rates * (ends - starts), rates).sum()
     assert got.sum() * bin_s == pytest.approx(whole, rel=1e-12)
+    # taken a few rows at a time (a stretch whose rows pass the bound alone goes alone): the same
+    for rows in (1, 7, 100):
+        assert simulate.binned(stretches, bin_s, rows) == pytest.approx(got, rel=1e-12)
+
+
+@given(st.floats(min_value=1e-3, max_value=1e12), st.floats(min_value=1e-6, max_value=1e3))
+def test_bandwidth_bins_are_those_asked_for_unless_too_many_then_the_fewest_whole_multiples(
+    last_s: float, bin_s: float
+) -> None:
+    used = simulate.bin_for(last_s, bin_s)
+    multiple = round(used / bin_s)
+    assert used == pytest.approx(multiple * bin_s) and multiple >= 1
+    assert last_s // used <= simulate.MAX_BINS  # (bins from 0 to last_s: at most MAX_BINS + 1)
+    assert multiple == 1 or last_s > (multiple - 1) * bin_s * simulate.MAX_BINS * (1 - 1e-12)  # none narrower does
 
 
 def test_separate_instances_do_not_share_bandwidth_and_a_free_tier_costs_nothing() -> None:

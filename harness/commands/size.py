@@ -49,7 +49,7 @@ from harness.sizing.fleet import (
 )
 from harness.sizing.planned import Dependent
 from harness.sizing.shared import Files, Handle, Here, Kept, Store
-from harness.sizing.simulate import Cost, Tier
+from harness.sizing.simulate import CLOCK_SPAN_S, Cost, Tier
 from harness.sizing.stack import TraceColumns
 from harness.sizing.tiers import Fleet
 
@@ -116,7 +116,6 @@ def _main(
     workload, where = _workload(spec, console)
     configurations = spec.configurations()
     plans = [_plan(spec, c, workload.block_tokens * kv, kv, cost) for c in configurations]
-    n = workload.refs.requests
     doc: dict[str, Any] = {
         "kind": "sizing",
         "simulated": True,
@@ -133,6 +132,7 @@ def _main(
         "model": {"kv_bytes_per_token": kv},
         "engine": {"source": source, **vars(cost)},
         "swept": sorted({k for c in configurations for k, _ in c.swept}),
+        "bandwidth_bin_s": spec.bandwidth_bin_s,  # as asked: a configuration's figures say what it used
         "gate": spec.gate,
         "sized_by": {"processes": processes, "ray": ray},  # where: this host, or a Ray cluster's nodes
         # which engine simulated what: every figure kvbench's, but a configuration's `dynamo_replay`
@@ -141,8 +141,8 @@ def _main(
     }
     folder = out / spec.name / f"{doc['created']}-size"
     folder.mkdir(parents=True, exist_ok=True)
-    console.print(_starting(spec, n, len(configurations), processes), markup=False)
-    rows = n * len(configurations)
+    console.print(_starting(spec, workload.refs.requests, len(configurations), processes), markup=False)
+    rows = workload.refs.requests * len(configurations)
     keep = requests if requests is not None else rows <= MAX_REQUEST_ROWS
     doc["requests_file"] = result.REQUESTS if keep else None
     if requests is None and not keep:
@@ -216,7 +216,7 @@ def _workload(spec: config.SizingSpec, console: Console) -> tuple[Workload | Dep
         if not columns.requests:
             raise InputError(f"{w.trace}: the trace has no requests")
         where = {"path": str(w.trace), "format": reading.format, "block_tokens": reading.block}
-        return from_columns(columns, reading.block, w.rate_scale, w.tenants), {"trace": where}
+        return _on_the_clock(from_columns(columns, reading.block, w.rate_scale, w.tenants), spec), {"trace": where}
     block = w.block_tokens or config.RESULT_BLOCK_TOKENS
     got = recorded.read(w.result, w.arm, block)
     if not got.requests:
@@ -234,7 +234,20 @@ def _workload(spec: config.SizingSpec, console: Console) -> tuple[Workload | Dep
     }
     for warning in _result_warnings(got):
         console.print(f"warning: {warning}", markup=False)
-    return from_trace(got.requests, block, w.rate_scale, w.tenants), {"result": said}
+    return _on_the_clock(from_trace(got.requests, block, w.rate_scale, w.tenants), spec), {"result": said}
+
+
+def _on_the_clock(w: Workload, spec: config.SizingSpec) -> Workload:
+    """`w`, refused where its arrivals (after rate_scale) span more than the simulation's clock
+    can time (simulate.CLOCK_SPAN_S): past it a prefill's fraction of a second is lost in rounding."""
+    span = float(w.arrival_s[-1] - w.arrival_s[0]) if len(w.arrival_s) else 0.0
+    if span > CLOCK_SPAN_S:
+        raise InputError(
+            f"{spec.file}: workload.rate_scale: expected arrivals over at most {CLOCK_SPAN_S:.0e} s (the "
+            f"simulation's clock keeps fractions of a microsecond up to there); at rate_scale "
+            f"{spec.workload.rate_scale:g} they span {span:.3g} s"
+        )
+    return w
 
 
 def _result_warnings(got: recorded.Recorded) -> list[str]:
@@ -492,7 +505,7 @@ def show(doc: dict[str, Any], console: Console) -> None:
         _one(configurations[0], console)
     elif configurations:
         _sweep(doc, console)
-    for line in result.unsettled(configurations):
+    for line in result.warnings(doc):
         console.print(f"warning: {line}", markup=False)
 
 

@@ -16,7 +16,7 @@ from harness.core.errors import InputError, write_file
 from harness.core.units import human_bandwidth, human_size
 from harness.report import plots
 from harness.report.build import base, environment
-from harness.sizing.result import SIZING, Sizing, knee_bytes, unsettled, value
+from harness.sizing.result import SIZING, Sizing, knee_bytes, value, warnings
 
 
 def context(results: list[Sizing]) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def _one(s: Sizing) -> dict[str, Any]:
         "engine": str(doc["engine"]["source"]),
         "trace": str(next(doc[k] for k in ("result", "scenario", "trace") if k in doc)["path"]),
         "replayed": _replayed(doc.get("result")) + _planned(doc.get("scenario")),
-        "unsettled": unsettled(configurations),
+        "warnings": warnings(doc),
         "tenants": int(doc.get("tenants", 1)),
         "routing": str(doc["cluster"]["routing"]),
         "requests": int(first["figures"]["requests"]) if first else 0,

@@ -26,7 +26,7 @@ import numpy as np
 from harness.inputs.traces import TraceRequest
 from harness.sizing import routing
 from harness.sizing.planned import Dependent, Ordered, Settled, settle
-from harness.sizing.simulate import Cost, Requests, Result, Tier, binned, holds, simulate, spread
+from harness.sizing.simulate import Cost, Requests, Result, Tier, bin_for, binned, holds, simulate, spread
 from harness.sizing.stack import References, TraceColumns, columns_references
 from harness.sizing.tiers import Fleet, curve_tallies, scoped_distances, served_by, tokens_per_request, tokens_written
 
@@ -356,10 +356,12 @@ def _figures(
     served = tier_tokens.sum(axis=0)
     assert reqs.written is not None  # (`_requests` gives it)
     written = reqs.written
+    bin_s = bin_for(_last_s(w, cached), plan.bandwidth_bin_s)
     return {
         "requests": int(refs.requests),
         "prompt_tokens": total,
         "span_s": float(w.arrival_s[-1] - w.arrival_s[0]) if refs.requests else 0.0,
+        "bandwidth_bin_s": bin_s,
         "tiers": [
             {
                 "name": t.name,
@@ -368,9 +370,9 @@ def _figures(
                 "capacity_blocks": t.capacity_blocks,
                 "served_tokens": int(served[k]),
                 "share": float(served[k] / total) if total else 0.0,
-                "read_bytes_per_s": _reads(cached, k, plan.bandwidth_bin_s),
+                "read_bytes_per_s": _reads(cached, k, bin_s),
                 "written_tokens": int(written[:, k].sum()),
-                "write_bytes_per_s": _writes(cached, k, written[:, k] * plan.kv_bytes_per_token, plan.bandwidth_bin_s),
+                "write_bytes_per_s": _writes(cached, k, written[:, k] * plan.kv_bytes_per_token, bin_s),
                 "curve": _curve(refs, distances, tier, capacities, k),
             }
             for k, t in enumerate(plan.tiers)
@@ -384,6 +386,14 @@ def _figures(
         "recompute_prefill_gpu_s": base.prefill_gpu_s,
         "slo": slo,
     }
+
+
+def _last_s(w: Workload, result: Result) -> float:
+    """When the simulation's last byte moved: its last request's end, or a write shared with a
+    tier's loads ending after it."""
+    ends = [float((w.arrival_s + result.e2e_s).max())] if len(w.arrival_s) else [0.0]
+    ends += [float(x[:, 2].max()) for x in result.wrote or [] if len(x)]
+    return max(ends)
 
 
 def _quantiles(x: np.ndarray) -> dict[str, float | None]:

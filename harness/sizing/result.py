@@ -11,6 +11,7 @@ from typing import IO, Any
 from harness.config.scenario import TIER_NAMES
 from harness.core.errors import InputError, read_input
 from harness.core.units import human_bandwidth, human_size
+from harness.sizing.simulate import MAX_BINS
 
 SIZING = "sizing.json"
 # A row per request of each configuration (commands/size.py writes it; sizing.json's
@@ -187,6 +188,29 @@ class BoundedLines:
             raise ValueError(f"a line longer than {self.limit:,} characters")
         self.run = self.run + len(pieces[0]) if len(pieces) == 1 else len(pieces[-1])
         return data
+
+
+def warnings(doc: dict[str, Any]) -> list[str]:
+    """What the terminal and the report warn of in a sizing: arrivals that did not settle, and
+    bandwidths averaged over bins wider than `bandwidth_bin_s` asked for."""
+    return unsettled(doc["configurations"]) + coarse_bins(doc)
+
+
+def coarse_bins(doc: dict[str, Any]) -> list[str]:
+    """A line for each configuration whose bandwidths are averaged over wider bins than the file
+    asked for: its simulation spanned more than simulate.MAX_BINS of them (`bin_for`). (A
+    sizing.json written before either was recorded has none.)"""
+    asked = doc.get("bandwidth_bin_s")
+    out = []
+    for c in doc["configurations"]:
+        used = c["figures"].get("bandwidth_bin_s")
+        if asked is not None and used is not None and used > asked:
+            out.append(
+                f"configuration {c['index']}: its bandwidths' p99 and max are over bins of {used:.3g} s, not the "
+                f"{asked:.3g} s bandwidth_bin_s asks for: its simulation ran for more than {asked * MAX_BINS:.3g} s, "
+                f"and at most {MAX_BINS:,} bins are kept"
+            )
+    return out
 
 
 def unsettled(configurations: list[dict[str, Any]]) -> list[str]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,22 +133,53 @@ def spread(transfers: np.ndarray) -> np.ndarray:
     return np.column_stack((a, b, np.divide(size, took, out=size.copy(), where=took > 0)))
 
 
-def binned(stretches: np.ndarray, bin_s: float) -> np.ndarray:
+# The longest span of arrivals simulated (s): the clock is a float of seconds from the first, and
+# up to here it still tells 0.2 microseconds apart.
+CLOCK_SPAN_S = 1e9
+# The most bins a bandwidth is averaged over (`bin_for`): a day of 0.1 s bins, 11.6 days of 1 s.
+MAX_BINS = 1_000_000
+# The most (stretch, bin) rows `binned` holds at once (some 40 bytes each): with MAX_BINS, what
+# bounds its memory however long the stretches (a tier read at a few bytes a second).
+BIN_ROWS = 4_194_304
+
+
+def bin_for(last_s: float, bin_s: float) -> float:
+    """The bin bandwidths are averaged over, from time 0 to `last_s`: `bin_s`, or where that would
+    take more than MAX_BINS bins, the smallest whole multiple of it that takes at most as many."""
+    return bin_s if last_s <= bin_s * MAX_BINS else bin_s * math.ceil(last_s / (bin_s * MAX_BINS))
+
+
+def binned(stretches: np.ndarray, bin_s: float, rows: int = BIN_ROWS) -> np.ndarray:
     """Stretches (start, end, bytes/s; an instant: (t, t, bytes)) as bytes/s, exactly, averaged
-    over bins of `bin_s` seconds from time 0 to the last byte."""
+    over bins of `bin_s` seconds from time 0 to the last byte (at most MAX_BINS + 1 of them:
+    `bin_for`), `rows` (stretch, bin) rows at a time."""
     if not len(stretches):
         return np.zeros(0)
     a, b, rate = stretches[:, 0], stretches[:, 1], stretches[:, 2]
-    # each stretch's share of each bin it spans, all at once (a loop over the stretches in Python
-    # took 8 % of a sizing): a row per (stretch, bin)
+    assert b.max() // bin_s <= MAX_BINS + 1, "a bin narrower than bin_for's"
+    # each stretch's share of each bin it spans, a run of stretches at once (a loop over the
+    # stretches in Python took 8 % of a sizing): a row per (stretch, bin), BIN_ROWS at most
     first, last = (a // bin_s).astype(np.int64), (b // bin_s).astype(np.int64)
     spans = np.maximum(last - first, 0) + 1
+    ends = np.cumsum(spans)
+    out, lo = np.zeros(int(b.max() // bin_s) + 1), 0
+    while lo < len(a):
+        hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + rows, side="right")))
+        s = slice(lo, hi)
+        out += _bin_rows(a[s], b[s], rate[s], first[s], spans[s], bin_s, len(out))
+        lo = hi
+    return out / bin_s
+
+
+def _bin_rows(
+    a: np.ndarray, b: np.ndarray, rate: np.ndarray, first: np.ndarray, spans: np.ndarray, bin_s: float, bins: int
+) -> np.ndarray:
+    """Bytes in each of `bins` bins from stretches (a, b, rate) spanning `spans` bins from `first`."""
     row = np.repeat(np.arange(len(a)), spans)
     k = first[row] + np.arange(len(row)) - np.repeat(np.cumsum(spans) - spans, spans)
     overlap = np.maximum(0.0, np.minimum(b[row], (k + 1) * bin_s) - np.maximum(a[row], k * bin_s))
     instant = b[row] <= a[row]  # its bytes in its bin
-    got = np.where(instant, rate[row], rate[row] * overlap)
-    return np.bincount(k, weights=got, minlength=int(b.max() // bin_s) + 1) / bin_s
+    return np.bincount(k, weights=np.where(instant, rate[row], rate[row] * overlap), minlength=bins)
 
 
 ARRIVE, LOADED, TRANSFERRED, PREFILLED = 0, 1, 2, 3
