@@ -577,7 +577,7 @@ def _loaded(
     return i
 
 
-def _tally(tally: np.ndarray, ttft: float, slo_s: float, budget: int, n: int) -> int:
+def _tally(tally: np.ndarray, ttft: float, slo_s: float, budget: int, n: int) -> int:  # pragma: no cover
     """One more of the n requests with its TTFT, against an SLO of `slo_s` (none: inf) of which
     at most `budget` may miss (`tally`: how many missed it, how many met it): MISSED once more
     have missed it, MET once so many have met it that the rest cannot pass the budget, else 0."""
