@@ -194,6 +194,10 @@ def test_a_host_tier_pays_at_a_high_bandwidth_and_costs_more_than_recomputing_at
 
 # The mocker's own mean TTFT (its /metrics) against kvbench's simulation given the same times
 MOCKER_TTFT_TOLERANCE = 0.05
+# The same with G2 at 32 GB/s: the mocker hides part of each 18 ms copy of what G1 evicts, which
+# kvbench's `writes = "evicted"` charges whole (measured 0.0680 s predicted against 0.0632; at 1
+# GB/s, 0.517 against 0.503)
+MOCKER_G2_32GBPS_TOLERANCE = 0.10
 # What Dynamo's frontend adds to a request's first token (tokenizing, routing, relaying), which
 # `kvbench size` does not model: the frontend's TTFT less the mocker's, 0.3-8 ms a request here
 FRONTEND_S = 0.003
@@ -202,22 +206,22 @@ FRONTEND_S = 0.003
 def sized_tiers_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None:
     """Issue 53's live check of the mocker's G2 and of its TTFT: `kvbench size` replays the arms'
     result folders on one worker with the mocker's G1 (510 blocks of 16 tokens), G2 (3,100, at
-    the arm's bandwidth) and times (the scenario's `[engine] timing`).
+    the arm's bandwidth, taking what G1 evicts, as the mocker's host memory does: `writes =
+    "evicted"`) and times (the scenario's `[engine] timing`).
 
     Tokens served from cache: with G2, the mocker's (measured: 103,792 of 144,000 both, at either
     bandwidth, request for request); G1 alone within a point (31,936 predicted against 32,448
     live: three cold prompts found 112-144 tokens of a start they share with another).
 
     TTFT medians within LIVE_TTFT_TOLERANCE and FRONTEND_S: the recompute arm's against the
-    all-recompute baseline (measured 0.192 s against 0.200 s: the frontend's own milliseconds,
-    tokenizing 8,000 tokens among them), G1 alone (0.192 against 0.194) and G2 at 32 GB/s (0.0188
-    against 0.0201-0.0211). At 1 GB/s the mocker copies the blocks it evicts from G1 to G2 before the request
-    that needs their room computes (8,000 tokens' 590 MB: 0.59 s), where kvbench's tiers are
-    written behind the compute, as vLLM's offloading connectors store; so that arm's median is
-    not held (0.39 s predicted, 0.59 live), but each request's: as predicted, or later by one
-    prompt's copy (measured: 4-5 of 18 requests, docs/sizing.md). The other arms' mean TTFT is within
-    MOCKER_TTFT_TOLERANCE of the mocker's own, from its /metrics (measured 0.192 s against 0.1925,
-    0.0628 against 0.0631)."""
+    all-recompute baseline (measured 0.192 s against 0.202 s: the frontend's own milliseconds,
+    tokenizing 8,000 tokens among them), G1 alone (0.192 against 0.194), G2 at 32 GB/s (0.0190
+    against 0.0209) and at 1 GB/s (0.596 against 0.588). There the mocker copies the blocks G1
+    evicts into G2 before the request that evicts them computes (8,000 tokens' 590 MB: 0.59 s),
+    and the sizing does the same; each of that arm's requests is held too. Mean TTFT within
+    MOCKER_TTFT_TOLERANCE of the mocker's own, from its /metrics (measured 0.192 s against
+    0.1927, 0.1494 against 0.1492, 0.517 against 0.503), and G2 at 32 GB/s within
+    MOCKER_G2_32GBPS_TOLERANCE."""
     import statistics
 
     import pandas as pd
@@ -232,7 +236,7 @@ def sized_tiers_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None
         tiers = f'[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = {510 * BLOCK * kv}\n'
         if bandwidth:
             tiers += f'[[tiers]]\nname = "G2"\nscope = "worker"\ncapacity = {3100 * BLOCK * kv}\n'
-            tiers += f"read_bandwidth = {bandwidth!r}\n"
+            tiers += f'read_bandwidth = {bandwidth!r}\nwrites = "evicted"\n'
         text = sizing_file(tmp_path, tiers).read_text().replace('trace = "t.jsonl"', f'result = "{folders[arm]}"')
         text = text.replace("prefill_a = 0.001", f"prefill_a = {PREFILL_A!r}")
         text = text.replace("decode_s_per_token = 0.01", f"decode_s_per_token = {DECODE_S!r}")
@@ -244,9 +248,9 @@ def sized_tiers_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None
         workers = json.loads((folders[arm] / "metrics.json").read_text())["phases"]["run"]["mapped"]
         # (the recompute arm's prompts were made new for each request: the baseline is its prediction)
         ttft = got["recompute_ttft_s" if arm == "recompute" else "ttft_s"]
-        if arm != "slow":
-            assert abs(ttft["mean"] / workers["workers_ttft_mean_s"] - 1) <= MOCKER_TTFT_TOLERANCE, (arm, ttft, workers)
-            assert abs(ttft["p50"] - measured) <= LIVE_TTFT_TOLERANCE * measured + FRONTEND_S, (arm, ttft, measured)
+        mean_tolerance = MOCKER_G2_32GBPS_TOLERANCE if arm == "g2" else MOCKER_TTFT_TOLERANCE
+        assert abs(ttft["mean"] / workers["workers_ttft_mean_s"] - 1) <= mean_tolerance, (arm, ttft, workers)
+        assert abs(ttft["p50"] - measured) <= LIVE_TTFT_TOLERANCE * measured + FRONTEND_S, (arm, ttft, measured)
         if arm == "recompute":
             continue
         if arm == "g1":
@@ -258,12 +262,14 @@ def sized_tiers_as_served_live(tmp_path: Path, folders: dict[str, Path]) -> None
         (rows,) = (tmp_path / arm / "out").glob("*/*/requests.csv.gz")
         sized = pd.read_csv(rows)  # (in arrival order: the live requests' order, one at a time)
         late = [(x.ttft_s or 0.0) - t for x, t in zip(recs, sized["ttft_s"], strict=True)]
-        copied = [d for d in late if abs(d / copy_s - 1) <= LIVE_TTFT_TOLERANCE]
-        # the others as predicted within 50 ms (measured -7 to +18 ms: loads of 0.59 s 1 % faster
-        # live, the frontend's own milliseconds; beside three busy loops on this 2-core VM, one in
-        # eight runs had a request past 20 ms: the mocker keeps wall time); later by one copy:
-        # 0.54-0.58 s
-        assert copied and all(abs(d) <= 0.05 for d in late if d not in copied), [round(d, 4) for d in late]
+        # each as predicted, the copies of what it evicted included, within LIVE_TTFT_TOLERANCE and
+        # 20 ms (measured -56 to +12 ms: loads of 0.59 s 1 % faster live, the frontend's own
+        # milliseconds, and a request predicted late queueing the next, which arrived as it did
+        # live; the mocker keeps wall time on a busy 2-core VM)
+        bounds = [LIVE_TTFT_TOLERANCE * (x.ttft_s or 0.0) + 0.02 for x in recs]
+        assert all(abs(d) <= b for d, b in zip(late, bounds, strict=True)), [round(d, 4) for d in late]
+        # the requests after a cold prompt copy it whole (measured 4 of 18), the others little or none
+        assert sum(c == pytest.approx(copy_s, rel=0.05) for c in sized["copy_s"]) >= 1, list(sized["copy_s"])
 
 
 G1_ALL = '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = "10GB"'  # every prompt, on each worker

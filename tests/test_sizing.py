@@ -147,6 +147,67 @@ def test_tiers_from_scoped_distances_match_a_block_by_block_simulation(layout: l
     assert got.sum() == refs.prompt_tokens
 
 
+def brute_force_evictions(requests: list[TraceRequest], block_tokens: int, workers: int, above: list[int]) -> list[int]:
+    """Per request, the tokens of the blocks it evicts from the last of its worker's write-through
+    LRU tiers (`above`: their capacities in blocks, fastest first) that the next tier does not
+    hold, that tier taking only what the one above it evicts and never evicting (as the Dynamo
+    mocker's host memory, large enough): simulated one block at a time, round robin."""
+    from collections import OrderedDict
+
+    lrus: list[list[OrderedDict[int, None]]] = [[OrderedDict() for _ in above] for _ in range(workers)]
+    fed: list[set[int]] = [set() for _ in range(workers)]
+    copied = []
+    for i, r in enumerate(sorted(requests, key=lambda r: r.timestamp_s)):
+        mine, held, tokens = lrus[i % workers], fed[i % workers], 0
+        for h in r.hash_ids[: r.input_length // block_tokens]:
+            for cache, capacity in zip(mine, above, strict=True):
+                if h in cache:
+                    cache.move_to_end(h)
+                    continue
+                cache[h] = None
+                if len(cache) > capacity:
+                    evicted, _ = cache.popitem(last=False)
+                    if cache is mine[-1] and evicted not in held:
+                        held.add(evicted)
+                        tokens += block_tokens
+        copied.append(tokens)
+    return copied
+
+
+@pytest.mark.parametrize(
+    ("workers", "above"), [(1, [12]), (3, [6]), (2, [1]), (2, [0]), (2, [3, 9]), (1, [8, 5]), (3, [2, 2])]
+)
+def test_what_a_tier_taking_evicted_blocks_must_copy_matches_a_block_by_block_simulation(
+    workers: int, above: list[int]
+) -> None:
+    """`writes = "evicted"`: per request, the tokens of the blocks its references push out of the
+    tier above (its worker's G1, or below a G1 its G2) that the tier taking them (per worker,
+    holding all) did not have, from the stack distances and one LRU pass, equal a simulation of
+    the mocker's way block by block (that tier fed by the evictions of the one above); compiled
+    and as plain Python. The trace's block ids are prefix chains, as a server's hashes are."""
+    capacity, k = above[-1], len(above)
+    rng = np.random.default_rng(workers * 10 + sum(above))
+    requests = []
+    for i in range(400):
+        doc = int(rng.integers(0, 12))
+        ids = [doc * 100 + k for k in range(int(rng.integers(1, 9)))] + [10_000 + i]
+        requests.append(TraceRequest(i + 1, float(i), len(ids) * 16 - int(rng.integers(0, 16)), 5, tuple(ids)))
+    fleet_ = tiers.Fleet(workers=workers, workers_per_node=1)
+    refs = stack.references(requests, 16)
+    worker = routing.round_robin(refs.requests, workers)
+    distances = [tiers.scoped_distances(refs, worker[refs.request])] * (k + 1)
+    tier = tiers.served_by(distances, [*above, 10**6])
+    got = tiers.tokens_evicted(refs, fleet_.group(worker, "worker"), tier, capacity, k, 16)
+    expected = brute_force_evictions(requests, 16, workers, above)
+    assert got.tolist() == expected and sum(expected) > 0
+    if workers == 1:  # one stream, in time order: the pass as plain Python
+        dense, n_keys = refs.dense
+        plain = tiers.evicted_tally(
+            dense, n_keys, refs.request, tier, np.zeros(len(tier), dtype=np.int16), capacity, k, 16, refs.requests
+        )
+        assert np.array_equal(plain, got)
+
+
 def one_tier_requests(arrivals: list[float], workers: list[int], loaded: list[int], prompt: int = 1000) -> Any:
     n = len(arrivals)
     return simulate.Requests(
@@ -268,7 +329,7 @@ def test_writes_that_share_a_tier_slow_its_loads_and_wait_for_nobody() -> None:
         written=np.asarray([[2000], [0]]),
     )
     behind = simulate.simulate(reqs, [simulate.Tier(0.0, 1000.0)], 1.0, COST)
-    shared = simulate.simulate(reqs, [simulate.Tier(0.0, 1000.0, shared_writes=True)], 1.0, COST)
+    shared = simulate.simulate(reqs, [simulate.Tier(0.0, 1000.0, writes="shared")], 1.0, COST)
     assert behind.load_s.tolist() == pytest.approx([0.0, 1.0]) and behind.wrote is None
     assert shared.load_s.tolist() == pytest.approx([0.0, 2.0])
     assert shared.ttft_s[0] == pytest.approx(behind.ttft_s[0]) == pytest.approx(t0)
@@ -280,12 +341,45 @@ def test_writes_that_share_a_tier_slow_its_loads_and_wait_for_nobody() -> None:
     assert (shared.read_bandwidth(0, 1.0) <= 500.0 + 1e-9).all()
 
 
+def test_a_request_waits_for_the_copy_of_what_it_evicts_which_shares_the_tier_with_loads() -> None:
+    """A G2 of 1,000 bytes/s (a byte a token) for the cluster, taking what G1 evicts. The first
+    request computes its 3,000 tokens; the second, queued behind it on worker 0, evicts 2,000
+    tokens G2 lacks and loads 1,000 from it; the third arrives on worker 1 when the first is done
+    and loads 1,000. From then the copy and the third's load share G2 at 500 bytes/s: the load
+    ends 2 s later, the copy 1 s after that, alone; then the second's own load takes 1 s."""
+    t0 = COST.prefill_s(3000, 0)
+    reqs = simulate.Requests(
+        arrival_s=np.asarray([0.0, 0.0, t0]),
+        worker=np.asarray([0, 0, 1]),
+        prompt_tokens=np.full(3, 3000),
+        output_tokens=np.full(3, 10),
+        tier_tokens=np.asarray([[0, 0], [0, 1000], [0, 1000]]),
+        instance=np.asarray([[0, 0], [0, 0], [1, 0]]),
+        written=np.asarray([[3000, 0], [0, 2000], [0, 0]]),
+    )
+    got = simulate.simulate(reqs, [simulate.Tier(0.0, None), simulate.Tier(0.0, 1000.0, writes="evicted")], 1.0, COST)
+    assert got.start_s.tolist() == pytest.approx([0.0, t0, t0])
+    assert got.copy_s.tolist() == pytest.approx([0.0, 3.0, 0.0])
+    assert got.load_s.tolist() == pytest.approx([0.0, 1.0, 2.0])
+    assert got.ttft_s[1] == pytest.approx(t0 + 4.0 + COST.prefill_s(3000, 1000))
+    assert got.wrote is not None and not len(got.wrote[0])  # (G1's writes go behind)
+    (row,) = got.wrote[1].tolist()
+    assert row == pytest.approx([0, t0, t0 + 3.0, 2000.0])
+    # G2's reads: the two loads' 2,000 bytes, never above the 500 bytes/s they had while shared
+    # (1 s bins: the shared stretch starts within a bin, so no bin is whole at 1,000 bytes/s)
+    assert got.read_bandwidth(1, 1.0).sum() == pytest.approx(2000.0)
+    # behind, the same requests copy nothing: the two loads share G2 from t0, 2 s each
+    behind = simulate.simulate(reqs, [simulate.Tier(0.0, None), simulate.Tier(0.0, 1000.0)], 1.0, COST)
+    assert behind.copy_s.tolist() == [0.0, 0.0, 0.0] and behind.load_s.tolist() == pytest.approx([0.0, 2.0, 2.0])
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_compiled_event_loop_gives_what_it_gives_as_python(seed: int) -> None:
     """The timing's event loop compiled by numba and run as plain Python, on a fleet of 8 workers,
-    4 a node, with arrivals that tie, a free G1, a G2 per node and a shared G4 whose writes share
-    its bandwidth: every request's times, every load, write and stretch delivered, identical (the
-    hand-worked cases above check what they are)."""
+    4 a node, with arrivals that tie, a free G1, a G2 per node taking what G1 evicts (its requests
+    wait for the copies) and a shared G4 whose writes share its bandwidth: every request's times,
+    every load, write and stretch delivered, identical (the hand-worked cases above check what
+    they are)."""
     rng = np.random.default_rng(seed)
     n = 400
     worker = rng.integers(0, 8, n)
@@ -301,20 +395,26 @@ def test_the_compiled_event_loop_gives_what_it_gives_as_python(seed: int) -> Non
         instance=np.stack([worker, worker // 4, np.zeros(n, dtype=np.int64)], axis=1),
         written=(rng.random((n, 3)) < 0.5) * rng.integers(0, 3000, (n, 3)),
     )
-    timing = [simulate.Tier(0.0, None), simulate.Tier(0.001, 5e9), simulate.Tier(0.002, 2e10, shared_writes=True)]
+    timing = [
+        simulate.Tier(0.0, None),
+        simulate.Tier(0.001, 5e9, writes="evicted"),
+        simulate.Tier(0.002, 2e10, writes="shared"),
+    ]
     compiled = simulate.simulate(reqs, timing, 73728.0, COST)
     plain = simulate.run(simulate.event_loop, reqs, timing, 73728.0, COST)
-    for f in ("start_s", "load_s", "prefill_s", "ttft_s", "e2e_s"):
+    assert (compiled.copy_s > 0).any()
+    for f in ("start_s", "copy_s", "load_s", "prefill_s", "ttft_s", "e2e_s"):
         assert np.array_equal(getattr(compiled, f), getattr(plain, f)), f
     for k in range(3):
         assert np.array_equal(compiled.loads[k], plain.loads[k]) and len(compiled.loads[k])
         assert np.array_equal(compiled.delivered[k], plain.delivered[k])
-    assert compiled.wrote is not None and plain.wrote is not None and not len(compiled.wrote[1])
-    assert np.array_equal(compiled.wrote[2], plain.wrote[2]) and len(compiled.wrote[2])
+    assert compiled.wrote is not None and plain.wrote is not None and not len(compiled.wrote[0])
+    for k in (1, 2):
+        assert np.array_equal(compiled.wrote[k], plain.wrote[k]) and len(compiled.wrote[k])
     assert (compiled.ttft_s >= compiled.prefill_s - 1e-9).all() and (compiled.start_s > reqs.arrival_s).any()  # queued
     # the SLO capacity search's runs, without loads or stretches: the same times
     bare = simulate.run(simulate.compiled_event_loop(), reqs, timing, 73728.0, COST, loads=False)
-    for f in ("start_s", "load_s", "prefill_s", "ttft_s", "e2e_s"):
+    for f in ("start_s", "copy_s", "load_s", "prefill_s", "ttft_s", "e2e_s"):
         assert np.array_equal(getattr(compiled, f), getattr(bare, f)), f
     assert not any(len(x) for x in (*bare.loads, *bare.delivered))
     # and stopped by a miss budget as soon as the answer is certain: the same answer as the whole

@@ -313,7 +313,7 @@ def _plan(spec: config.SizingSpec, c: config.Configuration, block_bytes: int, kv
                 t.name,
                 t.scope,
                 t.capacity_bytes // block_bytes,
-                Tier(t.latency_s, t.read_bandwidth, t.writes == "shared"),
+                Tier(t.latency_s, t.read_bandwidth, t.writes),
             )
             for t in c.tiers
         ),

@@ -49,8 +49,10 @@ def _one(s: Sizing) -> dict[str, Any]:
         "requests": int(first["figures"]["requests"]) if first else 0,
         "swept": swept,
         "tier_names": [str(t["name"]) for t in first["tiers"]] if first else [],
-        # the tiers whose writes share their read bandwidth (absent from a sizing.json before `writes`)
-        "shared_writes": [str(t["name"]) for t in first["tiers"] if t.get("writes") == "shared"] if first else [],
+        # the tiers whose writes share their read bandwidth, after a prefill or (taking what the tier
+        # above evicts) before a request's loads (absent from a sizing.json before `writes`)
+        "shared_writes": _writing(first, "shared"),
+        "evicted_writes": _writing(first, "evicted"),
         "rows": rows,
         "slo": bool(first and first["figures"]["slo"]),
         "curves": Markup(_curves(first)) if first else None,
@@ -60,6 +62,11 @@ def _one(s: Sizing) -> dict[str, Any]:
         "replays": [_replay(c, r) for c, r in zip(configurations, rows, strict=True) if "dynamo_replay" in c],
         "replay_what": str((doc.get("engines") or {}).get("dynamo_replay", "")),
     }
+
+
+def _writing(first: dict[str, Any] | None, writes: str) -> list[str]:
+    """The names of the tiers of a configuration (the first) whose `writes` are these."""
+    return [str(t["name"]) for t in first["tiers"] if t.get("writes") == writes] if first else []
 
 
 def _replay(c: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:

@@ -100,7 +100,7 @@ class TierSpec:
     capacity_bytes: int
     read_bandwidth: float | None  # bytes/s of each instance; None: free (a GPU's own memory)
     latency_s: float
-    writes: str = "behind"  # WRITES: written on a path of their own, or through the read bandwidth
+    writes: str = "behind"  # WRITES: on a path of their own, or through the read bandwidth (after or before)
 
 
 @dataclass(frozen=True)
@@ -350,8 +350,10 @@ def _tiers(top: Table, path: Path) -> tuple[TierChoices, ...]:
         bandwidths = _swept(t, "read_bandwidth", _bandwidth)
         latency = t.number("latency_s", 0.0, minimum=0.0)
         writes = t.text("writes", "behind", choices=WRITES)
-        if writes == "shared" and None in bandwidths:
+        if writes != "behind" and None in bandwidths:
             t.fail("writes", 'expected "behind" for a free tier: its writes have no read bandwidth to share', writes)
+        if writes == "evicted" and not out:
+            t.fail("writes", 'expected "behind" or "shared" for the first tier: no faster tier evicts into it', writes)
         t.done()
         if out and TIER_NAMES.index(name) <= TIER_NAMES.index(out[-1].name):
             t.fail("name", f"expected a tier slower than {out[-1].name} (tiers go fastest first, each once)", name)

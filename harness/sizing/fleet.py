@@ -28,7 +28,15 @@ from harness.sizing import routing
 from harness.sizing.planned import Dependent, Ordered, Settled, settle
 from harness.sizing.simulate import Cost, Requests, Result, Tier, bin_for, binned, holds, simulate, spread
 from harness.sizing.stack import References, TraceColumns, columns_references
-from harness.sizing.tiers import Fleet, curve_tallies, scoped_distances, served_by, tokens_per_request, tokens_written
+from harness.sizing.tiers import (
+    Fleet,
+    curve_tallies,
+    scoped_distances,
+    served_by,
+    tokens_evicted,
+    tokens_per_request,
+    tokens_written,
+)
 
 # A tier's capacity curve: its share served at these multiples of its configured capacity.
 CURVE_MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -181,12 +189,16 @@ def placement(w: Workload, plan: Plan) -> Placement:
 
 
 def _requests(w: Workload, plan: Plan, p: Placement) -> tuple[Requests, np.ndarray]:
-    """The requests with the tokens each tier serves them at the plan's capacities; and which
-    tier serves each reference (served_by)."""
+    """The requests with the tokens each tier serves them at the plan's capacities and those
+    written into each (a tier that takes what the one above evicts: what each request's room
+    evicts from it); and which tier serves each reference (served_by)."""
     capacities = [t.capacity_blocks for t in plan.tiers]
     tier = served_by(p.distances, capacities)
     tier_tokens = tokens_per_request(w.refs, tier, len(plan.tiers))
     written = np.stack([tokens_written(w.refs, d, c) for d, c in zip(p.distances, capacities, strict=True)], axis=1)
+    for k, t in enumerate(plan.tiers):
+        if k and t.timing.writes == "evicted":
+            written[:, k] = tokens_evicted(w.refs, p.instance[:, k - 1], tier, capacities[k - 1], k, w.block_tokens)
     reqs = Requests(w.arrival_s, p.worker, w.prompt_tokens, w.output_tokens, tier_tokens, p.instance, written)
     return reqs, tier
 
@@ -229,8 +241,9 @@ def row_columns(tiers: Sequence[str]) -> list[str]:
     """A sized request's row (fleet.Sized.rows, the result folder's requests.csv.gz), for tiers
     named `tiers`: its index in arrival order, when it arrived (s from the first), its worker,
     prompt and output tokens, the tokens each tier served it and those computed, how long it
-    queued before its loads began, loaded, prefilled, its TTFT and end-to-end time, and its TTFT
-    when every prompt is recomputed. All simulated."""
+    queued for its worker, waited for the copies of what it evicted (`writes = "evicted"`; else
+    0), loaded, prefilled, its TTFT and end-to-end time, and its TTFT when every prompt is
+    recomputed. All simulated."""
     return [
         "request",
         "arrival_s",
@@ -240,6 +253,7 @@ def row_columns(tiers: Sequence[str]) -> list[str]:
         *(f"{t.lower()}_tokens" for t in tiers),
         "computed_tokens",
         "queue_s",
+        "copy_s",
         "load_s",
         "prefill_s",
         "ttft_s",
@@ -289,6 +303,7 @@ def _sized(w: Workload, plan: Plan, cached: _Pass, base: Baseline, slo: dict[str
         *(tier_tokens[:, k] for k in range(len(plan.tiers))),
         w.prompt_tokens - tier_tokens.sum(axis=1),
         result.start_s - w.arrival_s,
+        result.copy_s,
         result.load_s,
         result.prefill_s,
         result.ttft_s,
@@ -382,6 +397,7 @@ def _figures(
         "recompute_ttft_s": _quantiles(base.ttft_s),
         "e2e_s": _quantiles(cached.e2e_s),
         "queue_s": _quantiles(cached.start_s - w.arrival_s),
+        "copy_s": _quantiles(cached.copy_s),
         "prefill_gpu_s": float(cached.prefill_s.sum()),
         "recompute_prefill_gpu_s": base.prefill_gpu_s,
         "slo": slo,

@@ -12,9 +12,12 @@ events: plain Python took 25 s for them, and the SLO capacity search runs the lo
   shared tier. A request loads from its tiers one after the other, fastest first.
 - A tier whose writes share its bandwidth (`Tier.shared_writes`) takes each request's new blocks
   (those it did not hold: `Requests.written`) once the request's prefill ends, as one more
-  transfer beside its loads; nobody waits for it, but the loads beside it go slower. Other
-  tiers' writes go behind, on a path of their own (`Result.writes` spreads them over the
-  prefill that makes them).
+  transfer beside its loads; nobody waits for it, but the loads beside it go slower. A tier that
+  takes what the tier above evicts (`Tier.evicted_writes`) is given the blocks a request's room
+  pushes out (`Requests.written` again) as soon as its worker takes it, and the request waits
+  for that copy before its loads (as the Dynamo mocker copies the blocks it evicts into host
+  memory): `Result.copy_s`. Other tiers' writes go behind, on a path of their own
+  (`Result.writes` spreads them over the prefill that makes them).
 - Prefill of n prompt tokens of which c were loaded: a*(n - c) + b*(n^2 - c^2) seconds (the
   report's cost-model fit reads recompute the same way); decode: d seconds per output token after
   the first, which the prefill gives (as the emulator and Dynamo's mocker time it, and as the
@@ -26,7 +29,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -53,19 +56,32 @@ class Cost:
 
 
 # How a tier takes the blocks written into it (a sizing file's `[[tiers]] writes`): "behind", on a
-# path of its own that slows nothing; "shared", through its read bandwidth, beside its loads
-WRITES = ("behind", "shared")
+# path of its own that slows nothing; "shared", through its read bandwidth, beside its loads, once
+# the request's prefill ends; "evicted", only those the tier above evicts, through its read
+# bandwidth, before the request that evicts them goes on
+WRITES = ("behind", "shared", "evicted")
 
 
 @dataclass(frozen=True)
 class Tier:
     """A tier as the timing sees it: its latency, each instance's read bandwidth (bytes/s; None:
-    free, as a GPU's own memory is against its compute), and whether the blocks written into it
-    share that bandwidth with its reads (else they are written behind, on a path of their own)."""
+    free, as a GPU's own memory is against its compute), and how the blocks written into it come
+    (`writes`, one of WRITES)."""
 
     latency_s: float
     bandwidth: float | None
-    shared_writes: bool = False
+    writes: str = "behind"
+
+    @property
+    def shared_writes(self) -> bool:
+        """Its writes go through its read bandwidth once their request's prefill ends."""
+        return self.writes == "shared" and self.bandwidth is not None
+
+    @property
+    def evicted_writes(self) -> bool:
+        """It takes what the tier above evicts, through its read bandwidth, and the request that
+        evicts it waits for the copy."""
+        return self.writes == "evicted" and self.bandwidth is not None
 
 
 @dataclass(frozen=True)
@@ -81,17 +97,20 @@ class Requests:
     tier_tokens: np.ndarray
     instance: np.ndarray
     # the prompt tokens each request writes into each tier (same shape: the blocks the tier did not
-    # hold); None: none written (a baseline with no tiers)
+    # hold, or for a tier that takes what the one above evicts, those the request's room evicts
+    # from it); None: none written (a baseline with no tiers)
     written: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class Result:
-    """Per request: when its load began, how long its loads and its prefill took, its TTFT and
+    """Per request: when its worker took it, how long its loads and its prefill took, its TTFT and
     end (seconds); per tier, every load as (instance, start, end, bytes), the stretches in which
     the tier delivered bytes as (start, end, bytes/s): an instance that serves any transfer
     delivers its whole bandwidth, shared; a free tier's loads are instants, (t, t, bytes); and,
-    where its writes share its bandwidth, every write as (instance, start, end, bytes)."""
+    where its writes share its bandwidth, every write as (instance, start, end, bytes); per
+    request, how long it waited for the copies of what it evicted before its loads (`copy_s`:
+    0 where it evicted nothing a tier takes)."""
 
     start_s: np.ndarray
     load_s: np.ndarray
@@ -104,6 +123,7 @@ class Result:
     # as soon as it was, either way (the times of the requests not done by then are 0)
     slo_held: bool | None = None
     wrote: list[np.ndarray] | None = None
+    copy_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def read_bandwidth(self, tier: int, bin_s: float) -> np.ndarray:
         """A tier's read bandwidth (bytes/s, all its instances together), averaged over bins of
@@ -185,8 +205,10 @@ def _bin_rows(
 ARRIVE, LOADED, TRANSFERRED, PREFILLED = 0, 1, 2, 3
 # what the event loop gives: per request start, load, prefill, TTFT and end; the loads; the
 # stretches delivered; the writes that shared a tier's bandwidth; whether a miss budget stopped it
-# (_tally: MISSED, MET, or 0)
-LoopOut = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]
+# (_tally: MISSED, MET, or 0); per request, how long it waited for the copies of what it evicted
+LoopOut = tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, np.ndarray
+]
 MISSED, MET = 1, 2
 EPS_S = 1e-9  # two event times closer than this are the same moment (float rounding)
 
@@ -234,15 +256,15 @@ def run(
     """`simulate` with the event loop given (compiled, or `event_loop` itself as plain Python),
     and the arrays it takes: `costs` (KV bytes per token, prefill a and b, decode per token);
     `first[k]`, tier k's first instance number, and `tier_of[j]` instance j's tier; `slot_at[j]`,
-    where instance j's heap of transfers (target bytes attained, request; a write: n + request)
-    starts in the flat heap arrays; `order[queue_at[w]: queue_at[w + 1]]`, worker w's requests
-    in arrival order; `(written, shares)`, the tokens each request writes into each tier whose
-    writes share its bandwidth (`shares`; no rows where none does). It gives per request start,
-    load, prefill, TTFT and end; the loads and the shared writes as rows (tier, instance, start,
-    end, bytes) and the stretches each tier delivered as (tier, start, end, bytes/s), split here
-    by tier (only if `loads`). Not `loads`: the loop records none of them. `budget` (a TTFT, a
-    count): the loop stops once more requests than the count have a longer TTFT, or once so many
-    have it or a shorter one that the count cannot be passed, and says which (`slo_held`)."""
+    where instance j's heap of transfers (target bytes attained, request; a write: n + request; a
+    copy of evicted blocks: 2n + request) starts in the flat heap arrays; `order[queue_at[w]:
+    queue_at[w + 1]]`, worker w's requests in arrival order; `(written, shares, waits)`, the
+    tokens each request writes into each tier whose writes share its bandwidth after its prefill
+    (`shares`) or before its loads (`waits`; no rows where none does). It gives per request
+    start, copies, load, prefill, TTFT and end, and (if `loads`) the loads and shared writes as
+    rows (tier, instance, start, end, bytes) and each tier's stretches delivered (tier, start,
+    end, bytes/s), split by tier. `budget` (a TTFT, a count): the loop stops once more requests
+    than the count miss it, or once so many meet it that the count cannot be passed (`slo_held`)."""
     n, k = len(reqs.arrival_s), len(tiers)
     worker = reqs.worker.astype(np.int64, copy=False)
     instance = reqs.instance.astype(np.int64, copy=False).reshape(n, k)
@@ -253,10 +275,11 @@ def run(
         first[t + 1] = first[t] + (int(instance[:, t].max()) + 1 if n else 0)
     workers = int(worker.max()) + 1 if n else 0
     slots = np.zeros(int(first[k]), dtype=np.int64)
-    shares = np.array([t.shared_writes and t.bandwidth is not None for t in tiers], dtype=np.bool_)
+    shares = np.array([t.shared_writes for t in tiers], dtype=np.bool_)
+    waits = np.array([t.evicted_writes for t in tiers], dtype=np.bool_)
     written = np.zeros((0, k), dtype=np.int64)
-    if reqs.written is not None and shares.any():
-        written = np.where(shares, reqs.written, 0).astype(np.int64)
+    if reqs.written is not None and (shares | waits).any():
+        written = np.where(shares | waits, reqs.written, 0).astype(np.int64)
     for t in range(k):
         # the workers reading each instance: a table of (instance, worker) pairs seen, where a
         # sort of the pairs (np.unique over columns) took half of a sizing's time
@@ -288,18 +311,19 @@ def run(
         slot_at,
         order,
         queue_at,
-        (written, shares),
+        (written, shares, waits),
         loads,
         np.inf if budget is None else budget[0],
         n if budget is None else budget[1],
     )
-    start, load, prefill, ttft, e2e, rows, delivered, writes, verdict = out
+    start, load, prefill, ttft, e2e, rows, delivered, writes, verdict, copy = out
     by_tier = [rows[rows[:, 0] == t][:, 1:] for t in range(k)]
     stretches = [delivered[delivered[:, 0] == t][:, 1:] for t in range(k)]
     writes[:, 4] *= kv_bytes_per_token  # (its rows hold tokens)
     wrote = [writes[writes[:, 0] == t][:, 1:] for t in range(k)] if len(written) else None
     held = None if budget is None else verdict != MISSED  # (run to its end: within the budget)
-    return Result(start, load, prefill, ttft, e2e, by_tier, stretches, held, wrote)
+    # (the loop's load time runs from the worker's taking the request: its copies, then its loads)
+    return Result(start, load - copy, prefill, ttft, e2e, by_tier, stretches, held, wrote, copy)
 
 
 @functools.cache
@@ -307,6 +331,7 @@ def compiled_event_loop() -> Any:
     """The event loop, compiled at its first use in a process, with its helpers."""
     helpers = (
         _take,
+        _begin,
         _next_step,
         _advance,
         _due,
@@ -351,19 +376,19 @@ def event_loop(
     what it takes and gives). A shared instance gives each of its transfers bandwidth / n: all
     advance alike in attained bytes, and a transfer ends when they reach its target. A free tier
     without latency gives its bytes at once, with no event. (Run compiled; tests run it as Python.)"""
-    (kv, a, b, d), (n, tiers), (written, shares) = (costs[0], costs[1], costs[2], costs[3]), tier_tokens.shape, writing
-    start, load, pre, ttft, began = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
-    stage, rows = np.zeros(n, dtype=np.int64), n * tiers if record else 0  # the tier a request loads from next
+    (kv, a, b, d), (n, tiers), written = (costs[0], costs[1], costs[2], costs[3]), tier_tokens.shape, writing[0]
+    start, load, pre, ttft, began, copy = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+    stage, pending, rows = np.zeros(n, np.int64), np.zeros(n, np.int64), n * tiers if record else 0  # next tier; copies
     loads, writes, counts = np.zeros((rows, 5)), np.zeros((rows if len(written) else 0, 5)), np.zeros(3, np.int64)
     delivered = np.zeros((rows + len(writes), 4))  # (a stretch ends as a transfer does)
     inst, active = np.zeros((len(slot_at) - 1, 3)), np.zeros(len(slot_at) - 1, dtype=np.int64)
     heap_target, heap_req = np.zeros(slot_at[-1]), np.zeros(slot_at[-1], dtype=np.int64)
-    head, arrived = queue_at[:-1].copy(), queue_at[:-1].copy()  # each worker's next to serve, and end
-    busy = np.zeros(len(queue_at) - 1, dtype=np.bool_)
+    head, arrived, busy = queue_at[:-1].copy(), queue_at[:-1].copy(), np.zeros(len(queue_at) - 1, dtype=np.bool_)
     events = [(0.0, 0, 0, 0)][1:]  # (time, order pushed, kind, request or instance)
     seq, nxt, verdict, tally = n, 0, 0, np.zeros(2, dtype=np.int64)  # (arrivals come in order: `nxt` is next)
     at = (first, tier_of, instance, bandwidth, inst, active, heap_target, heap_req, slot_at)  # (the instances)
-    kept = (loads, delivered, writes, counts, stage, began, tier_tokens, kv, arrival, ttft, written)  # (and records)
+    waiting = (writing, start, pending, copy)  # (the copies a request waits for before its loads)
+    kept = (loads, delivered, writes, counts, stage, began, tier_tokens, kv, arrival, ttft, waiting)  # (and records)
     while nxt < n or events:
         if nxt < n and (not events or arrival[nxt] <= events[0][0]):
             now, kind, what = arrival[nxt], ARRIVE, nxt
@@ -381,9 +406,9 @@ def event_loop(
                 if verdict:
                     break
                 if len(written):
-                    seq = _write_new(what, n, now, written[what] * kv, shares, at, events, seq)
+                    seq, _ = _write_new(n + what, what, now, written[what] * kv, writing[1], at, events, seq)
             if not busy[w]:
-                go = _take(w, now, order, head, arrived, busy, start)
+                go, seq = _begin(w, now, order, head, arrived, busy, at, kept, events, seq)
         elif kind == LOADED:
             k = stage[what]
             if np.isnan(bandwidth[k]):  # a free tier: its bytes at once
@@ -406,7 +431,7 @@ def event_loop(
             due = _due(inst, active, heap_target, slot_at, again, bandwidth[tier_of[again]])
             heapq.heappush(events, (due if due != 0.0 else now, seq, TRANSFERRED, again))
     e2e = ttft + np.maximum(output - 1, 0) * d
-    return start, load, pre, ttft, e2e, loads[: counts[0]], delivered[: counts[1]], writes[: counts[2]], verdict
+    return start, load, pre, ttft, e2e, loads[: counts[0]], delivered[: counts[1]], writes[: counts[2]], verdict, copy
 
 
 def _joined(
@@ -588,16 +613,18 @@ def _tally(tally: np.ndarray, ttft: float, slo_s: float, budget: int, n: int) ->
 
 
 def _write_new(
-    i: int, n: int, now: float, size: np.ndarray, shares: np.ndarray, at: Any, events: Any, seq: int
-) -> int:  # pragma: no cover
-    """Request i's prefill ended now: its new blocks (`size` bytes for each tier) join each tier
-    whose writes share its bandwidth, as transfers of their own (n + i), beside its loads; the
-    count of events pushed, updated."""
+    tag: int, i: int, now: float, size: np.ndarray, which: np.ndarray, at: Any, events: Any, seq: int
+) -> tuple[int, int]:  # pragma: no cover
+    """Request i's writes (`size` bytes for each tier) join each tier `which` marks now, as
+    transfers of their own (`tag`: n + i, after its prefill; 2n + i, before its loads), beside its
+    loads: the count of events pushed, updated, and how many joined."""
     first, _, instance, bandwidth, inst, active, heap_target, heap_req, slot_at = at
+    joined = 0
     for k in range(len(size)):
-        if shares[k] and size[k] > 0:
+        if which[k] and size[k] > 0:
+            joined += 1
             j = _joined(
-                n + i,
+                tag,
                 first[k] + instance[i, k],
                 now,
                 bandwidth[k],
@@ -610,21 +637,55 @@ def _write_new(
             )
             seq += 1
             heapq.heappush(events, (_due(inst, active, heap_target, slot_at, j, bandwidth[k]), seq, TRANSFERRED, j))
-    return seq
+    return seq, joined
+
+
+def _begin(
+    w: int,
+    now: float,
+    order: np.ndarray,
+    head: np.ndarray,
+    arrived: np.ndarray,
+    busy: np.ndarray,
+    at: Any,
+    kept: Any,
+    events: Any,
+    seq: int,
+) -> tuple[int, int]:  # pragma: no cover
+    """Worker w takes its oldest waiting request, if one waits (`_take`): the request, to set on
+    its first load, or -1 where none waits or where it waits first for the copies of what its
+    blocks evict into the tiers that take them (`waits`: transfers 2n + the request, which
+    `_transfer_ends` sees done); and the count of events pushed, updated."""
+    _, _, _, _, _, _, _, kv, arrival, _, ((written, _, waits), start, pending, _) = kept
+    i = _take(w, now, order, head, arrived, busy, start)
+    if i < 0 or not len(written):
+        return i, seq
+    seq, pending[i] = _write_new(2 * len(arrival) + i, i, now, written[i] * kv, waits, at, events, seq)
+    return (-1 if pending[i] else i), seq
 
 
 def _transfer_ends(j: int, n: int, now: float, at: Any, kept: Any) -> tuple[int, int]:  # pragma: no cover
-    """Instance j's first transfer, if it is done now: recorded, and the request whose load it was
-    (-1: none, or a write, which nobody waits for), and j again if it has more in flight (their
-    next end to set out), else -1."""
+    """Instance j's first transfer, if it is done now: recorded, and the request to set on its next
+    step (-1: none; a write after a prefill, which nobody waits for; a copy before a request's
+    loads, but its last), and j again if it has more in flight (their next end to set out), else
+    -1."""
     _, tier_of, instance, bandwidth, inst, active, heap_target, heap_req, slot_at = at
-    loads, delivered, writes, counts, stage, began, tier_tokens, kv, arrival, ttft, written = kept
+    loads, delivered, writes, counts, stage, began, tier_tokens, kv, arrival, ttft, waiting = kept
+    (written, _, _), start, pending, copy = waiting
     k = tier_of[j]
     if _due(inst, active, heap_target, slot_at, j, bandwidth[k]) > now + EPS_S:
         return -1, -1
     i, again = _transferred(j, k, now, bandwidth[k], inst, active, heap_target, heap_req, slot_at)
     if again < 0:
         _delivered(delivered, counts, k, inst[j, SINCE], now, bandwidth[k])
+    if i >= 2 * n:  # a copy its request waits for: on to its loads once all are done
+        r = i - 2 * n
+        _finished(writes, counts, k, instance[r, k], start[r], now, written[r, k])
+        pending[r] -= 1
+        if pending[r]:
+            return -1, again
+        copy[r] = now - start[r]
+        return r, again
     if i >= n:
         _finished(writes, counts, k, instance[i - n, k], arrival[i - n] + ttft[i - n], now, written[i - n, k])
         return -1, again

@@ -6,6 +6,11 @@ order; its prefix distances are computed over that stream alone (`scoped_distanc
 inclusive and write-through, each its own LRU (the emulator's and Dynamo's KVBM's way): every
 block computed or loaded is written to every tier. A block is served by the fastest tier whose
 prefix distance for it is below that tier's capacity; a block no tier holds is recomputed.
+
+A tier that takes only what the tier above it evicts (`writes = "evicted"`, as the Dynamo mocker's
+host memory does) is given, per request, the blocks that request's references push out of the
+tier above and that it does not hold (`tokens_evicted`): what it must copy before the request
+goes on. What it serves is counted as for the others.
 """
 
 from __future__ import annotations
@@ -91,6 +96,29 @@ def tokens_written(refs: References, distance: np.ndarray, capacity: int) -> np.
     return compiled_tallies()[2](distance, refs.request, refs.serves, refs.requests, float(capacity))
 
 
+def tokens_evicted(
+    refs: References, instance: np.ndarray, tier: np.ndarray, capacity: int, k: int, block_tokens: int
+) -> np.ndarray:
+    """The prompt tokens each request's references evict from tier k - 1 (`instance`: the
+    instance of it each request reads; `capacity`: its capacity in blocks) that tier k does not
+    hold: the blocks that entered tier k - 1 computed or loaded from a tier slower than k (`tier`,
+    which tier served each reference: served_by), which a tier taking what the one above evicts
+    must be copied. One that came from tier k is held there; one that came from a faster tier
+    than k - 1 (a worker's G1 above a node's G2) passed through tier k - 1 before, and was copied
+    when it left it. An LRU of the tier above per instance, simulated over its stream in one
+    compiled pass; a block is in it exactly when its stack distance is below the capacity, as
+    the distances say."""
+    if not refs.requests or not len(refs.blocks):
+        return np.zeros(refs.requests, dtype=np.int64)
+    dense, n_keys = refs.dense
+    group = instance[refs.request]
+    narrow = group.astype(np.int16, copy=False) if group.max() <= np.iinfo(np.int16).max else group
+    # each instance's stream in time order, one after the other (as scoped_distances lays them)
+    order = np.argsort(narrow, kind="stable")
+    keys, request, served, stream = dense[order], refs.request[order], tier[order], narrow[order]
+    return compiled_tallies()[3](keys, n_keys, request, served, stream, capacity, k, block_tokens, refs.requests)
+
+
 def curve_tallies(
     distance: np.ndarray, tier: np.ndarray, serves: np.ndarray, beyond: np.ndarray | None, caps: np.ndarray, k: int
 ) -> tuple[float, np.ndarray, np.ndarray]:
@@ -103,9 +131,9 @@ def curve_tallies(
 
 
 @functools.cache
-def compiled_tallies() -> tuple[Any, Any, Any]:
+def compiled_tallies() -> tuple[Any, Any, Any, Any]:
     """The tallies, compiled at their first use in a process."""
-    return compiled(tier_tally), compiled(curve_tally), compiled(written_tally)
+    return compiled(tier_tally), compiled(curve_tally), compiled(written_tally), compiled(evicted_tally)
 
 
 def tier_tally(
@@ -148,3 +176,61 @@ def curve_tally(
         if beyond is not None and beyond[r]:
             taken[b] += serves[r]
     return faster, own, taken
+
+
+def evicted_tally(
+    keys: np.ndarray,
+    n_keys: int,
+    request: np.ndarray,
+    tier: np.ndarray,
+    group: np.ndarray,
+    capacity: int,
+    k: int,
+    block_tokens: int,
+    requests: int,
+) -> np.ndarray:  # pragma: no cover
+    """tokens_evicted's pass over the streams of tier k - 1 (`group`: each reference's instance,
+    each stream contiguous and in time order): a doubly linked list per stream, most recent first
+    (`after`, `before`), of at most `capacity` blocks; a block is resident in the stream numbered
+    `resident[key]` and dirty when it entered from no tier as fast as k. (Run compiled; the tests run
+    it as Python too.)"""
+    out = np.zeros(requests, dtype=np.int64)
+    after = np.full(n_keys, -1, dtype=np.int64)
+    before = np.full(n_keys, -1, dtype=np.int64)
+    resident = np.full(n_keys, -1, dtype=np.int64)
+    dirty = np.zeros(n_keys, dtype=np.bool_)
+    head, tail, size, stream = -1, -1, 0, 0
+    for t in range(len(keys)):
+        if t > 0 and group[t] != group[t - 1]:  # the next instance's stream: its cache starts empty
+            head, tail, size, stream = -1, -1, 0, stream + 1
+        key = keys[t]
+        if resident[key] == stream:
+            if key == head:
+                continue
+            b, a = before[key], after[key]  # out of its place (it is not the head: b >= 0)
+            after[b] = a
+            if a >= 0:
+                before[a] = b
+            else:
+                tail = b
+        else:
+            resident[key], dirty[key] = stream, tier[t] > k
+            size += 1
+            if tail < 0:
+                tail = key
+        before[key], after[key] = -1, head  # to the front
+        if head >= 0:
+            before[head] = key
+        head = key
+        if size > capacity:  # its least recently used block out (the new one itself, at 0 blocks)
+            e = tail
+            tail = before[e]
+            if tail >= 0:
+                after[tail] = -1
+            else:
+                head = -1
+            resident[e] = -1
+            size -= 1
+            if dirty[e]:
+                out[request[t]] += block_tokens
+    return out
