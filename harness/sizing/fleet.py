@@ -122,15 +122,16 @@ class Plan:
 
 def _routes(w: Workload, plan: Plan, cached: bool = True) -> np.ndarray:
     """Each request's worker, by the plan's routing. `prefix` matches the fastest per-worker
-    tier (which the file must have); `kv_router` every block a worker holds in a tier of its own
-    (with inclusive tiers, the largest's), as Dynamo's router hears of the blocks its workers
-    offload to host memory too (its replay with a G2 reuses as much as with a G1 that large:
-    docs/sizing.md). Without a cache (`cached` False: the recompute baseline) they hold nothing,
-    and route by load alone."""
+    tier (which the file must have); `kv_router` every block a worker holds in a tier of its own,
+    each credited as Dynamo's router credits the tier holding it (routing.CACHE_HIT_CREDIT), as
+    Dynamo's router hears of the blocks its workers offload to host memory too (its replay with
+    a G2 reuses about as much as with a G1 that large: docs/sizing.md). Without a cache (`cached`
+    False: the recompute baseline) they hold nothing, and route by load alone."""
     if plan.routing == "round_robin":
         return routing.round_robin(w.refs.requests, plan.fleet.workers)
     own = [t.capacity_blocks for t in plan.tiers if t.scope == "worker"]
     if plan.routing == "kv_router":
+        credited = [(t.capacity_blocks, routing.CACHE_HIT_CREDIT[t.name]) for t in plan.tiers if t.scope == "worker"]
         return routing.kv_router(
             w.refs,
             w.arrival_s,
@@ -138,7 +139,7 @@ def _routes(w: Workload, plan: Plan, cached: bool = True) -> np.ndarray:
             w.output_tokens,
             w.block_tokens,
             plan.fleet.workers,
-            max(own) if cached else 0,
+            credited if cached else [],
             plan.cost,
         )
     return routing.prefix(w.refs, w.arrival_s, w.prompt_tokens, plan.fleet.workers, own[0] if cached else 0, plan.cost)
@@ -170,9 +171,9 @@ class Placement:
 
 def placement_key(plan: Plan) -> tuple[Any, ...]:
     """What a plan's Placement depends on: the fleet, the routing, the tiers' scopes, and the
-    capacity the routing matches prompts against (none for round-robin: `_routes`)."""
+    capacities the routing matches prompts against (none for round-robin: `_routes`)."""
     own = [t.capacity_blocks for t in plan.tiers if t.scope == "worker"]
-    matched = None if plan.routing == "round_robin" or not own else max(own) if plan.routing == "kv_router" else own[0]
+    matched = None if plan.routing == "round_robin" or not own else own[0] if plan.routing == "prefix" else tuple(own)
     return plan.fleet, plan.routing, tuple(t.scope for t in plan.tiers), matched, plan.cost
 
 
