@@ -270,12 +270,18 @@ def test_bandwidths_over_more_bins_than_it_keeps_are_binned_wider_and_it_says_so
     assert got["ttft_s"] == whole["ttft_s"]
 
 
-def test_arrivals_spread_past_what_the_clock_can_time_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("plan", [False, True])
+def test_arrivals_spread_past_what_the_clock_can_time_are_refused(tmp_path: Path, plan: bool) -> None:
+    """A trace slowed 10^300 times, and the sessions scenario's plan slowed 10^7 times (4.02x10^9 s
+    from its first request to its last before any answer adds to it)."""
     f = sizing_file(tmp_path, G4_48KB)
-    f.write_text(f.read_text().replace("block_tokens = 16\n", "block_tokens = 16\nrate_scale = 1e-300\n"))
+    text = f.read_text()
+    if plan:
+        text = text.replace('trace = "t.jsonl"', f'scenario = "{ROOT / "scenarios" / "multi-turn-sessions.toml"}"')
+    f.write_text(text.replace("block_tokens = 16\n", f"block_tokens = 16\nrate_scale = {1e-7 if plan else 1e-300}\n"))
     r = kvbench("size", str(f), "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and f"{f}: workload.rate_scale: expected arrivals over at most" in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr
+    assert ("they span at least" in r.stderr) == plan and "Traceback" not in r.stderr
 
 
 SWEEP = """[[tiers]]

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -204,6 +205,8 @@ def _workload(spec: config.SizingSpec, console: Console) -> tuple[Workload | Dep
     if w.scenario is not None:
         slo_from = spec.file if spec.slo_ttft_s is not None else None
         sc = planned.read(w.scenario, w.block_tokens or config.RESULT_BLOCK_TOKENS, w.rate_scale, slo_from)
+        # (the fewest seconds the plan can span: each request taking none; the answers only add)
+        _within_the_clock(planned.arrivals(sc.plan, np.zeros(sc.plan.refs.requests)), spec, "at least ")
         if sc.note:
             console.print(f"note: the {sc.kind} plan: {sc.note}", markup=False)
         said = {"path": str(w.scenario), "kind": sc.kind, "block_tokens": sc.plan.block_tokens, "note": sc.note}
@@ -240,14 +243,20 @@ def _workload(spec: config.SizingSpec, console: Console) -> tuple[Workload | Dep
 def _on_the_clock(w: Workload, spec: config.SizingSpec) -> Workload:
     """`w`, refused where its arrivals (after rate_scale) span more than the simulation's clock
     can time (simulate.CLOCK_SPAN_S): past it a prefill's fraction of a second is lost in rounding."""
-    span = float(w.arrival_s[-1] - w.arrival_s[0]) if len(w.arrival_s) else 0.0
-    if span > CLOCK_SPAN_S:
+    _within_the_clock(w.arrival_s, spec, "")
+    return w
+
+
+def _within_the_clock(arrival_s: np.ndarray, spec: config.SizingSpec, least: str) -> None:
+    """InputError naming workload.rate_scale where `arrival_s` spans more than CLOCK_SPAN_S
+    (`least`: "at least " where these are the fewest seconds they can span)."""
+    span = float(arrival_s.max() - arrival_s.min()) if len(arrival_s) else 0.0
+    if not span <= CLOCK_SPAN_S:  # (inf and NaN too)
         raise InputError(
             f"{spec.file}: workload.rate_scale: expected arrivals over at most {CLOCK_SPAN_S:.0e} s (the "
             f"simulation's clock keeps fractions of a microsecond up to there); at rate_scale "
-            f"{spec.workload.rate_scale:g} they span {span:.3g} s"
+            f"{spec.workload.rate_scale:g} they span {least}{span:.3g} s"
         )
-    return w
 
 
 def _result_warnings(got: recorded.Recorded) -> list[str]:
