@@ -563,6 +563,32 @@ def test_the_kv_router_weighs_prefill_load_less_held_blocks_against_distinct_act
     assert routing.kv_router(refs, arrival, tokens, out, 16, 2, [(100, 1.0)], cost, seed=seed).tolist() == got
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 5),
+    st.lists(st.tuples(st.integers(0, 6), st.integers(1, 6), st.integers(1, 40)), min_size=1, max_size=40),
+    st.lists(st.integers(0, 12), max_size=2),
+    st.integers(0, 3),
+)
+def test_the_kv_router_routes_every_request_to_a_worker_and_the_same_seed_the_same_way(
+    workers: int, picks: list[tuple[int, int, int]], capacities: list[int], seed: int
+) -> None:
+    """Any trace of prefix-chained prompts (a document and a length each, 16-token blocks), any
+    fleet, no per-worker tier or one or two (credits 1 and 0.75): every request has a worker, and
+    a seed routes the same way twice."""
+    requests = [
+        TraceRequest(i + 1, i * 0.01, length * 16, out, tuple(doc * 100 + k for k in range(length)))
+        for i, (doc, length, out) in enumerate(picks)
+    ]
+    refs = stack.references(requests, 16)
+    arrival = np.array([r.timestamp_s for r in requests])
+    tokens, out = np.array([r.input_length for r in requests]), np.array([r.output_length for r in requests])
+    tiers_ = list(zip(sorted(capacities), (1.0, 0.75), strict=False))
+    got = routing.kv_router(refs, arrival, tokens, out, 16, workers, tiers_, COST, seed=seed)
+    assert len(got) == len(requests) and ((got >= 0) & (got < workers)).all()
+    assert np.array_equal(got, routing.kv_router(refs, arrival, tokens, out, 16, workers, tiers_, COST, seed=seed))
+
+
 def test_what_a_sweep_hands_its_processes_is_the_value_read_only(tmp_path: Path) -> None:
     """What a sweep's processes load from the files store (sizing/shared.py) is the value put:
     the workload's arrays as they are, its block numbering included (not sorted again), a

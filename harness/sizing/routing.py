@@ -31,6 +31,7 @@ cost least without it; its cost is a walk of its blocks per candidate.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -123,11 +124,10 @@ def kv_router(
         # the least loaded, one cost for all of them (a fleet's idle workers, hundreds at a time)
         least = load.least()
         fresh = least + n / block_tokens + len(mine)
-        low = min(min(logits.values(), default=fresh), fresh)
-        tied = [w for w in logits if logits[w] == low]
-        if fresh == low:
-            tied += [w for w in load.at(least) if w not in held]
-        best = _draw(sorted(tied), ties)
+        cheapest = min(logits.values(), default=math.inf)
+        idle = [w for w in load.at(least) if w not in held] if fresh <= cheapest else []
+        low = fresh if idle else cheapest  # (no idle one: every least loaded worker holds some)
+        best = _draw(sorted([w for w in logits if logits[w] == low] + idle), ties)
         computed = max(1, n - held.get(best, (0.0, 0))[1] * block_tokens)  # (one token at least)
         free_at[best] = prefilled = max(float(free_at[best]), t) + cost.prefill_s(n, n - computed)
         load.add(best, i, mine, computed, prefilled, prefilled + int(output_tokens[i]) * cost.decode_s)
