@@ -87,6 +87,8 @@ def test_a_prompt_seen_before_is_served_by_the_tier_that_holds_it_worked_by_hand
     assert f["tiers"][0]["served_tokens"] == 48
     assert f["ttft_s"]["max"] == pytest.approx(0.5 + 1.0 + 0.016)
     assert f["tiers"][0]["read_bytes_per_s"]["mean"] == pytest.approx(48_000)
+    # its load from 10.5 s to 11.5 s: half in each of two 1 s bins, 24,000 bytes/s each
+    assert [f["tiers"][0]["read_bytes_per_s"][q] for q in ("p50", "p99", "max")] == pytest.approx([24_000] * 3)
     assert f["tiers"][0]["written_tokens"] == 48  # shared or not, the first request's blocks once
     slo = f["slo"]  # loading the prefix is slower than recomputing it here
     assert slo["cached"]["within"] == 0.5 and slo["recompute"]["within"] == 1.0

@@ -425,7 +425,7 @@ def _reads(result: Result, k: int, bin_s: float) -> dict[str, float | None]:
     at all (first load to last byte), and the p99 and max of its bins."""
     loads = result.loads[k]
     if not len(loads):
-        return {"mean": 0.0, "p99": 0.0, "max": 0.0}
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
     start, end, total = float(loads[:, 1].min()), float(loads[:, 2].max()), float(loads[:, 3].sum())
     return _bandwidth(result.read_bandwidth(k, bin_s), start, end, total, bin_s)
 
@@ -437,18 +437,20 @@ def _writes(result: Result, k: int, written_bytes: np.ndarray, bin_s: float) -> 
     wrote = result.wrote[k] if result.wrote is not None else np.zeros((0, 4))
     stretches = spread(wrote) if len(wrote) else result.writes(written_bytes)
     if not len(stretches):
-        return {"mean": 0.0, "p99": 0.0, "max": 0.0}
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
     start, end = float(stretches[:, 0].min()), float(stretches[:, 1].max())
     return _bandwidth(binned(stretches, bin_s), start, end, float(written_bytes.sum()), bin_s)
 
 
 def _bandwidth(bins: np.ndarray, start: float, end: float, total: float, bin_s: float) -> dict[str, float | None]:
     """The mean of `total` bytes over start to end (None where they are one instant), and the
-    p99 and max of the bins from start on."""
+    p50, p99 and max of the bins from start on."""
     bins = bins[int(start // bin_s) :]
+    p50, p99 = np.percentile(bins, [50, 99]) if len(bins) else (0.0, 0.0)
     return {
         "mean": total / (end - start) if end > start else None,
-        "p99": float(np.percentile(bins, 99)) if len(bins) else 0.0,
+        "p50": float(p50),
+        "p99": float(p99),
         "max": float(bins.max()) if len(bins) else 0.0,
     }
 

@@ -72,6 +72,9 @@ def read(folder: Path) -> Sizing:
 # `value`); `sized_` says they are simulated. Per tier: `sized_g1_share` ... `sized_g4_share` (the
 # share of prompt tokens it serves), `sized_g1_read_p99` ... and `sized_g1_write_p99` ... (bytes/s).
 TIER_METRICS = tuple(f"sized_{t.lower()}_{what}" for t in TIER_NAMES for what in ("share", "read_p99", "write_p99"))
+# A tier's read and write bandwidth figures (bytes/s): the mean over the time it was read or
+# written, and the p50, p99 and max of its bins (a sizing.json from before p50 has none: None)
+BANDWIDTH_FIGURES = ("mean", "p50", "p99", "max")
 METRICS = (
     "sized_ttft_p50_s",
     "sized_ttft_p99_s",
@@ -134,11 +137,9 @@ def row(c: dict[str, Any]) -> dict[str, Any]:
             f"{n}_capacity_bytes": t["capacity_bytes"],
             f"{n}_read_bandwidth": t["read_bandwidth"],
             f"{n}_share": got["share"],
-            f"{n}_read_mean": bw["mean"],
-            f"{n}_read_p99": bw["p99"],
-            f"{n}_read_max": bw["max"],
+            **{f"{n}_read_{q}": bw.get(q) for q in BANDWIDTH_FIGURES},
             f"{n}_written_tokens": got.get("written_tokens"),
-            **{f"{n}_write_{q}": (got.get("write_bytes_per_s") or {}).get(q) for q in ("mean", "p99", "max")},
+            **{f"{n}_write_{q}": (got.get("write_bytes_per_s") or {}).get(q) for q in BANDWIDTH_FIGURES},
             f"{n}_knee_bytes": knee_bytes(t, got),
         }
     for k in ("ttft_s", "recompute_ttft_s"):
