@@ -76,10 +76,11 @@ def test_a_prompt_seen_before_is_served_by_the_tier_that_holds_it_worked_by_hand
     assert f["ttft_s"]["max"] == pytest.approx(0.064) and f["ttft_s"]["p50"] == pytest.approx((0.064 + 0.016) / 2)
     assert f["recompute_ttft_s"]["max"] == pytest.approx(0.064) and f["recompute_ttft_s"]["p50"] == pytest.approx(0.064)
     assert f["prefill_gpu_s"] == pytest.approx(0.064 + 0.016) and f["recompute_prefill_gpu_s"] == pytest.approx(0.128)
-    # the first request writes the 3 blocks it computes into G1 as its prefill makes them (48,000
-    # bytes in 0.064 s); the second finds them and writes nothing
-    assert f["tiers"][0]["written_tokens"] == 48
-    assert f["tiers"][0]["write_bytes_per_s"]["mean"] == pytest.approx(48_000 / 0.064)
+    # the first request writes the 4 blocks it computes into G1 as its prefill makes them (64,000
+    # bytes in 0.064 s: the last, which serves no token, written whole too); the second finds them
+    # and writes nothing
+    assert f["tiers"][0]["written_tokens"] == 64
+    assert f["tiers"][0]["write_bytes_per_s"]["mean"] == pytest.approx(64_000 / 0.064)
 
     g4_tier = '[[tiers]]\nname = "G4"\nscope = "cluster"\ncapacity = "64KB"\nread_bandwidth = 48000\nlatency_s = 0.5'
     g4 = size(tmp_path / "g4", sizing_file(tmp_path, g4_tier, "[slo]\nttft_s = 1.0"))
@@ -89,7 +90,7 @@ def test_a_prompt_seen_before_is_served_by_the_tier_that_holds_it_worked_by_hand
     assert f["tiers"][0]["read_bytes_per_s"]["mean"] == pytest.approx(48_000)
     # its load from 10.5 s to 11.5 s: half in each of two 1 s bins, 24,000 bytes/s each
     assert [f["tiers"][0]["read_bytes_per_s"][q] for q in ("p50", "p99", "max")] == pytest.approx([24_000] * 3)
-    assert f["tiers"][0]["written_tokens"] == 48  # shared or not, the first request's blocks once
+    assert f["tiers"][0]["written_tokens"] == 64  # shared or not, the first request's blocks once
     slo = f["slo"]  # loading the prefix is slower than recomputing it here
     assert slo["cached"]["within"] == 0.5 and slo["recompute"]["within"] == 1.0
 

@@ -458,13 +458,11 @@ def test_the_compiled_tallies_give_what_they_give_as_python_and_what_numpy_count
     got = tiers.tokens_per_request(refs, tier, t)
     assert np.array_equal(got, expected)
     assert np.array_equal(tiers.tier_tally(tier, refs.request, refs.serves, refs.requests, t), expected)
-    for k in range(t):  # the tokens each request writes into tier k: its references that miss it
+    for k in range(t):  # the tokens each request writes into tier k: its references that miss it, whole blocks
         miss = distances[k] >= caps[k]
-        counted = np.bincount(refs.request[miss], weights=refs.serves[miss], minlength=refs.requests)
-        assert np.array_equal(tiers.tokens_written(refs, distances[k], caps[k]), counted)
-        assert np.array_equal(
-            tiers.written_tally(distances[k], refs.request, refs.serves, refs.requests, caps[k]), counted
-        )
+        counted = 16 * np.bincount(refs.request[miss], minlength=refs.requests)
+        assert np.array_equal(tiers.tokens_written(refs, distances[k], caps[k], 16), counted)
+        assert np.array_equal(tiers.written_tally(distances[k], refs.request, refs.requests, caps[k], 16), counted)
     at = np.array([3.0, 10.0, 30.0, 50.0])
     for k in range(t):
         beyond = None if k == t - 1 else np.logical_or.reduce([distances[j] < caps[j] for j in range(k + 1, t)])

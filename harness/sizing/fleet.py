@@ -196,7 +196,9 @@ def _requests(w: Workload, plan: Plan, p: Placement) -> tuple[Requests, np.ndarr
     capacities = [t.capacity_blocks for t in plan.tiers]
     tier = served_by(p.distances, capacities)
     tier_tokens = tokens_per_request(w.refs, tier, len(plan.tiers))
-    written = np.stack([tokens_written(w.refs, d, c) for d, c in zip(p.distances, capacities, strict=True)], axis=1)
+    written = np.stack(
+        [tokens_written(w.refs, d, c, w.block_tokens) for d, c in zip(p.distances, capacities, strict=True)], axis=1
+    )
     for k, t in enumerate(plan.tiers):
         if k and t.timing.writes == "evicted":
             written[:, k] = tokens_evicted(w.refs, p.instance[:, k - 1], tier, capacities[k - 1], k, w.block_tokens)

@@ -88,12 +88,13 @@ def tokens_per_request(refs: References, tier: np.ndarray, tiers: int) -> np.nda
     return compiled_tallies()[0](tier, refs.request, refs.serves, refs.requests, tiers)
 
 
-def tokens_written(refs: References, distance: np.ndarray, capacity: int) -> np.ndarray:
+def tokens_written(refs: References, distance: np.ndarray, capacity: int, block_tokens: int) -> np.ndarray:
     """The prompt tokens each request writes into a tier (its scoped distances, its capacity in
     blocks): those of its blocks the tier did not hold (write-through: every block referenced is
-    inserted where it misses), in one compiled pass, as the tiers' own tokens are counted (numpy's
-    mask and weighted count hold a copy of the references a tier misses)."""
-    return compiled_tallies()[2](distance, refs.request, refs.serves, refs.requests, float(capacity))
+    inserted where it misses), each block whole (the prompt's last, which serves no token, is
+    written whole too), in one compiled pass, as the tiers' own tokens are counted (numpy's mask
+    and weighted count hold a copy of the references a tier misses)."""
+    return compiled_tallies()[2](distance, refs.request, refs.requests, float(capacity), block_tokens)
 
 
 def tokens_evicted(
@@ -148,13 +149,13 @@ def tier_tally(
 
 
 def written_tally(
-    distance: np.ndarray, request: np.ndarray, serves: np.ndarray, requests: int, capacity: float
+    distance: np.ndarray, request: np.ndarray, requests: int, capacity: float, block_tokens: int
 ) -> np.ndarray:  # pragma: no cover
     """tokens_written's pass. (Run compiled; the tests run it as Python too.)"""
     out = np.zeros(requests, dtype=np.int64)
     for r in range(len(distance)):
         if distance[r] >= capacity:
-            out[request[r]] += serves[r]
+            out[request[r]] += block_tokens
     return out
 
 
