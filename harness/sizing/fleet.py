@@ -197,11 +197,14 @@ def _requests(w: Workload, plan: Plan, p: Placement) -> tuple[Requests, np.ndarr
     tier = served_by(p.distances, capacities)
     tier_tokens = tokens_per_request(w.refs, tier, len(plan.tiers))
     written = np.stack(
-        [tokens_written(w.refs, d, c, w.block_tokens) for d, c in zip(p.distances, capacities, strict=True)], axis=1
+        [
+            tokens_evicted(w.refs, p.instance[:, k - 1], tier, capacities[k - 1], k, w.block_tokens)
+            if k and t.timing.writes == "evicted"
+            else tokens_written(w.refs, p.distances[k], capacities[k], w.block_tokens)
+            for k, t in enumerate(plan.tiers)
+        ],
+        axis=1,
     )
-    for k, t in enumerate(plan.tiers):
-        if k and t.timing.writes == "evicted":
-            written[:, k] = tokens_evicted(w.refs, p.instance[:, k - 1], tier, capacities[k - 1], k, w.block_tokens)
     reqs = Requests(w.arrival_s, p.worker, w.prompt_tokens, w.output_tokens, tier_tokens, p.instance, written)
     return reqs, tier
 

@@ -41,6 +41,14 @@ class Fleet:
         return np.zeros_like(worker)
 
 
+def streams(group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each reference's stream (`group`: the tier instance it reads) at 16 bits where the
+    instances are fewer than 2^15 (numpy's radix sort sorts those, and the loops take them), and
+    the order that lays the streams one after the other, each in time order."""
+    narrow = group.astype(np.int16, copy=False) if group.max() <= np.iinfo(np.int16).max else group
+    return narrow, np.argsort(narrow, kind="stable")
+
+
 def scoped_distances(refs: References, group: np.ndarray) -> np.ndarray:
     """Prefix distances of every reference within its group's own stream (the references of that
     group, in time order): one pass, the groups laid one after the other and their blocks kept
@@ -53,10 +61,7 @@ def scoped_distances(refs: References, group: np.ndarray) -> np.ndarray:
     ones = np.broadcast_to(np.float64(1.0), len(group))
     if (group == group[0]).all():  # one stream (a cluster's tier): in time order already
         return compiled_loop()(dense, n_keys, refs.request, ones, np.broadcast_to(np.int16(0), len(group)))
-    # the groups are tier instances, numbered from 0 (fewer than 2^15): 16 bits to sort by (numpy's
-    # radix sort) and to hand the loop
-    narrow = group.astype(np.int16, copy=False) if group.max() <= np.iinfo(np.int16).max else group
-    order = np.argsort(narrow, kind="stable")
+    narrow, order = streams(group)
     out = np.empty(len(order), dtype=np.float64)
     # requests stay contiguous within a group (all of a request's references go to one worker)
     out[order] = compiled_loop()(dense[order], n_keys, refs.request[order], ones, narrow[order])
@@ -112,10 +117,7 @@ def tokens_evicted(
     if not refs.requests or not len(refs.blocks):
         return np.zeros(refs.requests, dtype=np.int64)
     dense, n_keys = refs.dense
-    group = instance[refs.request]
-    narrow = group.astype(np.int16, copy=False) if group.max() <= np.iinfo(np.int16).max else group
-    # each instance's stream in time order, one after the other (as scoped_distances lays them)
-    order = np.argsort(narrow, kind="stable")
+    narrow, order = streams(instance[refs.request])
     keys, request, served, stream = dense[order], refs.request[order], tier[order], narrow[order]
     return compiled_tallies()[3](keys, n_keys, request, served, stream, capacity, k, block_tokens, refs.requests)
 
