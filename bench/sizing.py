@@ -8,11 +8,15 @@ request's own, Zipf popularity of exponent alpha).
     python bench/sizing.py sweep [requests] [processes]  # default 10000000 2
     python bench/sizing.py sessions [users]  # default 1000
     python bench/sizing.py read [requests]  # default 1000000
+    python bench/sizing.py curve [requests]  # default 1000000
 
 Prints: the plain-Python loop against the compiled one on the same 20,000 requests (the ratio);
 then per alpha the exact curve's time, the sampled curve's (1 %, two seeds), the share of
 references the sample kept (its heavy blocks whole), and the largest absolute error of the
-sampled share over 300 capacities from one block to past the whole trace.
+sampled share over 300 capacities from one block to past the whole trace; then the same sample
+streamed as `kvbench trace curve --sample 0.01` takes it (harness/sizing/streamed.py, its heavy
+blocks found by the sketch): its largest error at the end of every bin, and the error it
+estimated of itself.
 
 `fleet`: the timing's event loop (harness/sizing/simulate.py) as plain Python against compiled on
 the same 20,000 requests (the ratio; the results must be identical), then one configuration
@@ -39,6 +43,11 @@ documents, alpha 1), then read for sizing two ways, each in a process of its own
 object (`traces.read`, then `fleet.from_trace`), and a line at a time into columns (`Reading`,
 `TraceColumns`, `fleet.from_columns`: what `kvbench size` does); each one's time and peak RSS,
 and whether the two workloads are the same.
+
+`curve`: the same file's capacity curve streamed by `kvbench trace curve` (harness/sizing/
+streamed.py), every block kept and sampled at 1 %, each in a process of its own: its time and
+peak RSS, the share of references the sample kept, the error it estimated of itself and its
+largest error against the exact curve at the end of every bin.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from harness.sizing import fleet, simulate, stack, synthetic
+from harness.sizing import fleet, simulate, stack, streamed, synthetic
 from harness.sizing.tiers import Fleet
 
 DOCS, DOC_BLOCKS, OWN, BLOCK = 10_000, 32, 2, 512
@@ -237,7 +246,56 @@ def read(n: int) -> None:
             print(f"{name}: {out.stdout.strip() or out.stderr.strip()[-300:]}")
 
 
+def curves(n: int) -> None:
+    import json
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from harness.sizing.streamed import bin_edges
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.jsonl"
+        subprocess.run([sys.executable, __file__, "write-trace", str(n), str(path)], check=True)
+        print(f"{n:,} lines, {path.stat().st_size / 2**20:.0f} MiB")
+        shares = []
+        for rate in ("1", "0.01"):
+            out = Path(tmp) / f"{rate}.json"
+            child = CURVE_CHILD.format(args=["trace", "curve", str(path), "--sample", rate, "--json", str(out)])
+            took = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
+            doc = json.loads(out.read_text())
+            steps = doc["curve"]
+            at = np.searchsorted([s["capacity_blocks"] for s in steps], bin_edges(), side="right")
+            shares.append(np.r_[0.0, [s["share"] for s in steps]][at])
+            sample = doc["sample"]
+            kept = sample["kept_references"] / doc["references"]
+            print(
+                f"--sample {rate}: {took.stdout.splitlines()[-1]}, {kept:.1%} of {doc['references']:,} references "
+                f"kept, estimated error {sample['error_estimate']:.4f}"
+            )
+        print(
+            f"largest error of the sample's shares at the end of every bin: {np.abs(shares[1] - shares[0]).max():.4f}"
+        )
+
+
+CURVE_CHILD = """
+import resource, time
+from harness.cli import app
+t0 = time.perf_counter()
+try:
+    app({args!r})
+except SystemExit as e:
+    assert not e.code, e.code
+took = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+print(f"{{took:.1f}} s, peak RSS {{peak:.2f}} GB")
+"""
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["curve"]:
+        curves(int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000)
+        return
     if sys.argv[1:2] == ["write-trace"]:
         write_trace(int(sys.argv[2]), sys.argv[3])
         return
@@ -256,7 +314,7 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
     plain_against_compiled()
     capacities = np.unique(np.geomspace(1, 10**8, 300).astype(np.int64))
-    print("alpha  references   exact_s  sampled_s  kept  max_error")
+    print("alpha  references   exact_s  sampled_s  kept  max_error  streamed_error  its_estimate")
     for alpha in (0.0, 0.6, 0.8, 1.0, 1.2):
         refs = trace(n, alpha)
         t0 = time.perf_counter()
@@ -269,8 +327,14 @@ def main() -> None:
             t_sample = time.perf_counter() - t0
             kept = (counts[inverse] >= 100) | stack.sampled(refs.blocks, 0.01, seed)
             err = np.abs(sample.share(capacities) - exact.share(capacities)).max()
+            sketch = streamed.Sketch()
+            streamed.counted(synthetic.chunks(refs, 32_768), sketch)
+            s = streamed.streamed(synthetic.chunks(refs, 32_768), 0.01, sketch, seed)
+            edges = streamed.bin_edges()
+            s_err = np.abs(s.curve.share(edges) - exact.share(edges)).max()
             print(
                 f"{alpha:5.1f}  {len(refs.blocks):10,}  {t_exact:8.1f}  {t_sample:9.1f}  {kept.mean():4.0%}  {err:9.4f}"
+                f"  {s_err:14.4f}  {s.error:12.4f}"
             )
 
 

@@ -314,6 +314,47 @@ def trace_inspect(
     )
 
 
+@trace_app.command("curve")
+@_handled
+def trace_curve(
+    file: Annotated[Path, typer.Argument(help="Trace file (JSONL).", show_default=False)],
+    sample: Annotated[
+        float,
+        typer.Option(help="Share of the blocks sampled (SHARDS; 1: all, exact): memory bounded by the sample."),
+    ] = 1.0,
+    seed: Annotated[int, typer.Option(help="The sample's hash seed.")] = 0,
+    fmt: Annotated[str, typer.Option("--format", help="auto, mooncake or bailian.")] = "auto",
+    block_tokens: Annotated[
+        int | None, typer.Option(help="Tokens per hash_ids block (default: 512 Mooncake, 16 Bailian).")
+    ] = None,
+    skip_bad: Annotated[
+        bool, typer.Option("--skip-bad", help="Leave out bad lines (counted) instead of exit 2.")
+    ] = False,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the curve as JSON.")] = None,
+    max_context_tokens: Annotated[
+        int | None,
+        typer.Option(help="Refuse a line longer than this, with its output (default 1,048,576, as a scenario's)."),
+    ] = None,
+) -> int:
+    """The share of prompt tokens an LRU prefix cache of every capacity would serve, in one pass
+    over the file, sampled for traces too large to hold."""
+    from rich.console import Console
+
+    from harness.commands import trace as command
+
+    return command.curve_main(
+        file,
+        fmt,
+        block_tokens,
+        sample,
+        seed,
+        skip_bad,
+        json_out,
+        Console(highlight=False, soft_wrap=True),
+        max_context_tokens,
+    )
+
+
 @app.command()
 @_handled
 def size(

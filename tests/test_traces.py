@@ -1,5 +1,6 @@
 """Trace files (Mooncake, Qwen-Bailian): strict reading, the reuse they make possible, and
-`kvbench trace inspect`, against the shipped samples and files made here."""
+`kvbench trace inspect` and `kvbench trace curve`, against the shipped samples and files made
+here."""
 
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ def test_reuse_counts_the_cached_prefix_of_full_blocks(tmp_path: Path) -> None:
             ":2: timestamp: expected a number",
         ),
         (mc(-1, 5, []), ":2: timestamp: expected a number >= 0"),
+        (mc(0, 5, [1, 1 << 64]), ":2: hash_ids: expected integers of 64 bits"),
+        (mc(0, 5, [-(1 << 63) - 1]), ":2: hash_ids: expected integers of 64 bits"),
         ("{not json", ":2: not JSON"),
         ("[1, 2]", ":2: expected a JSON object"),
     ],
@@ -169,6 +172,59 @@ def test_inspect_bad_input_exits_2_without_a_traceback(tmp_path: Path) -> None:
         assert r.returncode == 2 and "expected" in r.stderr
     r = cli("trace", "inspect", str(tmp_path / "none.jsonl"))
     assert r.returncode == 2 and "cannot read the trace" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["mooncake-sample.jsonl", "bailian-sample.jsonl"])
+def test_trace_curve_gives_what_an_lru_of_each_capacity_serves(tmp_path: Path, name: str) -> None:
+    """`kvbench trace curve`, every block kept: at every capacity up to 128 blocks, and at every
+    step's end past it, the tokens a brute-force LRU of that capacity serves (traces.reuse); at
+    a sample of a tenth, a curve that says it is one, with its estimated error."""
+    r = cli("trace", "curve", str(SAMPLES / name), "--json", str(tmp_path / "c.json"))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "c.json").read_text())
+    trace = traces.read(SAMPLES / name)
+    steps = doc["curve"]
+    assert (
+        doc["requests"] == len(trace.requests) and doc["sample"]["rate"] == 1 and doc["sample"]["error_estimate"] == 0
+    )
+
+    def served(capacity: int) -> float:
+        return max([0, *(s["cached_tokens"] for s in steps if s["capacity_blocks"] <= capacity)])
+
+    for capacity in [*range(1, 129), *(s["capacity_blocks"] for s in steps)]:
+        assert served(capacity) == traces.reuse(trace.requests, trace.block_tokens, capacity).cached_tokens, capacity
+    assert served(10**9) == traces.reuse(trace.requests, trace.block_tokens).cached_tokens
+    r = cli("trace", "curve", str(SAMPLES / name), "--sample", "0.1", "--json", str(tmp_path / "s.json"))
+    assert r.returncode == 0 and "sampled (SHARDS) at 0.1" in r.stdout and "estimated error" in r.stdout, r.stderr
+    sample = json.loads((tmp_path / "s.json").read_text())["sample"]
+    assert sample["rate"] == 0.1 and sample["kept_references"] < doc["references"] and sample["error_estimate"] > 0
+
+
+def test_an_unsigned_64_bit_hash_id_is_sized_by_its_bits(tmp_path: Path) -> None:
+    """A hash id past 2^63 (an unsigned 64-bit hash) is read, by `kvbench trace curve` and
+    `kvbench size`'s columns, as the signed id of the same bits: one block, however written."""
+    top = (1 << 64) - 1
+    path = write(tmp_path / "t.jsonl", [mc(0, 1200, [top, 1 << 63, 5]), mc(1, 1200, [-1, -(1 << 63), 5])])
+    r = cli("trace", "curve", str(path), "--json", str(tmp_path / "c.json"))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["curve"][-1]["cached_tokens"] == 1024  # the second request's first two blocks are the first's
+
+
+def test_trace_curve_bad_input_exits_2_without_a_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.jsonl", [mc(0, 600, [1]), {"timestamp": 1}])
+    for args in ([], ["--sample", "0.5"]):
+        r = cli("trace", "curve", str(path), *args)
+        assert r.returncode == 2 and f"{path}:2: input_length: missing" in r.stderr.replace("\n", ""), r.stderr
+        assert "Traceback" not in r.stderr
+    r = cli("trace", "curve", str(path), "--skip-bad", "--sample", "0.5")
+    assert r.returncode == 0 and "1 lines left out" in r.stdout
+    for args in (["--sample", "0"], ["--sample", "1.5"], ["--sample", "nan"], ["--block-tokens", "0"]):
+        r = cli("trace", "curve", str(path), "--skip-bad", *args)
+        assert r.returncode == 2 and "expected" in r.stderr and "Traceback" not in r.stderr, args
+    (tmp_path / "empty.jsonl").write_text("\n")
+    r = cli("trace", "curve", str(tmp_path / "empty.jsonl"))
+    assert r.returncode == 2 and "no trace requests" in r.stderr
 
 
 def test_a_deeply_nested_line_is_a_clear_error(tmp_path: Path) -> None:

@@ -1,11 +1,17 @@
 """`kvbench trace inspect FILE`: what a request trace holds and the reuse it makes possible:
 request count and span, input and output length distributions, the arrival rate over time, and
 the share of prompt tokens an infinite prefix cache, and LRU caches of the sizes given, would
-serve (harness/inputs/traces.py defines it)."""
+serve (harness/inputs/traces.py defines it).
+
+`kvbench trace curve FILE [--sample RATE]`: the share an LRU prefix cache of every capacity
+would serve, in one pass, streamed from the file in memory bounded by the sample
+(harness/sizing/streamed.py; docs/sizing.md)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +22,8 @@ from harness.analysis import stats
 from harness.config.context import MAX_CONTEXT_TOKENS
 from harness.core.errors import ExitCode, InputError
 from harness.inputs import traces
+from harness.sizing import streamed
+from harness.sizing.stack import References, TraceColumns, columns_references
 
 RATE_WINDOWS = 10  # the arrival rate over time: the span cut into this many equal windows
 
@@ -122,3 +130,114 @@ def main(
 
         write_file(json_out, json.dumps(doc, indent=1) + "\n")
     return ExitCode.OK
+
+
+CHUNK_REQUESTS = 32_768  # requests read, referenced and streamed at a time (bounded memory)
+
+
+def curve_doc(trace: dict[str, Any], s: streamed.Streamed) -> dict[str, Any]:
+    """What `kvbench trace curve` gives: the curve at every capacity where it rises."""
+    c = s.curve
+    return {
+        **trace,
+        "requests": s.requests,
+        "references": s.references,
+        "prompt_tokens": c.prompt_tokens,
+        "sample": {
+            "rate": c.rate,
+            "kept_references": s.kept,
+            "heavy_blocks": s.heavy_blocks,
+            "error_estimate": s.error,
+            "sketch": None if c.rate == 1 else {"rows": streamed.SKETCH_ROWS, "width": streamed.SKETCH_WIDTH},
+        },
+        "resolution": f"exact below {streamed.EXACT_BINS} blocks, then {streamed.BINS_PER_DOUBLING} steps a doubling",
+        "curve": [
+            {"capacity_blocks": int(d) + 1, "share": float(t) / c.prompt_tokens, "cached_tokens": float(t)}
+            for d, t in zip(c.distances, c.tokens, strict=True)
+        ],
+    }
+
+
+def show_curve(doc: dict[str, Any], console: Console) -> None:
+    sample = doc["sample"]
+    console.print(
+        f"{doc['file']}: {doc['requests']:,} requests, {doc['references']:,} block references "
+        f"({doc['format']} format, {doc['block_tokens']}-token blocks)",
+        markup=False,
+    )
+    if doc["skipped_lines"]:
+        console.print(f"{len(doc['skipped_lines'])} lines left out; the first: {doc['skipped_lines'][0]}", markup=False)
+    if sample["rate"] < 1:
+        console.print(
+            f"sampled (SHARDS) at {sample['rate']:.3g}: {sample['kept_references']:,} references kept "
+            f"({sample['kept_references'] / max(1, doc['references']):.1%}), {sample['heavy_blocks']:,} blocks "
+            f"referenced 1/rate times or more kept whole; estimated error of the shares: "
+            f"{sample['error_estimate']:.4f}",
+            markup=False,
+        )
+    table = Table(title=f"prompt tokens an LRU prefix cache would serve ({doc['resolution']})")
+    for col in ("capacity (blocks)", "tokens", "share"):
+        table.add_column(col, justify="right")
+    steps = doc["curve"]
+    top = steps[-1]["capacity_blocks"] if steps else 1
+    k = 0
+    for capacity in [1 << e for e in range(max(1, top).bit_length() + 1)]:
+        while k < len(steps) and steps[k]["capacity_blocks"] <= capacity:
+            k += 1
+        share = steps[k - 1]["share"] if k else 0.0
+        table.add_row(f"{capacity:,}", f"{capacity * doc['block_tokens']:,}", f"{share:.1%}")
+    console.print(table)
+
+
+def curve_main(
+    file: Path,
+    fmt: str,
+    block_tokens: int | None,
+    rate: float,
+    seed: int,
+    skip_bad: bool,
+    json_out: Path | None,
+    console: Console,
+    max_context_tokens: int | None = None,
+) -> int:
+    if block_tokens is not None and block_tokens < 1:
+        raise InputError(f"--block-tokens: expected an integer >= 1, got {block_tokens}")
+    if not 0 < rate <= 1:
+        raise InputError(f"--sample: expected a sampling rate in (0, 1], got {rate}")
+    if max_context_tokens is not None and max_context_tokens < 1:
+        raise InputError(f"--max-context-tokens: expected an integer >= 1, got {max_context_tokens}")
+    context = max_context_tokens or MAX_CONTEXT_TOKENS
+
+    def reading() -> traces.Reading:
+        return traces.Reading(file, fmt, block_tokens, skip_bad, context, ", --max-context-tokens")
+
+    sketch = None
+    if rate < 1:
+        sketch = streamed.Sketch()
+        streamed.counted(_chunks(reading()), sketch)
+    second = reading()
+    s = streamed.streamed(_chunks(second), rate, sketch, seed)
+    if not s.requests:
+        raise InputError(f"{second.path}: no trace requests in it")
+    trace = {
+        "file": str(second.path),
+        "format": second.format,
+        "block_tokens": second.block,
+        "skipped_lines": second.skipped,
+        "misfit_lines": second.misfit_lines,
+    }
+    doc = curve_doc(trace, s)
+    show_curve(doc, console)
+    if json_out is not None:
+        from harness.core.errors import write_file
+
+        write_file(json_out, json.dumps(doc, indent=1) + "\n")
+    return ExitCode.OK
+
+
+def _chunks(reading: traces.Reading) -> Iterator[References]:
+    """The trace's references, CHUNK_REQUESTS requests at a time (the file is in time order:
+    `Reading` refuses a timestamp that goes back)."""
+    requests = reading.requests()
+    while (c := TraceColumns.of(islice(requests, CHUNK_REQUESTS))).requests:
+        yield columns_references(c, reading.block)

@@ -109,6 +109,8 @@ def parse_line(obj: Any, fmt: Format, where: str, line: int) -> TraceRequest:
     ids = obj.get("hash_ids")
     if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
         raise ValueError(f"{where}: hash_ids: expected a list of integers, got {json.dumps(ids)[:40]}")
+    if ids and (min(ids) < -(1 << 63) or max(ids) >= 1 << 64):
+        raise ValueError(f"{where}: hash_ids: expected integers of 64 bits (signed or not), got {json.dumps(ids)[:40]}")
     req = TraceRequest(
         line=line,
         timestamp_s=float(ts) * TIMESTAMP_TO_S[fmt],

@@ -112,7 +112,12 @@ class TraceColumns:
             n_in.append(r.input_length)
             n_out.append(r.output_length)
             counts.append(len(r.hash_ids))
-            ids.extend(r.hash_ids)
+            before = len(ids)
+            try:
+                ids.extend(r.hash_ids)
+            except OverflowError:  # an unsigned 64-bit id past 2^63: its bits as a signed one's
+                del ids[before:]
+                ids.extend(h - (1 << 64) if h >= 1 << 63 else h for h in r.hash_ids)
         return cls(
             *(
                 np.frombuffer(x, dtype=np.float64 if x.typecode == "d" else np.int64)
@@ -239,14 +244,19 @@ def _steps(pd: np.ndarray, tokens: np.ndarray, prompt_tokens: int, rate: float) 
 
 
 def sampled(blocks: np.ndarray, rate: float, seed: int = 0) -> np.ndarray:
-    """SHARDS' spatial sample: the references whose block's hash (splitmix64 of its id and the
-    seed) falls below `rate` of SAMPLE_MODULUS. A sampled block keeps all its references."""
+    """SHARDS' spatial sample: the references whose block's hash (`mixed`) falls below `rate` of
+    SAMPLE_MODULUS. A sampled block keeps all its references."""
+    return (mixed(blocks, seed) % np.uint64(SAMPLE_MODULUS)) < np.uint64(int(rate * SAMPLE_MODULUS))
+
+
+def mixed(blocks: np.ndarray, seed: int) -> np.ndarray:
+    """splitmix64 of each block id and the seed: a hash whose every bit depends on every bit of
+    the id, so that its low bits pick blocks independently of how a trace numbers them."""
     with np.errstate(over="ignore"):
         z = blocks.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15) * np.uint64(seed + 1)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z % np.uint64(SAMPLE_MODULUS)) < np.uint64(int(rate * SAMPLE_MODULUS))
+        return z ^ (z >> np.uint64(31))
 
 
 def compiled(loop: Any, helpers: Sequence[Any] = ()) -> Any:

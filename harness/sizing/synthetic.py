@@ -7,9 +7,14 @@ popularity Zipf-distributed with exponent `alpha`), a length uniform between one
 whole document, then `own_blocks` blocks of its own (the question, the conversation so far) that
 no other request shares. Block ids are dense: document d's block k is d * doc_blocks + k; own
 blocks follow all documents'.
+
+`chunks`: references cut into pieces of so many requests, as a trace file streams.
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -34,3 +39,19 @@ def shared_documents(
     # every block but the last is served when it hits (the prompt fills all of them)
     serves = np.where(position < np.repeat(per_request - 1, per_request), block_tokens, 0).astype(np.int32)
     return References(blocks, request, serves, total * block_tokens, requests)
+
+
+def chunks(refs: References, requests: int) -> Iterator[References]:
+    """The references cut into pieces of `requests` requests, each numbered from 0 and the prompt
+    tokens all in the first: what `kvbench trace curve` streams from a file."""
+    cuts = np.searchsorted(refs.request, np.arange(0, refs.requests + requests, requests))
+    for a, b in itertools.pairwise(cuts):
+        if a < b:
+            first, last = int(refs.request[a]), int(refs.request[b - 1])
+            yield References(
+                refs.blocks[a:b],
+                refs.request[a:b] - first,
+                refs.serves[a:b],
+                refs.prompt_tokens if a == 0 else 0,
+                last - first + 1,
+            )
