@@ -9,6 +9,7 @@ import signal
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.sizing.config import read
-from harness.sizing.fleet import CAPACITY_PRECISION, CAPACITY_STEPS, slo_capacity
+from harness.sizing.fleet import (
+    CAPACITY_GRID,
+    CAPACITY_PRECISION,
+    CAPACITY_STEPS,
+    capacity_step,
+    slo_capacity,
+    speedup,
+)
 from tests.conftest import ROOT, cli, kvbench
 
 pytest.importorskip("numba")  # the sizing extra
@@ -132,6 +140,48 @@ def test_the_slo_search_told_how_the_workloads_own_times_fare_does_not_simulate_
         assert limit < 2.0**-CAPACITY_STEPS
     elif cold < 2**CAPACITY_STEPS:
         assert cold <= limit < cold * CAPACITY_PRECISION
+
+
+def doubling_then_bisecting(holds: Callable[[float], bool]) -> float | None:
+    """The SLO capacity search as it was before it took a guess: from 1x by doubling or halving,
+    then bisecting by geometric means to within CAPACITY_PRECISION (the reference)."""
+    up = holds(1.0)
+    lo, hi = (1.0, 2.0) if up else (0.5, 1.0)
+    for _ in range(CAPACITY_STEPS):
+        if up and holds(hi):
+            lo, hi = hi, hi * 2
+        elif not up and not holds(lo):
+            lo, hi = lo / 2, lo
+        else:
+            break
+    else:
+        return lo if up else None
+    while hi / lo > CAPACITY_PRECISION:
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return lo
+
+
+@given(
+    st.one_of(st.floats(min_value=2.0**-14, max_value=2.0**14), st.integers(-800, 800).map(speedup)),
+    st.one_of(st.none(), st.integers(-900, 900)),
+)
+def test_the_slo_search_finds_what_doubling_and_bisecting_finds_from_any_guess(limit: float, guess: int | None) -> None:
+    """Started from any guess (a sweep's round-robin plans guess from their last eighth), the
+    search gives the very float the search by doubling and bisecting gives, each speed-up asked
+    once; told the answer's step as its guess, it asks two runs past 1x."""
+    asked: list[float] = []
+
+    def holds(x: float) -> bool:
+        asked.append(x)
+        return x <= limit
+
+    assert slo_capacity(holds, None, guess) == doubling_then_bisecting(lambda x: x <= limit)
+    assert len(asked) == len(set(asked))
+    answer = capacity_step(holds)
+    if answer is not None and 0 < answer < CAPACITY_STEPS * CAPACITY_GRID:
+        asked.clear()
+        assert capacity_step(holds, True, answer) == answer and len(asked) == 2
 
 
 def test_a_tier_too_small_for_a_prompt_serves_none_of_it_and_its_curve_says_where_it_would(tmp_path: Path) -> None:

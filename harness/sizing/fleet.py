@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,10 +43,17 @@ from harness.sizing.tiers import (
 CURVE_MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 8.0, 16.0)
 # Past the knee, doubling a tier's capacity adds less than this share of prompt tokens.
 KNEE_GAIN = 0.01
-# The SLO capacity search: arrival speed-ups tried from 1x by doubling or halving (at most this
-# many times each way), then bisected until the bounds are within this ratio of each other.
+# The SLO capacity search: the highest arrival speed-up that holds on a grid from 2^-CAPACITY_STEPS
+# to 2^CAPACITY_STEPS, each doubling halved until its steps are within CAPACITY_PRECISION (64
+# steps a doubling): the speed-ups the search by doubling and bisecting tries, as it computes them.
 CAPACITY_STEPS = 12
 CAPACITY_PRECISION = 1.02
+CAPACITY_GRID = 1 << math.ceil(math.log2(math.log(2) / math.log(CAPACITY_PRECISION)))
+# A round-robin plan of this many requests or more guesses its capacity from a search over its
+# last 1/GUESS_SHARE first (its routes and tiers do not change with the speed-up, so the tail is a
+# slice): the search over all of them then starts there and asks 2-4 runs where it asked 8-9.
+GUESS_MIN = 100_000
+GUESS_SHARE = 8
 
 
 @dataclass(frozen=True)
@@ -523,15 +531,18 @@ def _arm_slo(
     assert plan.slo_ttft_s is not None
     ttft_s = plan.slo_ttft_s
 
-    def at(speedup: float) -> bool:
+    def at(rows: Requests, x: float) -> bool:
         if plan.routing == "round_robin":
-            fast = replace(reqs, arrival_s=reqs.arrival_s / speedup)
-        else:
-            fast, _ = _placed(replace(w, arrival_s=w.arrival_s / speedup), plan, cached)
+            fast = replace(rows, arrival_s=rows.arrival_s / x)
+        else:  # (`rows` are all the requests: placed again)
+            fast, _ = _placed(replace(w, arrival_s=w.arrival_s / x), plan, cached)
         return holds(fast, timing, plan.kv_bytes_per_token, plan.cost, ttft_s, plan.slo_share)
 
+    n, guess = len(reqs.arrival_s), None
+    if plan.routing == "round_robin" and n >= GUESS_MIN:
+        guess = capacity_step(functools.partial(at, reqs.tail(n // GUESS_SHARE)))
     within = _within(result.ttft_s, ttft_s)
-    cap, rate = slo_capacity(at, within >= plan.slo_share), _rate(w.arrival_s)
+    cap, rate = slo_capacity(functools.partial(at, reqs), within >= plan.slo_share, guess), _rate(w.arrival_s)
     return {
         "within": within,
         "capacity_speedup": cap,
@@ -580,25 +591,55 @@ def _rate(arrival_s: np.ndarray) -> float | None:
     return (len(arrival_s) - 1) / span if span > 0 else None
 
 
-def slo_capacity(holds: Callable[[float], bool], at_one: bool | None = None) -> float | None:
-    """The highest speed-up x at which `holds(x)` (taken to hold below it and fail above it),
-    within CAPACITY_PRECISION: from 1x by doubling or halving, then bisecting. None if it fails
-    even 2^-CAPACITY_STEPS times as fast as the trace; the highest tried if it holds even
-    2^CAPACITY_STEPS times as fast. `at_one`: `holds(1.0)` where the caller knows it already
-    (its simulation at the workload's own times is the one `holds` would run: one run of the
-    search's eight or so saved)."""
-    up = holds(1.0) if at_one is None else at_one
-    lo, hi = (1.0, 2.0) if up else (0.5, 1.0)
-    for _ in range(CAPACITY_STEPS):
-        if up and holds(hi):
-            lo, hi = hi, hi * 2
-        elif not up and not holds(lo):
-            lo, hi = lo / 2, lo
-        else:
-            break
-    else:
-        return lo if up else None  # held at every speed tried, or at none
-    while hi / lo > CAPACITY_PRECISION:
+def slo_capacity(holds: Callable[[float], bool], at_one: bool | None = None, guess: int | None = None) -> float | None:
+    """The highest speed-up x on the search's grid (CAPACITY_GRID steps a doubling, each within
+    CAPACITY_PRECISION) at which `holds(x)` (taken to hold below it and fail above it). None if
+    it fails even 2^-CAPACITY_STEPS times as fast as the trace; 2^CAPACITY_STEPS if it holds even
+    then. `at_one`: `holds(1.0)` where the caller knows it already (its simulation at the
+    workload's own times is the one `holds` would run). `guess`: a grid step to start from
+    (`capacity_step` of a part of the workload); it changes which runs are asked, not the answer."""
+    m = capacity_step(holds, at_one, guess)
+    return None if m is None else speedup(m)
+
+
+def capacity_step(holds: Callable[[float], bool], at_one: bool | None = None, guess: int | None = None) -> int | None:
+    """`slo_capacity` as the grid's step (0: 1x; CAPACITY_GRID: 2x). From the guess (or from 2x
+    or 1/2x), steps of 1, 2, 4 ... (of CAPACITY_GRID, 2 CAPACITY_GRID ... without one) outwards
+    until the answer is bracketed, then bisection: each speed-up asked once."""
+    top = CAPACITY_STEPS * CAPACITY_GRID
+    known: dict[int, bool] = {} if at_one is None else {0: at_one}
+
+    def ok(m: int) -> bool:
+        if m not in known:
+            known[m] = holds(speedup(m))
+        return known[m]
+
+    lo, hi = (0, top + 1) if ok(0) else (-top - 1, 0)  # (the ends past the grid: never asked)
+    step = 1 if guess is not None else CAPACITY_GRID
+    m = min(max((lo + step if lo == 0 else hi - step) if guess is None else guess, lo + 1), hi - 1)
+    if lo < m < hi and ok(m):
+        lo = m
+        while lo + step < hi and ok(lo + step):
+            lo, step = lo + step, 2 * step
+        hi = min(hi, lo + step)
+    elif lo < m < hi:
+        hi = m
+        while hi - step > lo and not ok(hi - step):
+            hi, step = hi - step, 2 * step
+        lo = max(lo, hi - step)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return None if lo < -top else lo
+
+
+def speedup(m: int) -> float:
+    """The grid's step m as a speed-up, computed as a search doubling from 1x and bisecting by
+    geometric means computes it: the same float whichever way the search came to it."""
+    k, r = divmod(m, CAPACITY_GRID)
+    lo, hi = 2.0**k, 2.0 ** (k + 1)
+    a, b = 0, CAPACITY_GRID
+    while r and (c := (a + b) // 2) != r:
         mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
-    return lo
+        a, lo, b, hi = (c, mid, b, hi) if r > c else (a, lo, c, mid)
+    return lo if not r else (lo * hi) ** 0.5

@@ -101,6 +101,19 @@ class Requests:
     # from it); None: none written (a baseline with no tiers)
     written: np.ndarray | None = None
 
+    def tail(self, k: int) -> Requests:
+        """The last k requests (k >= 1): the same arrays' last k rows."""
+        s, w = slice(-k, None), self.written
+        return Requests(
+            self.arrival_s[s],
+            self.worker[s],
+            self.prompt_tokens[s],
+            self.output_tokens[s],
+            self.tier_tokens[s],
+            self.instance[s],
+            None if w is None else w[s],
+        )
+
 
 @dataclass(frozen=True)
 class Result:
