@@ -323,6 +323,9 @@ def trace_curve(
         typer.Option(help="Share of the blocks sampled (SHARDS; 1: all, exact): memory bounded by the sample."),
     ] = 1.0,
     seed: Annotated[int, typer.Option(help="The sample's hash seed.")] = 0,
+    kv_bytes_per_token: Annotated[
+        float | None, typer.Option(help="The model's KV bytes per token: capacities in bytes too.")
+    ] = None,
     fmt: Annotated[str, typer.Option("--format", help="auto, mooncake or bailian.")] = "auto",
     block_tokens: Annotated[
         int | None, typer.Option(help="Tokens per hash_ids block (default: 512 Mooncake, 16 Bailian).")
@@ -348,6 +351,7 @@ def trace_curve(
         block_tokens,
         sample,
         seed,
+        kv_bytes_per_token,
         skip_bad,
         json_out,
         Console(highlight=False, soft_wrap=True),

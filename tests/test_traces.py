@@ -194,10 +194,41 @@ def test_trace_curve_gives_what_an_lru_of_each_capacity_serves(tmp_path: Path, n
     for capacity in [*range(1, 129), *(s["capacity_blocks"] for s in steps)]:
         assert served(capacity) == traces.reuse(trace.requests, trace.block_tokens, capacity).cached_tokens, capacity
     assert served(10**9) == traces.reuse(trace.requests, trace.block_tokens).cached_tokens
+    points = doc["points"]  # each power of two of blocks, to past the last step; the knee among them
+    assert [p["capacity_blocks"] for p in points] == [2**e for e in range(len(points))]
+    assert points[-1]["capacity_blocks"] >= steps[-1]["capacity_blocks"] and doc["kv_bytes_per_token"] is None
+    assert all(p["share"] == served(p["capacity_blocks"]) / doc["prompt_tokens"] for p in points)
+    shares = {p["capacity_blocks"]: p["share"] for p in points}
+    knee = doc["knee_blocks"]
+    assert knee is not None and (knee == 1 or shares[knee] - shares[knee // 2] >= 0.01)
+    assert all(shares[c * 2] - shares[c] < 0.01 for c in shares if knee <= c < points[-1]["capacity_blocks"])
+    r = cli("trace", "curve", str(SAMPLES / name), "--kv-bytes-per-token", "2.5", "--json", str(tmp_path / "b.json"))
+    sized = json.loads((tmp_path / "b.json").read_text())
+    assert r.returncode == 0 and f"knee: {knee:,} blocks ({knee * trace.block_tokens * 2.5:,.0f} bytes)" in r.stdout
+    assert (
+        sized["knee_bytes"] == knee * trace.block_tokens * 2.5
+        and sized["points"][0]["capacity_bytes"] == trace.block_tokens * 2.5
+    )
     r = cli("trace", "curve", str(SAMPLES / name), "--sample", "0.1", "--json", str(tmp_path / "s.json"))
     assert r.returncode == 0 and "sampled (SHARDS) at 0.1" in r.stdout and "estimated error" in r.stdout, r.stderr
     sample = json.loads((tmp_path / "s.json").read_text())["sample"]
     assert sample["rate"] == 0.1 and sample["kept_references"] < doc["references"] and sample["error_estimate"] > 0
+
+
+def test_trace_curve_reads_lines_of_many_ids_in_bounded_chunks(tmp_path: Path) -> None:
+    """Lines of 400,000 hash ids each: a chunk ends once its ids reach a million (the third line
+    starts the next), and the curve across the cut is what a brute-force LRU serves."""
+    n = 400_000
+    rows = [mc(0, n + 1, list(range(n))), mc(1, n + 1, list(range(n, 2 * n))), mc(2, n + 1, list(range(n)))]
+    path = write(tmp_path / "t.jsonl", rows)
+    r = cli("trace", "curve", str(path), "--block-tokens", "1", "--json", str(tmp_path / "c.json"))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "c.json").read_text())
+    trace = traces.read(path, block_tokens=1)
+    assert doc["requests"] == 3 and doc["references"] == 3 * n
+    for step in doc["curve"]:
+        assert step["cached_tokens"] == traces.reuse(trace.requests, 1, step["capacity_blocks"]).cached_tokens
+    assert doc["curve"][-1]["cached_tokens"] == n == traces.reuse(trace.requests, 1).cached_tokens
 
 
 def test_an_unsigned_64_bit_hash_id_is_sized_by_its_bits(tmp_path: Path) -> None:
@@ -219,7 +250,15 @@ def test_trace_curve_bad_input_exits_2_without_a_traceback(tmp_path: Path) -> No
         assert "Traceback" not in r.stderr
     r = cli("trace", "curve", str(path), "--skip-bad", "--sample", "0.5")
     assert r.returncode == 0 and "1 lines left out" in r.stdout
-    for args in (["--sample", "0"], ["--sample", "1.5"], ["--sample", "nan"], ["--block-tokens", "0"]):
+    for args in (
+        ["--sample", "0"],
+        ["--sample", "1e-9"],
+        ["--sample", "1.5"],
+        ["--sample", "nan"],
+        ["--block-tokens", "0"],
+        ["--kv-bytes-per-token", "0"],
+        ["--kv-bytes-per-token", "inf"],
+    ):
         r = cli("trace", "curve", str(path), "--skip-bad", *args)
         assert r.returncode == 2 and "expected" in r.stderr and "Traceback" not in r.stderr, args
     (tmp_path / "empty.jsonl").write_text("\n")

@@ -10,11 +10,12 @@ would serve, in one pass, streamed from the file in memory bounded by the sample
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -22,8 +23,8 @@ from harness.analysis import stats
 from harness.config.context import MAX_CONTEXT_TOKENS
 from harness.core.errors import ExitCode, InputError
 from harness.inputs import traces
-from harness.sizing import streamed
-from harness.sizing.stack import References, TraceColumns, columns_references
+from harness.sizing import stack, streamed
+from harness.sizing.stack import SAMPLE_MODULUS, References, TraceColumns, columns_references
 
 RATE_WINDOWS = 10  # the arrival rate over time: the span cut into this many equal windows
 
@@ -132,17 +133,28 @@ def main(
     return ExitCode.OK
 
 
-CHUNK_REQUESTS = 32_768  # requests read, referenced and streamed at a time (bounded memory)
+# Requests read, referenced and streamed at a time (bounded memory): this many, or fewer where their
+# hash ids reach CHUNK_IDS (a line may hold 16 MiB of them).
+CHUNK_REQUESTS = 32_768
+CHUNK_IDS = 1 << 20
 
 
-def curve_doc(trace: dict[str, Any], s: streamed.Streamed) -> dict[str, Any]:
-    """What `kvbench trace curve` gives: the curve at every capacity where it rises."""
-    c = s.curve
+def curve_doc(trace: dict[str, Any], s: streamed.Streamed, kv_bytes_per_token: float | None) -> dict[str, Any]:
+    """What `kvbench trace curve` gives: the curve at every capacity where it rises, at every
+    power of two of blocks up to past its last rise, and its knee among those."""
+    c, block = s.curve, trace["block_tokens"]
+    top = int(c.distances[-1]) + 1 if len(c.distances) else 1
+    # to the first power of two past the last rise, and one more (a doubling that adds nothing:
+    # the knee is always among them); bin edges all, the curve exact there
+    powers = [1 << e for e in range((top - 1).bit_length() + 2)]
+    shares = [float(x) for x in c.share(np.asarray(powers))] if c.prompt_tokens else [0.0] * len(powers)
+    knee = stack.knee(powers, shares)
     return {
         **trace,
         "requests": s.requests,
         "references": s.references,
         "prompt_tokens": c.prompt_tokens,
+        "kv_bytes_per_token": kv_bytes_per_token,
         "sample": {
             "rate": c.rate,
             "kept_references": s.kept,
@@ -155,7 +167,17 @@ def curve_doc(trace: dict[str, Any], s: streamed.Streamed) -> dict[str, Any]:
             {"capacity_blocks": int(d) + 1, "share": float(t) / c.prompt_tokens, "cached_tokens": float(t)}
             for d, t in zip(c.distances, c.tokens, strict=True)
         ],
+        "points": [
+            {"capacity_blocks": n, "capacity_bytes": _bytes(n, block, kv_bytes_per_token), "share": x}
+            for n, x in zip(powers, shares, strict=True)
+        ],
+        "knee_blocks": knee,
+        "knee_bytes": None if knee is None else _bytes(knee, block, kv_bytes_per_token),
     }
+
+
+def _bytes(blocks: int, block_tokens: int, kv_bytes_per_token: float | None) -> float | None:
+    return None if kv_bytes_per_token is None else blocks * block_tokens * kv_bytes_per_token
 
 
 def show_curve(doc: dict[str, Any], console: Console) -> None:
@@ -176,17 +198,21 @@ def show_curve(doc: dict[str, Any], console: Console) -> None:
             markup=False,
         )
     table = Table(title=f"prompt tokens an LRU prefix cache would serve ({doc['resolution']})")
-    for col in ("capacity (blocks)", "tokens", "share"):
+    with_bytes = doc["kv_bytes_per_token"] is not None
+    for col in ("capacity (blocks)", "tokens", *(("bytes",) if with_bytes else ()), "share"):
         table.add_column(col, justify="right")
-    steps = doc["curve"]
-    top = steps[-1]["capacity_blocks"] if steps else 1
-    k = 0
-    for capacity in [1 << e for e in range(max(1, top).bit_length() + 1)]:
-        while k < len(steps) and steps[k]["capacity_blocks"] <= capacity:
-            k += 1
-        share = steps[k - 1]["share"] if k else 0.0
-        table.add_row(f"{capacity:,}", f"{capacity * doc['block_tokens']:,}", f"{share:.1%}")
+    for p in doc["points"]:
+        n = p["capacity_blocks"]
+        size = (f"{p['capacity_bytes']:,.0f}",) if with_bytes else ()
+        table.add_row(f"{n:,}", f"{n * doc['block_tokens']:,}", *size, f"{p['share']:.1%}")
     console.print(table)
+    if doc["knee_blocks"] is not None:
+        in_bytes = f" ({doc['knee_bytes']:,.0f} bytes)" if with_bytes else ""
+        console.print(
+            f"knee: {doc['knee_blocks']:,} blocks{in_bytes}; past it each doubling adds less than "
+            f"{stack.KNEE_GAIN:.0%} of the prompt tokens",
+            markup=False,
+        )
 
 
 def curve_main(
@@ -195,6 +221,7 @@ def curve_main(
     block_tokens: int | None,
     rate: float,
     seed: int,
+    kv_bytes_per_token: float | None,
     skip_bad: bool,
     json_out: Path | None,
     console: Console,
@@ -202,10 +229,14 @@ def curve_main(
 ) -> int:
     if block_tokens is not None and block_tokens < 1:
         raise InputError(f"--block-tokens: expected an integer >= 1, got {block_tokens}")
-    if not 0 < rate <= 1:
-        raise InputError(f"--sample: expected a sampling rate in (0, 1], got {rate}")
+    if not streamed.HALVES / SAMPLE_MODULUS <= rate <= 1:  # (each half of the sample a hash at least)
+        raise InputError(
+            f"--sample: expected a sampling rate from {streamed.HALVES}/{SAMPLE_MODULUS:,} to 1, got {rate}"
+        )
     if max_context_tokens is not None and max_context_tokens < 1:
         raise InputError(f"--max-context-tokens: expected an integer >= 1, got {max_context_tokens}")
+    if kv_bytes_per_token is not None and not 0 < kv_bytes_per_token < math.inf:
+        raise InputError(f"--kv-bytes-per-token: expected a number > 0, got {kv_bytes_per_token}")
     context = max_context_tokens or MAX_CONTEXT_TOKENS
 
     def reading() -> traces.Reading:
@@ -226,7 +257,7 @@ def curve_main(
         "skipped_lines": second.skipped,
         "misfit_lines": second.misfit_lines,
     }
-    doc = curve_doc(trace, s)
+    doc = curve_doc(trace, s, kv_bytes_per_token)
     show_curve(doc, console)
     if json_out is not None:
         from harness.core.errors import write_file
@@ -239,5 +270,15 @@ def _chunks(reading: traces.Reading) -> Iterator[References]:
     """The trace's references, CHUNK_REQUESTS requests at a time (the file is in time order:
     `Reading` refuses a timestamp that goes back)."""
     requests = reading.requests()
-    while (c := TraceColumns.of(islice(requests, CHUNK_REQUESTS))).requests:
+    while (c := TraceColumns.of(_chunk(requests))).requests:
         yield columns_references(c, reading.block)
+
+
+def _chunk(requests: Iterator[traces.TraceRequest]) -> Iterator[traces.TraceRequest]:
+    """The next CHUNK_REQUESTS requests, or fewer whose hash ids reach CHUNK_IDS (none read past)."""
+    ids = 0
+    for n, r in enumerate(requests, 1):
+        yield r
+        ids += len(r.hash_ids)
+        if n == CHUNK_REQUESTS or ids >= CHUNK_IDS:
+            return

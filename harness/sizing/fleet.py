@@ -16,7 +16,6 @@ settled on its own, and its SLO capacity found by settling the plan at each spee
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -28,7 +27,7 @@ from harness.inputs.traces import TraceRequest
 from harness.sizing import routing
 from harness.sizing.planned import Dependent, Ordered, Settled, settle
 from harness.sizing.simulate import Cost, Requests, Result, Tier, bin_for, binned, holds, simulate, spread
-from harness.sizing.stack import References, TraceColumns, columns_references
+from harness.sizing.stack import References, TraceColumns, columns_references, knee
 from harness.sizing.tiers import (
     Fleet,
     curve_tallies,
@@ -41,8 +40,6 @@ from harness.sizing.tiers import (
 
 # A tier's capacity curve: its share served at these multiples of its configured capacity.
 CURVE_MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 8.0, 16.0)
-# Past the knee, doubling a tier's capacity adds less than this share of prompt tokens.
-KNEE_GAIN = 0.01
 # The SLO capacity search: the highest arrival speed-up that holds on a grid from 2^-CAPACITY_STEPS
 # to 2^CAPACITY_STEPS, each doubling halved until its steps are within CAPACITY_PRECISION (64
 # steps a doubling): the speed-ups the search by doubling and bisecting tries, as it computes them.
@@ -498,12 +495,7 @@ def _curve(
         }
         for i, (m, c) in enumerate(zip(CURVE_MULTIPLES, caps, strict=True))
     ]
-    # past the last doubling that still adds KNEE_GAIN (a tier's share may be flat before it
-    # rises: the knee is where it is flat for good); None if even the last one adds that much
-    gains = [b["tier_share"] - a["tier_share"] >= KNEE_GAIN for a, b in itertools.pairwise(points)]
-    last = max((i for i, g in enumerate(gains) if g), default=-1)
-    knee = None if last == len(gains) - 1 else points[last + 1]["capacity_blocks"]
-    return {"points": points, "knee_blocks": knee}
+    return {"points": points, "knee_blocks": knee(caps, [p["tier_share"] for p in points])}
 
 
 def _slo(plan: Plan, cached: dict[str, Any], recompute: dict[str, Any] | None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ slower (bench/sizing.py), some 13 minutes for 10^6 requests where the issue asks
 from __future__ import annotations
 
 import functools
+import itertools
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from harness.inputs.traces import TraceRequest
 
 NEVER = np.inf  # the distance of a first touch: no capacity serves it
 SAMPLE_MODULUS = 1 << 24  # SHARDS: a block is sampled when its hash modulo this is below rate x this
+# Past the knee of a capacity curve, doubling the capacity adds less than this share of prompt tokens.
+KNEE_GAIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -326,3 +329,13 @@ def distance_loop(
         marked += w
         last[k] = t
     return out
+
+
+def knee(capacities: Sequence[int], shares: Sequence[float]) -> int | None:
+    """The smallest of these capacities (each twice the one before) past which every doubling
+    adds less than KNEE_GAIN to the share served: past the last doubling that still adds that
+    much (a share may be flat before it rises: the knee is where it is flat for good); None if
+    even the last one adds that much."""
+    gains = [b - a >= KNEE_GAIN for a, b in itertools.pairwise(shares)]
+    last = max((i for i, g in enumerate(gains) if g), default=-1)
+    return None if last == len(gains) - 1 else capacities[last + 1]

@@ -277,8 +277,8 @@ def counted(chunks: Iterable[References], sketch: Sketch) -> None:
 def streamed(chunks: Iterable[References], rate: float, sketch: Sketch | None, seed: int = 0) -> Streamed:
     """The second pass: the curve of the sample at `rate` (1: every block, exactly but for the
     bins; `sketch` then unused) of the references of requests in time order, a chunk at a time."""
-    if not 0 < rate <= 1:
-        raise InputError(f"sampling rate: expected a number in (0, 1], got {rate}")
+    if not HALVES / SAMPLE_MODULUS <= rate <= 1:  # (below: a half of the sample would hold no hash)
+        raise InputError(f"sampling rate: expected a number from {HALVES}/{SAMPLE_MODULUS:,} to 1, got {rate}")
     cut = int(rate * SAMPLE_MODULUS)
     whole = Sample(0, cut, 1 / rate)
     halves = (
