@@ -114,6 +114,7 @@ def test_a_streamed_sample_is_the_stratified_sample_held_whole() -> None:
     edges = streamed.bin_edges()
     _, counts = np.unique(refs.blocks, return_counts=True)
     assert s.heavy_blocks == np.count_nonzero(counts >= 20) > 0
+    assert s.heavy_references == counts[counts >= 20].sum()
     assert s.curve.share(edges) == pytest.approx(held.share(edges), abs=1e-12)
     assert 0 < s.error < 0.05
 

@@ -213,6 +213,8 @@ def test_trace_curve_gives_what_an_lru_of_each_capacity_serves(tmp_path: Path, n
     assert r.returncode == 0 and "sampled (SHARDS) at 0.1" in r.stdout and "estimated error" in r.stdout, r.stderr
     sample = json.loads((tmp_path / "s.json").read_text())["sample"]
     assert sample["rate"] == 0.1 and sample["kept_references"] < doc["references"] and sample["error_estimate"] > 0
+    assert sample["skewed"] == (sample["heavy_references"] >= 0.6 * doc["references"])
+    assert sample["skewed"] == ("warning: the heavy blocks are" in r.stdout)
 
 
 def test_trace_curve_reads_lines_of_many_ids_in_bounded_chunks(tmp_path: Path) -> None:

@@ -42,6 +42,9 @@ BINS = EXACT_BINS + 50 * BINS_PER_DOUBLING  # up to 2^57 blocks
 MIN_POSITIONS = 1 << 16  # the Fenwick tree's positions, at least
 MIN_TABLE = 1 << 16  # the hash table's entries, at least (a power of two)
 HALVES = 2
+# Where the heavy blocks' references are this share of all or more, the estimate of the error was
+# measured low by a factor of 2-20 (docs/sizing.md): the output says so.
+SKEWED = 0.6
 
 
 def bin_edges() -> np.ndarray:
@@ -266,6 +269,7 @@ class Streamed:
     references: int
     kept: int  # references the sample kept
     heavy_blocks: int  # distinct blocks kept whole
+    heavy_references: int  # their references
 
 
 def counted(chunks: Iterable[References], sketch: Sketch) -> None:
@@ -284,7 +288,7 @@ def streamed(chunks: Iterable[References], rate: float, sketch: Sketch | None, s
     halves = (
         [] if rate == 1 else [Sample(k * cut // HALVES, (k + 1) * cut // HALVES, HALVES / rate) for k in range(HALVES)]
     )
-    requests = references = light_tokens = prompt_tokens = 0
+    requests = references = heavy_references = light_tokens = prompt_tokens = 0
     for refs in chunks:
         h = mixed(refs.blocks, seed) % np.uint64(SAMPLE_MODULUS)
         if sketch is None or rate == 1:
@@ -296,6 +300,7 @@ def streamed(chunks: Iterable[References], rate: float, sketch: Sketch | None, s
             sample.feed(refs.blocks, request, refs.serves, heavy, h)
         requests += refs.requests
         references += len(refs.blocks)
+        heavy_references += int(np.count_nonzero(heavy))
         light_tokens += int(refs.serves[~heavy].sum())
         prompt_tokens += refs.prompt_tokens
     curve = whole.curve(light_tokens, prompt_tokens, rate)
@@ -305,4 +310,4 @@ def streamed(chunks: Iterable[References], rate: float, sketch: Sketch | None, s
         at = bin_edges()
         error = float(np.max(np.abs(a.share(at) - b.share(at)))) / 2 if prompt_tokens else 0.0
     heavy_blocks = int(np.count_nonzero(whole.weight[: whole.ints[2]] == 1.0)) if rate < 1 else 0
-    return Streamed(curve, error, requests, references, whole.kept, heavy_blocks)
+    return Streamed(curve, error, requests, references, whole.kept, heavy_blocks, heavy_references)
