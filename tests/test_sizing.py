@@ -727,6 +727,21 @@ def test_a_configuration_sized_from_a_placement_and_baseline_it_shares_is_the_on
     )
 
 
+def test_tiers_of_one_scope_share_their_distances() -> None:
+    """A device and a host tier per worker (as Dynamo's G1 and G2), then a cluster's: the two
+    per-worker tiers' distances are one computation, and each scope's are its own streams'."""
+    from harness.sizing import fleet
+
+    w = _workload(1_500, seed=3)
+    g1, g2, g4 = _plan().tiers
+    plan = replace(_plan(), tiers=(g1, replace(g2, scope="worker"), g4))
+    p = fleet.placement(w, plan)
+    assert p.distances[0] is p.distances[1]
+    for k, scope in ((0, "worker"), (2, "cluster")):
+        group = plan.fleet.group(p.worker, scope)[w.refs.request]
+        assert np.array_equal(p.distances[k], tiers.scoped_distances(w.refs, group))
+
+
 def test_each_tiers_curve_is_what_the_tiers_serve_at_each_of_its_capacities() -> None:
     """The capacity curves (one pass per tier) against their definition: at each multiple of a
     tier's capacity, the others unchanged, the tokens each reference's fastest holder serves

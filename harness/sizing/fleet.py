@@ -190,8 +190,11 @@ def placement(w: Workload, plan: Plan) -> Placement:
     # each reference's instance, at 16 bits where they fit (a reference's copy of its request's
     # instance is 1.5 GB at 64 bits for 10^7 requests)
     narrow = instance.astype(np.int16) if instance.size and instance.max() <= np.iinfo(np.int16).max else instance
-    distances = tuple(scoped_distances(refs, narrow[:, k][refs.request]) for k in range(len(plan.tiers)))
-    return Placement(worker, instance, distances)
+    # tiers of one scope have the same streams: their distances computed once (a Dynamo-like
+    # worker's device and host tiers are both per worker)
+    first = {t.scope: k for k, t in reversed(list(enumerate(plan.tiers)))}  # each scope's first tier
+    by_scope = {scope: scoped_distances(refs, narrow[:, k][refs.request]) for scope, k in first.items()}
+    return Placement(worker, instance, tuple(by_scope[t.scope] for t in plan.tiers))
 
 
 def _requests(w: Workload, plan: Plan, p: Placement) -> tuple[Requests, np.ndarray]:
