@@ -729,7 +729,8 @@ def test_a_configuration_sized_from_a_placement_and_baseline_it_shares_is_the_on
 
 def test_tiers_of_one_scope_share_their_distances() -> None:
     """A device and a host tier per worker (as Dynamo's G1 and G2), then a cluster's: the two
-    per-worker tiers' distances are one computation, and each scope's are its own streams'."""
+    per-worker tiers' distances are one computation, and each scope's are its own streams'; the
+    cluster's are the same for every fleet and routing."""
     from harness.sizing import fleet
 
     w = _workload(1_500, seed=3)
@@ -740,6 +741,13 @@ def test_tiers_of_one_scope_share_their_distances() -> None:
     for k, scope in ((0, "worker"), (2, "cluster")):
         group = plan.fleet.group(p.worker, scope)[w.refs.request]
         assert np.array_equal(p.distances[k], tiers.scoped_distances(w.refs, group))
+    # a cluster's tier streams every reference whatever the fleet and routing: one computation for
+    # all of them, the same as the references' own, computed afresh
+    other = fleet.placement(w, replace(plan, fleet=tiers.Fleet(16, 8), routing="prefix"))
+    assert other.distances[2] is p.distances[2] is w.refs.distances
+    fresh = stack.References(w.refs.blocks, w.refs.request, w.refs.serves, w.refs.prompt_tokens, w.refs.requests)
+    assert np.array_equal(fresh.distances, p.distances[2])
+    assert np.array_equal(fresh.distances, stack.prefix_distances(w.refs.blocks, w.refs.request))
 
 
 def test_each_tiers_curve_is_what_the_tiers_serve_at_each_of_its_capacities() -> None:

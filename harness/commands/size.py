@@ -352,6 +352,9 @@ def each_sized(
         return
     n = min(processes, len(plans))
     _ = workload.refs.dense  # numbered here once (cached, handed over with it), not in every process
+    clustered = {placement_key(p) for p in plans if any(t.scope == "cluster" for t in p.tiers)}
+    if isinstance(workload, Workload) and len(clustered) > 1:
+        _ = workload.refs.distances  # a cluster tier's, the same in every Placement: once, handed over
     with contextlib.ExitStack() as stack:
         store: Store
         if on_ray:

@@ -55,12 +55,10 @@ def scoped_distances(refs: References, group: np.ndarray) -> np.ndarray:
     apart, so that no distance counts another group's touches."""
     if not len(group):
         return np.zeros(0, dtype=np.float64)
-    dense, n_keys = refs.dense
-    # every reference counts 1: one weight seen through a view, not an array of ones (8 bytes a
-    # reference, and a sizing of 10^7 requests has some 2x10^8 references)
-    ones = np.broadcast_to(np.float64(1.0), len(group))
     if (group == group[0]).all():  # one stream (a cluster's tier): in time order already
-        return compiled_loop()(dense, n_keys, refs.request, ones, np.broadcast_to(np.int16(0), len(group)))
+        return refs.distances
+    dense, n_keys = refs.dense
+    ones = np.broadcast_to(np.float64(1.0), len(group))  # (as References.distances weighs them)
     narrow, order = streams(group)
     out = np.empty(len(order), dtype=np.float64)
     # requests stay contiguous within a group (all of a request's references go to one worker)
