@@ -252,7 +252,7 @@ def curves(n: int) -> None:
     import tempfile
     from pathlib import Path
 
-    from harness.sizing.streamed import bin_edges
+    from harness.sizing.stack import bin_edges
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.jsonl"
@@ -330,7 +330,7 @@ def main() -> None:
             sketch = streamed.Sketch()
             streamed.counted(synthetic.chunks(refs, 32_768), sketch)
             s = streamed.streamed(synthetic.chunks(refs, 32_768), 0.01, sketch, seed)
-            edges = streamed.bin_edges()
+            edges = stack.bin_edges()
             s_err = np.abs(s.curve.share(edges) - exact.share(edges)).max()
             print(
                 f"{alpha:5.1f}  {len(refs.blocks):10,}  {t_exact:8.1f}  {t_sample:9.1f}  {kept.mean():4.0%}  {err:9.4f}"

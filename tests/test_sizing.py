@@ -80,7 +80,7 @@ def test_sampled_curves_stay_near_the_exact_one_on_a_million_requests() -> None:
     sketch = streamed.Sketch()
     streamed.counted(synthetic.chunks(refs, 32_768), sketch)
     s = streamed.streamed(synthetic.chunks(refs, 32_768), 0.01, sketch)
-    edges = streamed.bin_edges()
+    edges = stack.bin_edges()
     error = np.abs(s.curve.share(edges) - exact.share(edges)).max()
     assert s.requests == refs.requests and s.references == len(refs.blocks) and s.kept < len(refs.blocks)
     assert error <= 0.01
@@ -94,12 +94,10 @@ def test_a_streamed_curve_is_exact_at_the_end_of_each_bin() -> None:
     refs = synthetic.shared_documents(20_000, documents=2_000, doc_blocks=16, own_blocks=3, alpha=0.9, block_tokens=16)
     exact = stack.curve(refs)
     s = streamed.streamed(synthetic.chunks(refs, 1_000), 1.0, None)
-    edges = streamed.bin_edges()
+    edges = stack.bin_edges()
     assert len(refs.blocks) > 3 * streamed.MIN_POSITIONS and s.kept == s.references == len(refs.blocks)
     assert np.array_equal(s.curve.served(edges), exact.served(edges))
-    assert (
-        s.curve.served(np.arange(streamed.EXACT_BINS)).tolist() == exact.served(np.arange(streamed.EXACT_BINS)).tolist()
-    )
+    assert s.curve.served(np.arange(stack.EXACT_BINS)).tolist() == exact.served(np.arange(stack.EXACT_BINS)).tolist()
     assert s.error == 0 and s.heavy_blocks == 0 and s.curve.share(10**9) == exact.share(10**9) > 0.3
 
 
@@ -111,7 +109,7 @@ def test_a_streamed_sample_is_the_stratified_sample_held_whole() -> None:
     streamed.counted(synthetic.chunks(refs, 4_096), sketch)
     s = streamed.streamed(synthetic.chunks(refs, 4_096), 0.05, sketch, seed=3)
     held = stack.curve(refs, 0.05, seed=3)
-    edges = streamed.bin_edges()
+    edges = stack.bin_edges()
     _, counts = np.unique(refs.blocks, return_counts=True)
     assert s.heavy_blocks == np.count_nonzero(counts >= 20) > 0
     assert s.heavy_references == counts[counts >= 20].sum()
@@ -137,15 +135,13 @@ def test_the_sketch_never_counts_fewer_references_than_a_block_has(blocks: list[
 def test_the_bins_cover_every_distance_once() -> None:
     """`bin_of` and `bin_edges` agree: each distance falls in the bin whose edges hold it; exact
     below EXACT_BINS, then 64 bins a doubling."""
-    edges = streamed.bin_edges()
-    assert np.all(np.diff(edges) > 0) and edges[: streamed.EXACT_BINS + 1].tolist() == list(
-        range(streamed.EXACT_BINS + 1)
-    )
+    edges = stack.bin_edges()
+    assert np.all(np.diff(edges) > 0) and edges[: stack.EXACT_BINS + 1].tolist() == list(range(stack.EXACT_BINS + 1))
     rng = np.random.default_rng(0)
     for d in [*range(300), *rng.integers(0, 2**40, 2000).tolist(), 2**50 - 1, 2**50]:
-        b = streamed.bin_of(int(d))
+        b = stack.bin_of(int(d))
         assert edges[b] <= d < edges[b + 1], d
-    assert np.all(np.diff(edges[streamed.EXACT_BINS :]) / edges[streamed.EXACT_BINS : -1] <= 1 / 64)
+    assert np.all(np.diff(edges[stack.EXACT_BINS :]) / edges[stack.EXACT_BINS : -1] <= 1 / 64)
 
 
 def test_a_sampling_rate_outside_0_1_is_refused() -> None:

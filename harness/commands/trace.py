@@ -116,13 +116,9 @@ def main(
     console: Console,
     max_context_tokens: int | None = None,
 ) -> int:
-    if block_tokens is not None and block_tokens < 1:
-        raise InputError(f"--block-tokens: expected an integer >= 1, got {block_tokens}")
     if any(n < 1 for n in lru_blocks):
         raise InputError(f"--lru-blocks: expected integers >= 1, got {min(lru_blocks)}")
-    if max_context_tokens is not None and max_context_tokens < 1:
-        raise InputError(f"--max-context-tokens: expected an integer >= 1, got {max_context_tokens}")
-    context = max_context_tokens or MAX_CONTEXT_TOKENS
+    context = _context(block_tokens, max_context_tokens)
     trace = traces.read(file, fmt, block_tokens, skip_bad, context, ", --max-context-tokens")
     doc = inspect(trace, lru_blocks)
     show(doc, console)
@@ -164,7 +160,7 @@ def curve_doc(trace: dict[str, Any], s: streamed.Streamed, kv_bytes_per_token: f
             "skewed": s.references > 0 and s.heavy_references >= streamed.SKEWED * s.references,
             "sketch": None if c.rate == 1 else {"rows": streamed.SKETCH_ROWS, "width": streamed.SKETCH_WIDTH},
         },
-        "resolution": f"exact below {streamed.EXACT_BINS} blocks, then {streamed.BINS_PER_DOUBLING} steps a doubling",
+        "resolution": f"exact below {stack.EXACT_BINS} blocks, then {stack.BINS_PER_DOUBLING} steps a doubling",
         "curve": [
             {"capacity_blocks": int(d) + 1, "share": float(t) / c.prompt_tokens, "cached_tokens": float(t)}
             for d, t in zip(c.distances, c.tokens, strict=True)
@@ -236,17 +232,13 @@ def curve_main(
     console: Console,
     max_context_tokens: int | None = None,
 ) -> int:
-    if block_tokens is not None and block_tokens < 1:
-        raise InputError(f"--block-tokens: expected an integer >= 1, got {block_tokens}")
     if not streamed.HALVES / SAMPLE_MODULUS <= rate <= 1:  # (each half of the sample a hash at least)
         raise InputError(
             f"--sample: expected a sampling rate from {streamed.HALVES}/{SAMPLE_MODULUS:,} to 1, got {rate}"
         )
-    if max_context_tokens is not None and max_context_tokens < 1:
-        raise InputError(f"--max-context-tokens: expected an integer >= 1, got {max_context_tokens}")
     if kv_bytes_per_token is not None and not 0 < kv_bytes_per_token < math.inf:
         raise InputError(f"--kv-bytes-per-token: expected a number > 0, got {kv_bytes_per_token}")
-    context = max_context_tokens or MAX_CONTEXT_TOKENS
+    context = _context(block_tokens, max_context_tokens)
 
     def reading() -> traces.Reading:
         return traces.Reading(file, fmt, block_tokens, skip_bad, context, ", --max-context-tokens")
@@ -273,6 +265,15 @@ def curve_main(
 
         write_file(json_out, json.dumps(doc, indent=1) + "\n")
     return ExitCode.OK
+
+
+def _context(block_tokens: int | None, max_context_tokens: int | None) -> int:
+    """The options both commands share, checked; the longest request a line may ask for."""
+    if block_tokens is not None and block_tokens < 1:
+        raise InputError(f"--block-tokens: expected an integer >= 1, got {block_tokens}")
+    if max_context_tokens is not None and max_context_tokens < 1:
+        raise InputError(f"--max-context-tokens: expected an integer >= 1, got {max_context_tokens}")
+    return max_context_tokens or MAX_CONTEXT_TOKENS
 
 
 def _chunks(reading: traces.Reading) -> Iterator[References]:

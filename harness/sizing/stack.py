@@ -14,7 +14,9 @@ capacity.
 
 The distances come from a Fenwick tree over the positions of each block's last touch, O(N log N),
 in a loop numba compiles (`pip install 'kvbench[sizing]'`): in plain Python the same loop ran 89x
-slower (bench/sizing.py), some 13 minutes for 10^6 requests where the issue asks for one.
+slower (bench/sizing.py), some 13 minutes for 10^6 requests where the issue asks for one. The
+loop that streams a sampled curve (streamed.py) and its bins are here too: both loops call the
+same Fenwick helpers, and numba's cache does not notice a change to a helper in another file.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ NEVER = np.inf  # the distance of a first touch: no capacity serves it
 SAMPLE_MODULUS = 1 << 24  # SHARDS: a block is sampled when its hash modulo this is below rate x this
 # Past the knee of a capacity curve, doubling the capacity adds less than this share of prompt tokens.
 KNEE_GAIN = 0.01
+# A streamed curve's bins (streamed.py): one a block below EXACT_BINS blocks, then
+# BINS_PER_DOUBLING a doubling (1.6 % of the capacity).
+EXACT_BINS = 128
+BINS_PER_DOUBLING = 64
+BINS = EXACT_BINS + 50 * BINS_PER_DOUBLING  # up to 2^57 blocks
 
 
 @dataclass(frozen=True)
@@ -285,14 +292,37 @@ def compiled(loop: Any, helpers: Sequence[Any] = ()) -> Any:
     except ImportError:
         raise InputError("sizing needs numba: pip install 'kvbench[sizing]'") from None
     for helper in helpers:
-        register_jitable(helper)
+        _jitable(register_jitable, helper)
     return numba.njit(cache=True, nogil=True)(loop)
+
+
+@functools.cache
+def _jitable(register: Any, helper: Any) -> None:
+    """A helper registered with numba once a process, however many loops call it."""
+    register(helper)
 
 
 @functools.cache
 def compiled_loop() -> Any:
     """The distance loop, compiled at its first use in a process."""
-    return compiled(distance_loop)
+    return compiled(distance_loop, (fenwick_sum, fenwick_add))
+
+
+def fenwick_sum(tree: np.ndarray, p: int) -> float:  # pragma: no cover
+    """The weight at positions 0..p of a Fenwick tree (`tree[1:]`). (Run compiled.)"""
+    total, i = 0.0, p + 1
+    while i > 0:
+        total += tree[i]
+        i -= i & -i
+    return total
+
+
+def fenwick_add(tree: np.ndarray, p: int, w: float) -> None:  # pragma: no cover
+    """Weight w added at position p of a Fenwick tree. (Run compiled.)"""
+    i = p + 1
+    while i < len(tree):
+        tree[i] += w
+        i += i & -i
 
 
 def distance_loop(
@@ -323,22 +353,11 @@ def distance_loop(
         if p < stream:
             running = np.inf
         else:
-            before = 0.0  # weight at positions 0..p
-            i = p + 1
-            while i > 0:
-                before += tree[i]
-                i -= i & -i
-            running = max(running, marked - before)
-            i = p + 1
-            while i <= n:
-                tree[i] -= w
-                i += i & -i
+            running = max(running, marked - fenwick_sum(tree, p))
+            fenwick_add(tree, p, -w)
             marked -= w
         out[t] = running
-        i = t + 1
-        while i <= n:
-            tree[i] += w
-            i += i & -i
+        fenwick_add(tree, t, w)
         marked += w
         last[k] = t
     return out
@@ -352,3 +371,102 @@ def knee(capacities: Sequence[int], shares: Sequence[float]) -> int | None:
     gains = [b - a >= KNEE_GAIN for a, b in itertools.pairwise(shares)]
     last = max((i for i, g in enumerate(gains) if g), default=-1)
     return None if last == len(gains) - 1 else capacities[last + 1]
+
+
+def bin_edges() -> np.ndarray:
+    """Each bin's first distance, then the last bin's end: exact one block at a time below
+    EXACT_BINS, then BINS_PER_DOUBLING equal bins a doubling."""
+    b = np.arange(BINS + 1, dtype=np.int64)
+    octave = 7 + (b - EXACT_BINS) // BINS_PER_DOUBLING
+    mantissa = BINS_PER_DOUBLING + (b - EXACT_BINS) % BINS_PER_DOUBLING
+    return np.where(b < EXACT_BINS, b, mantissa << np.maximum(octave - 6, 0))
+
+
+def bin_of(d: int) -> int:  # pragma: no cover
+    """The bin of distance d (>= 0): `bin_edges`' inverse. (Run compiled.)"""
+    if d < EXACT_BINS:
+        return d
+    octave, x = 0, d
+    while x > 1:
+        x >>= 1
+        octave += 1
+    return min(BINS - 1, EXACT_BINS + (octave - 7) * BINS_PER_DOUBLING + (d >> (octave - 6)) - BINS_PER_DOUBLING)
+
+
+def stream_loop(
+    blocks: np.ndarray,
+    request: np.ndarray,
+    serves: np.ndarray,
+    heavy: np.ndarray,
+    light_weight: float,
+    start: int,
+    shift: int,
+    keys: np.ndarray,
+    slot_of: np.ndarray,
+    pos: np.ndarray,
+    weight: np.ndarray,
+    tree: np.ndarray,
+    hist: np.ndarray,
+    ints: np.ndarray,
+    floats: np.ndarray,
+) -> int:  # pragma: no cover
+    """The kept references from `start` on, until the table is half full, the slots or the tree's
+    positions run out (the index to go on from, after streamed.py's `Sample._grow`), or the end. As
+    distance_loop, with a block's slot found by hashing its id. (Run compiled.)"""
+    n, mask, size = len(blocks), len(keys) - 1, len(tree) - 1
+    t, now, used = ints[0], ints[1], ints[2]
+    marked, running = floats[0], floats[1]
+    i = start
+    while i < n and 2 * used < len(keys) and used < len(pos) and t < size:
+        b = blocks[i]
+        j = np.int64((np.uint64(b) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
+        while slot_of[j] >= 0 and keys[j] != b:
+            j = (j + 1) & mask
+        if slot_of[j] < 0:
+            keys[j], slot_of[j] = b, used
+            pos[used], weight[used] = -1, 1.0 if heavy[i] else light_weight
+            used += 1
+        s = slot_of[j]
+        if request[i] != now:
+            running, now = 0.0, request[i]
+        w, p = weight[s], pos[s]
+        if p < 0:
+            running = np.inf
+        else:
+            running = max(running, marked - fenwick_sum(tree, p))
+            fenwick_add(tree, p, -w)
+            marked -= w
+        if serves[i] > 0 and running < np.inf:
+            hist[0 if heavy[i] else 1, bin_of(int(running))] += serves[i]
+        fenwick_add(tree, t, w)
+        marked += w
+        pos[s] = t
+        t += 1
+        i += 1
+    ints[0], ints[1], ints[2] = t, now, used
+    floats[0], floats[1] = marked, running
+    return i
+
+
+def rehash(
+    old_keys: np.ndarray, old_slots: np.ndarray, keys: np.ndarray, slot_of: np.ndarray, shift: int
+) -> None:  # pragma: no cover
+    """The table's entries put again into a larger one. (Run compiled.)"""
+    mask = len(keys) - 1
+    for e in range(len(old_keys)):
+        j = np.int64((np.uint64(old_keys[e]) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
+        while slot_of[j] >= 0:
+            j = (j + 1) & mask
+        keys[j], slot_of[j] = old_keys[e], old_slots[e]
+
+
+@functools.cache
+def compiled_stream() -> Any:
+    """The streamed distance loop (streamed.py), compiled at its first use in a process."""
+    return compiled(stream_loop, (bin_of, fenwick_sum, fenwick_add))
+
+
+@functools.cache
+def compiled_rehash() -> Any:
+    """The hash table's growth (streamed.py), compiled at its first use in a process."""
+    return compiled(rehash)

@@ -11,9 +11,11 @@ Two passes over the trace's requests, a chunk of `References` at a time:
 2. The kept references' stack distances, online: a hash table from block id to slot, each slot
    its block's last touch in a Fenwick tree over touch positions, renumbered when the positions
    run out (the live ones are the distinct blocks kept). Each request's prefix distances are
-   binned (exact below EXACT_BINS blocks, then BINS_PER_DOUBLING bins a doubling), heavy and
-   light blocks' tokens apart; the light ones are scaled at the end so that the kept light
-   blocks' tokens add up to all light blocks' (SHARDS' adjustment).
+   binned (exact below stack.EXACT_BINS blocks, then stack.BINS_PER_DOUBLING bins a doubling),
+   heavy and light blocks' tokens apart; the light ones are scaled at the end so that the kept
+   light blocks' tokens add up to all light blocks' (SHARDS' adjustment). The loop lives in
+   stack.py beside stack.distance_loop: both call its Fenwick helpers, and numba's cache does
+   not notice a change to a helper in another file.
 
 The error is estimated from the sample itself: two disjoint halves of the light sample (each at
 rate/2, the heavy blocks in both) stream beside the whole. Each half's error is about 1.4 times
@@ -31,40 +33,27 @@ from typing import Any
 import numpy as np
 
 from harness.core.errors import InputError
-from harness.sizing.stack import SAMPLE_MODULUS, Curve, References, compiled, mixed
+from harness.sizing.stack import (
+    BINS,
+    SAMPLE_MODULUS,
+    Curve,
+    References,
+    bin_edges,
+    compiled,
+    compiled_rehash,
+    compiled_stream,
+    mixed,
+)
 
 SKETCH_ROWS = 4
 SKETCH_WIDTH = 4 << 20  # counters a row: 64 MiB of uint32 in all, whatever the trace's length
 SKETCH_SEED = 1 << 20  # the rows' hashes' seeds start here, apart from the sample's
-EXACT_BINS = 128  # distances below this many blocks binned one a block
-BINS_PER_DOUBLING = 64  # above: a bin a 1/64 of a doubling (1.6 % of the capacity)
-BINS = EXACT_BINS + 50 * BINS_PER_DOUBLING  # up to 2^57 blocks
 MIN_POSITIONS = 1 << 16  # the Fenwick tree's positions, at least
 MIN_TABLE = 1 << 16  # the hash table's entries, at least (a power of two)
 HALVES = 2
 # Where the heavy blocks' references are this share of all or more, the estimate of the error was
 # measured low by a factor of 2-20 (docs/sizing.md): the output says so.
 SKEWED = 0.6
-
-
-def bin_edges() -> np.ndarray:
-    """Each bin's first distance, then the last bin's end: exact one block at a time below
-    EXACT_BINS, then BINS_PER_DOUBLING equal bins a doubling."""
-    b = np.arange(BINS + 1, dtype=np.int64)
-    octave = 7 + (b - EXACT_BINS) // BINS_PER_DOUBLING
-    mantissa = BINS_PER_DOUBLING + (b - EXACT_BINS) % BINS_PER_DOUBLING
-    return np.where(b < EXACT_BINS, b, mantissa << np.maximum(octave - 6, 0))
-
-
-def bin_of(d: int) -> int:  # pragma: no cover
-    """The bin of distance d (>= 0): `bin_edges`' inverse. (Run compiled.)"""
-    if d < EXACT_BINS:
-        return d
-    octave, x = 0, d
-    while x > 1:
-        x >>= 1
-        octave += 1
-    return min(BINS - 1, EXACT_BINS + (octave - 7) * BINS_PER_DOUBLING + (d >> (octave - 6)) - BINS_PER_DOUBLING)
 
 
 class Sketch:
@@ -125,7 +114,7 @@ class Sample:
         self.kept += int(keep.sum())
         self.light_tokens += int(serves[keep & ~heavy].sum())
         args = (blocks[keep], request[keep], serves[keep], heavy[keep], self.light_weight)
-        done, loop = 0, _compiled_stream()
+        done, loop = 0, compiled_stream()
         while (done := loop(*args, done, *self._state())) < len(args[0]):
             self._grow()
 
@@ -148,9 +137,7 @@ class Sample:
         if 2 * used >= len(self.keys):
             keys, slot_of = np.zeros(2 * len(self.keys), dtype=np.int64), np.full(2 * len(self.keys), -1, np.int64)
             filled = self.slot_of >= 0
-            _compiled_rehash()(
-                self.keys[filled], self.slot_of[filled], keys, slot_of, 64 - (len(keys).bit_length() - 1)
-            )
+            compiled_rehash()(self.keys[filled], self.slot_of[filled], keys, slot_of, 64 - (len(keys).bit_length() - 1))
             self.keys, self.slot_of = keys, slot_of
         if used >= len(self.pos):
             self.pos = np.resize(self.pos, 2 * len(self.pos))
@@ -165,93 +152,6 @@ class Sample:
             self.tree = np.r_[0.0, cum[i] - cum[i - (i & -i)]]
             self.ints[0] = used
             self.floats[0] = cum[-1]
-
-
-def stream_loop(
-    blocks: np.ndarray,
-    request: np.ndarray,
-    serves: np.ndarray,
-    heavy: np.ndarray,
-    light_weight: float,
-    start: int,
-    shift: int,
-    keys: np.ndarray,
-    slot_of: np.ndarray,
-    pos: np.ndarray,
-    weight: np.ndarray,
-    tree: np.ndarray,
-    hist: np.ndarray,
-    ints: np.ndarray,
-    floats: np.ndarray,
-) -> int:  # pragma: no cover
-    """The kept references from `start` on, until the table is half full, the slots or the tree's
-    positions run out (the index to go on from, after `Sample._grow`), or the end. As
-    stack.distance_loop, with a block's slot found by hashing its id. (Run compiled.)"""
-    n, mask, size = len(blocks), len(keys) - 1, len(tree) - 1
-    t, now, used = ints[0], ints[1], ints[2]
-    marked, running = floats[0], floats[1]
-    i = start
-    while i < n and 2 * used < len(keys) and used < len(pos) and t < size:
-        b = blocks[i]
-        j = np.int64((np.uint64(b) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
-        while slot_of[j] >= 0 and keys[j] != b:
-            j = (j + 1) & mask
-        if slot_of[j] < 0:
-            keys[j], slot_of[j] = b, used
-            pos[used], weight[used] = -1, 1.0 if heavy[i] else light_weight
-            used += 1
-        s = slot_of[j]
-        if request[i] != now:
-            running, now = 0.0, request[i]
-        w, p = weight[s], pos[s]
-        if p < 0:
-            running = np.inf
-        else:
-            before, k = 0.0, p + 1
-            while k > 0:
-                before += tree[k]
-                k -= k & -k
-            running = max(running, marked - before)
-            k = p + 1
-            while k <= size:
-                tree[k] -= w
-                k += k & -k
-            marked -= w
-        if serves[i] > 0 and running < np.inf:
-            hist[0 if heavy[i] else 1, bin_of(int(running))] += serves[i]
-        k = t + 1
-        while k <= size:
-            tree[k] += w
-            k += k & -k
-        marked += w
-        pos[s] = t
-        t += 1
-        i += 1
-    ints[0], ints[1], ints[2] = t, now, used
-    floats[0], floats[1] = marked, running
-    return i
-
-
-def rehash(
-    old_keys: np.ndarray, old_slots: np.ndarray, keys: np.ndarray, slot_of: np.ndarray, shift: int
-) -> None:  # pragma: no cover
-    """The table's entries put again into a larger one. (Run compiled.)"""
-    mask = len(keys) - 1
-    for e in range(len(old_keys)):
-        j = np.int64((np.uint64(old_keys[e]) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
-        while slot_of[j] >= 0:
-            j = (j + 1) & mask
-        keys[j], slot_of[j] = old_keys[e], old_slots[e]
-
-
-@functools.cache
-def _compiled_stream() -> Any:
-    return compiled(stream_loop, (bin_of,))
-
-
-@functools.cache
-def _compiled_rehash() -> Any:
-    return compiled(rehash)
 
 
 @functools.cache
