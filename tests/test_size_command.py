@@ -71,6 +71,20 @@ def size(tmp_path: Path, f: Path) -> dict[str, Any]:
     return doc
 
 
+def test_a_trace_whose_lengths_do_not_fit_its_hash_ids_is_warned_of(tmp_path: Path) -> None:
+    """A line whose input_length is far past what its hash_ids cover at the sizing's block_tokens
+    (a wrong block size, most likely): the sizing says so, and sizing.json counts such lines."""
+    tier = '[[tiers]]\nname = "G1"\nscope = "worker"\ncapacity = 64000'
+    far = json.dumps({"timestamp": 20000, "input_length": 4000, "output_length": 1, "hash_ids": [1]})
+    r = kvbench("size", str(sizing_file(tmp_path, tier, trace=f"{TWO_SAME}\n{far}")), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0 and "warning: 1 lines' input_length is more than a block" in r.stderr.replace("\n", " ")
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/*/sizing.json")]
+    assert doc["trace"]["misfit_lines"] == 1
+    (tmp_path / "fit").mkdir()
+    fit = size(tmp_path / "fit", sizing_file(tmp_path / "fit", tier))
+    assert fit["trace"]["misfit_lines"] == 0
+
+
 def test_a_prompt_seen_before_is_served_by_the_tier_that_holds_it_worked_by_hand(tmp_path: Path) -> None:
     """Two requests with the same 64-token prompt (4 blocks of 16), 10 s apart, on one worker.
     The second can be served its first 3 blocks (48 tokens: the last token is always computed):

@@ -233,6 +233,13 @@ def test_trace_curve_reads_lines_of_many_ids_in_bounded_chunks(tmp_path: Path) -
     assert doc["curve"][-1]["cached_tokens"] == n == traces.reuse(trace.requests, 1).cached_tokens
 
 
+def test_trace_curve_warns_of_lengths_that_do_not_fit_their_hash_ids(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.jsonl", [mc(0, 600, [1]), mc(1, 5000, [1, 2]), mc(2, 1100, [1, 2])])
+    r = cli("trace", "curve", str(path), "--json", str(tmp_path / "c.json"))
+    assert r.returncode == 0 and "warning: 1 lines' input_length is more than a block" in r.stdout.replace("\n", " ")
+    assert json.loads((tmp_path / "c.json").read_text())["misfit_lines"] == 1
+
+
 def test_an_unsigned_64_bit_hash_id_is_sized_by_its_bits(tmp_path: Path) -> None:
     """A hash id past 2^63 (an unsigned 64-bit hash) is read, by `kvbench trace curve` and
     `kvbench size`'s columns, as the signed id of the same bits: one block, however written."""

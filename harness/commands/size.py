@@ -218,7 +218,14 @@ def _workload(spec: config.SizingSpec, console: Console) -> tuple[Workload | Dep
         columns = TraceColumns.of(reading.requests())
         if not columns.requests:
             raise InputError(f"{w.trace}: the trace has no requests")
-        where = {"path": str(w.trace), "format": reading.format, "block_tokens": reading.block}
+        if (misfits := reading.misfit_warning()) is not None:
+            console.print(f"warning: {misfits}", markup=False)
+        where = {
+            "path": str(w.trace),
+            "format": reading.format,
+            "block_tokens": reading.block,
+            "misfit_lines": reading.misfit_lines,
+        }
         return _on_the_clock(from_columns(columns, reading.block, w.rate_scale, w.tenants), spec), {"trace": where}
     block = w.block_tokens or config.RESULT_BLOCK_TOKENS
     got = recorded.read(w.result, w.arm, block)

@@ -187,6 +187,8 @@ def show_curve(doc: dict[str, Any], console: Console) -> None:
     )
     if doc["skipped_lines"]:
         console.print(f"{len(doc['skipped_lines'])} lines left out; the first: {doc['skipped_lines'][0]}", markup=False)
+    if doc["misfit_warning"]:
+        console.print(f"warning: {doc['misfit_warning']}", markup=False)
     if sample["rate"] < 1:
         console.print(
             f"sampled (SHARDS) at {sample['rate']:.3g}: {sample['kept_references']:,} references kept "
@@ -257,6 +259,7 @@ def curve_main(
         "block_tokens": second.block,
         "skipped_lines": second.skipped,
         "misfit_lines": second.misfit_lines,
+        "misfit_warning": second.misfit_warning(),
     }
     doc = curve_doc(trace, s, kv_bytes_per_token)
     show_curve(doc, console)

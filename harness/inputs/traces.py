@@ -64,13 +64,19 @@ class Trace:
     misfit_lines: int = 0
 
     def misfit_warning(self) -> str | None:
-        if not self.misfit_lines:
-            return None
-        return (
-            f"{self.misfit_lines:,} lines' input_length is more than a block from what their hash_ids cover "
-            f"({self.block_tokens}-token blocks: the prompt is still input_length long, its shared part is not "
-            f"what the trace meant; wrong block_tokens?): {self.misfits[0]}"
-        )
+        return misfit_warning(self.misfit_lines, self.block_tokens, self.misfits)
+
+
+def misfit_warning(lines: int, block_tokens: int, misfits: Sequence[str]) -> str | None:
+    """What to say of a trace whose lines' input_length is more than a block from what their
+    hash_ids cover (`lines` of them, the first `misfits`); None if none is."""
+    if not lines:
+        return None
+    return (
+        f"{lines:,} lines' input_length is more than a block from what their hash_ids cover "
+        f"({block_tokens}-token blocks: the prompt is still input_length long, its shared part is not "
+        f"what the trace meant; wrong block_tokens?): {misfits[0]}"
+    )
 
 
 MISFIT_EXAMPLES = 5
@@ -161,6 +167,10 @@ class Reading:
     def block(self) -> int:
         assert self.format is not None  # (known from the first line read)
         return self.block_tokens or BLOCK_TOKENS[self.format]
+
+    def misfit_warning(self) -> str | None:
+        """`misfit_warning` of the lines read so far."""
+        return misfit_warning(self.misfit_lines, self.block, self.misfits)
 
     def requests(self) -> Iterator[TraceRequest]:
         p, last_ts = self.path, 0.0
