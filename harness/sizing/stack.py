@@ -42,6 +42,9 @@ KNEE_GAIN = 0.01
 EXACT_BINS = 128
 BINS_PER_DOUBLING = 64
 BINS = EXACT_BINS + 50 * BINS_PER_DOUBLING  # up to 2^57 blocks
+# (both powers of two: the first binned octave's exponent, and the bits a bin of one keeps)
+EXACT_OCTAVE = EXACT_BINS.bit_length() - 1
+DOUBLING_BITS = BINS_PER_DOUBLING.bit_length() - 1
 
 
 @dataclass(frozen=True)
@@ -377,9 +380,9 @@ def bin_edges() -> np.ndarray:
     """Each bin's first distance, then the last bin's end: exact one block at a time below
     EXACT_BINS, then BINS_PER_DOUBLING equal bins a doubling."""
     b = np.arange(BINS + 1, dtype=np.int64)
-    octave = 7 + (b - EXACT_BINS) // BINS_PER_DOUBLING
+    octave = EXACT_OCTAVE + (b - EXACT_BINS) // BINS_PER_DOUBLING
     mantissa = BINS_PER_DOUBLING + (b - EXACT_BINS) % BINS_PER_DOUBLING
-    return np.where(b < EXACT_BINS, b, mantissa << np.maximum(octave - 6, 0))
+    return np.where(b < EXACT_BINS, b, mantissa << np.maximum(octave - DOUBLING_BITS, 0))
 
 
 def bin_of(d: int) -> int:  # pragma: no cover
@@ -390,7 +393,8 @@ def bin_of(d: int) -> int:  # pragma: no cover
     while x > 1:
         x >>= 1
         octave += 1
-    return min(BINS - 1, EXACT_BINS + (octave - 7) * BINS_PER_DOUBLING + (d >> (octave - 6)) - BINS_PER_DOUBLING)
+    within = (d >> (octave - DOUBLING_BITS)) - BINS_PER_DOUBLING  # the bits after the leading one
+    return min(BINS - 1, EXACT_BINS + (octave - EXACT_OCTAVE) * BINS_PER_DOUBLING + within)
 
 
 def stream_loop(
