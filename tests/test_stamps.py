@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
+import select
 import socket
 import ssl
 import struct
+import termios
 import threading
 import time
 from pathlib import Path
@@ -19,6 +22,8 @@ from harness.config.scenario import Timeouts
 from harness.core import aio
 from harness.wire import stamps
 from harness.wire.client import Exchange, StreamingClient
+from harness.wire.connection import WATCH_NS, Origin, Pool
+from harness.wire.turns import Turns
 from tests.conftest import arm_folders, kvbench, write_scenario
 from tests.servers import requests_on
 
@@ -178,6 +183,71 @@ def test_the_kernel_stamps_from_a_pools_first_connection_to_its_last() -> None:
             stamping.close()
 
     assert aio.run(main()) == [True] * 20
+
+
+class Feeds:
+    """A connection's reader that keeps what it is fed."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[stamps.Stamp, bytes]] = []
+
+    def feed(self, stamp: stamps.Stamp, data: bytes) -> None:
+        self.reads.append((stamp, data))
+
+    def eof(self) -> None:
+        pass
+
+    def lost(self, exc: BaseException | None) -> None:
+        pass
+
+
+def queued(sock: socket.socket, n: int) -> None:
+    """Wait until the kernel holds `n` unread bytes for `sock` (the loop is not given a turn)."""
+    deadline = time.perf_counter() + 10
+    while fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0") != struct.pack("i", n):
+        assert time.perf_counter() < deadline, f"{n} bytes never arrived"
+        select.select([sock], [], [], 0.01)
+
+
+@pytest.mark.skipif(stamps.TIMESTAMPNS is None or not hasattr(select, "epoll"), reason="Linux's stamps and epoll")
+@pytest.mark.parametrize("watched", [True, False])
+def test_the_watch_reads_a_first_token_before_the_next_token_can_merge_with_it(watched: bool) -> None:
+    """Linux merges a socket's queued segments, and a read takes the newest one's stamp. A
+    connection awaiting its first token is read whenever the pool's watch is asked (between the
+    loop's other reads and its parsing), before the loop's own turn comes: its first token is read
+    alone with its own stamp, and the token after it in a read of its own, stamped later.
+    Unwatched, the loop reads both in one read, stamped as the second. The watch is asked at most
+    every WATCH_NS."""
+
+    async def main() -> list[tuple[stamps.Stamp, bytes]]:
+        pool = Pool(1, 5.0, Turns())
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            conn = await pool.acquire(Origin(False, "127.0.0.1", listener.getsockname()[1]))
+            server, _ = listener.accept()
+        feeds = Feeds()
+        conn.reader = feeds
+        assert conn.sock is not None
+        with server:
+            conn.await_first_token(watched)
+            asked = time.perf_counter_ns()
+            pool.watch.check(asked)
+            server.sendall(b"first")
+            queued(conn.sock, 5)
+            pool.watch.check(asked + WATCH_NS - 1)  # asked too soon after the last time: not read
+            queued(conn.sock, 5)
+            pool.watch.check(asked + WATCH_NS)
+            server.sendall(b"second")
+            queued(conn.sock, 6 if watched else 11)
+            while sum(len(data) for _, data in feeds.reads) < 11:
+                await asyncio.sleep(0)
+            conn.await_first_token(False)
+            await pool.close()
+        return feeds.reads
+
+    reads = aio.run(main())
+    assert [data for _, data in reads] == ([b"first", b"second"] if watched else [b"firstsecond"])
+    assert all(stamp.source == "kernel" for stamp, _ in reads)
+    assert reads[0][0].t_ns < reads[-1][0].t_ns or not watched
 
 
 SCENARIO = """

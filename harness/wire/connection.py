@@ -21,6 +21,11 @@ does one that closes a kept-alive connection, unanswered, after a request was wr
 request is ever sent twice: a used connection the server has closed is dropped before anything
 is written on it (`closed_by_peer`), and a request written is the server's, whatever happens next.
 
+A connection whose exchange still awaits its first token is also watched apart (`FirstTokenWatch`),
+and read as soon as the loop, busy reading and parsing the others, next looks (every WATCH_NS at
+most): Linux merges a socket's queued segments, and a read carries the newest one's stamp, so a
+first token read after the next token arrived would take that token's time.
+
 Once a request's last byte is with the kernel, the connection asks it to acknowledge what comes
 back at once (`TCP_QUICKACK`, Linux): a send puts Linux's receiver into delayed acknowledgement
 (40 ms at least), and a server that writes its response's head and then its first token as two
@@ -58,6 +63,8 @@ KEEPALIVE_S = 4.0
 # A connection that stays open this long after a complete response proves the server keeps
 # connections alive; one closed sooner, that it closes each after its response.
 CLOSE_AFTER_RESPONSE_S = 0.05
+# How often, at most, a busy loop looks for first tokens between its other reads and its parsing
+WATCH_NS = 20_000
 # Linux's acknowledge-at-once flag (the module docstring says why); elsewhere none is asked for
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 # What poll says of a connection the server has closed or reset (Linux); elsewhere a peek tells
@@ -152,13 +159,64 @@ class Habit:
         return ONE_PER_REQUEST if self.closes_after_response else KEPT_ALIVE
 
 
+class FirstTokenWatch:
+    """The connections whose exchange awaits its first token, in an epoll of their own
+    (edge-triggered: each arrival is reported once) that the pool asks between the loop's other
+    reads and its parsing, every WATCH_NS at most; what it reports is read at once.
+
+    The loop reads every ready socket once a turn. With 256 streams and tokens 1 ms apart, a turn
+    of reads outlasts the gap, so a first token read in its turn had often been merged with the
+    next one by the kernel and took that one's stamp, a gap late (Linux has no per-segment stamp
+    once segments merge). Where there is no epoll (not Linux: no kernel stamps either), nothing
+    is watched."""
+
+    __slots__ = ("checked_ns", "conns", "epoll")
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll() if hasattr(select, "epoll") else None
+        self.conns: dict[int, Connection] = {}
+        self.checked_ns = 0
+
+    def add(self, conn: Connection) -> None:
+        sock = conn.sock
+        if self.epoll is not None and sock is not None and sock.fileno() not in self.conns:
+            self.epoll.register(sock.fileno(), select.EPOLLIN | select.EPOLLET)
+            self.conns[sock.fileno()] = conn
+
+    def discard(self, conn: Connection) -> None:
+        sock = conn.sock
+        if sock is not None and self.conns.get(sock.fileno()) is conn:
+            del self.conns[sock.fileno()]
+            assert self.epoll is not None
+            self.epoll.unregister(sock.fileno())
+
+    def check(self, now_ns: int) -> None:
+        """Read the watched connections that data reached since the last look, if that was
+        WATCH_NS ago."""
+        if not self.conns or now_ns - self.checked_ns < WATCH_NS:
+            return
+        self.checked_ns = now_ns
+        assert self.epoll is not None
+        for fd, _ in self.epoll.poll(0, len(self.conns)):
+            conn = self.conns.get(fd)
+            if conn is not None and not conn.paused:
+                conn.read()
+
+    def close(self) -> None:
+        self.conns.clear()
+        if self.epoll is not None:
+            self.epoll.close()
+            self.epoll = None
+
+
 class Backlog:
     """Reads held by a pool's connections, released a read per connection in turn, for a slice
-    of time per loop turn."""
+    of time per loop turn, the watch asked between two."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, turns: Turns) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, turns: Turns, watch: FirstTokenWatch) -> None:
         self.loop = loop
         self.turns = turns
+        self.watch = watch
         self.conns: deque[Connection] = deque()
         self.scheduled = False
 
@@ -179,6 +237,7 @@ class Backlog:
                 if conn.held:  # to the back: every connection gets its turn
                     conns.append(conn)
                 now = time.perf_counter_ns()
+                self.watch.check(now)
         finally:  # a reader that broke must not stop the others
             self.scheduled = bool(conns)
             if self.scheduled:
@@ -264,19 +323,26 @@ class Connection:
         self.loop.add_reader(sock.fileno(), self._readable)
 
     def _readable(self) -> None:
+        """The loop's reader: this read, then the watch's."""
+        now = self.read()
+        if now:
+            self.pool.turns.polled(now)
+            self.pool.watch.check(now)
+
+    def read(self) -> int:
+        """Take what the socket holds, stamped; when it was read (0: nothing was)."""
         sock = self.sock
         if sock is None:
-            return
+            return 0
         try:
             data, ancdata, _, _ = sock.recvmsg(READ_BYTES, self.ancillary)
         except (BlockingIOError, InterruptedError):
-            return
+            return 0
         except OSError as e:
             self._shut(e)
-            return
+            return 0
         now = time.perf_counter_ns()
         stamp = stamps.of_read(ancdata, now, self.pool.clocks)
-        self.pool.turns.polled(now)
         self.last_read_ns = stamp.t_ns
         ended = not data
         if self.tls is not None:
@@ -284,13 +350,22 @@ class Connection:
                 data, ended = self.tls.decrypt(data)
             except ssl.SSLError as e:
                 self._shut(e)
-                return
+                return 0
             if self.tls.incoming.pending:
                 stamp = replace(stamp, held_more=True)
         if data:
             self._received(stamp, data)
         if ended:
             self._eof()
+        return now
+
+    def await_first_token(self, on: bool) -> None:
+        """Whether the pool's watch reads this connection ahead of the loop's turn: its exchange
+        awaits its first token."""
+        if on:
+            self.pool.watch.add(self)
+        else:
+            self.pool.watch.discard(self)
 
     def _received(self, stamp: Stamp, data: bytes) -> None:
         if self.reader is None and not self.held:  # bytes no request asked for: not reusable
@@ -318,6 +393,7 @@ class Connection:
         sock = self.sock
         if sock is None:
             return
+        self.pool.watch.discard(self)
         self.loop.remove_reader(sock.fileno())
         if self.unsent:
             self.loop.remove_writer(sock.fileno())
@@ -449,7 +525,8 @@ class Pool:
         self.limit, self.connect_s = limit, connect_s
         self.loop = asyncio.get_running_loop()
         self.turns = turns
-        self.backlog = Backlog(self.loop, turns)
+        self.watch = FirstTokenWatch()
+        self.backlog = Backlog(self.loop, turns, self.watch)
         self.clocks = stamps.WallToMonotonic()  # the kernel's stamps onto the monotonic clock
         self.stamping = stamps.KernelStamping()  # the kernel's stamping kept on while the pool lives
         self.habit = Habit()
@@ -529,6 +606,7 @@ class Pool:
     def release(self, conn: Connection, reusable: bool) -> None:
         """The exchange on `conn` is over; keep the connection if it may carry another request."""
         conn.reader = None
+        conn.await_first_token(False)
         if not reusable or conn.closed or self.habit.closes_after_response:
             conn.close()  # (its end wakes a waiter)
             return
@@ -612,3 +690,4 @@ class Pool:
         self.probation.clear()
         for conn in list(self.conns):
             conn.close()
+        self.watch.close()

@@ -105,7 +105,9 @@ class Reader:
         self.timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
-        """The request is written: the timer (no data for idle_s, no first token in time) runs."""
+        """The request is written: the timer (no data for idle_s, no first token in time) runs,
+        and the connection is watched until its first token."""
+        self.conn.await_first_token(True)
         self._check()
 
     def feed(self, stamp: Stamp, data: bytes) -> None:
@@ -130,6 +132,7 @@ class Reader:
             self.stop()
             self._check()  # its bound, from now
         if before is None and ex.state.first_token_ns is not None:
+            self.conn.await_first_token(False)
             ex.first_token_read(stamp, self._later(response) or int(stamp.held_more))
         # After [DONE], the body's end is read on from the reads already in, so that the
         # connection can be reused; if it is not there yet, the connection is closed.
