@@ -44,7 +44,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -310,7 +310,11 @@ class Connection:
         self.sock: socket.socket | None = sock
         self.tls = tls
         self.ancillary = stamps.ANCILLARY_BYTES if stamps.ask_kernel(sock) else 0
-        self.held: deque[tuple[Stamp, bytes]] = deque()
+        # Each held read as its stamp's fields and its bytes: a tuple of plain values, which the
+        # garbage collector stops tracking, where a Stamp in it would keep the tuple tracked. A
+        # client behind its servers holds some 10^5 reads, and every full collection walked them:
+        # pauses of 10-50 ms in a closed loop at 256 connections, tokens 1 ms apart, over https.
+        self.held: deque[tuple[int, int | None, bool, bytes]] = deque()
         self.held_bytes = 0
         self.paused = False
         self.unsent: deque[memoryview] = deque()  # what the socket did not take at once
@@ -351,10 +355,8 @@ class Connection:
             except ssl.SSLError as e:
                 self._shut(e)
                 return 0
-            if self.tls.incoming.pending:
-                stamp = replace(stamp, held_more=True)
         if data:
-            self._received(stamp, data)
+            self._received(stamp, data, self.tls is not None and self.tls.incoming.pending > 0)
         if ended:
             self._eof()
         return now
@@ -367,11 +369,11 @@ class Connection:
         else:
             self.pool.watch.discard(self)
 
-    def _received(self, stamp: Stamp, data: bytes) -> None:
+    def _received(self, stamp: Stamp, data: bytes, held_more: bool) -> None:
         if self.reader is None and not self.held:  # bytes no request asked for: not reusable
             self.close()
             return
-        self.held.append((stamp, data))
+        self.held.append((stamp.t_ns, stamp.late_ns, held_more, data))
         self.held_bytes += len(data)
         if len(self.held) == 1:
             self.pool.backlog.add(self)
@@ -417,13 +419,13 @@ class Connection:
 
     def release_one(self) -> None:
         """Hand the reader the oldest held read."""
-        stamp, data = self.held.popleft()
+        t_ns, late_ns, held_more, data = self.held.popleft()
         self.held_bytes -= len(data)
         if self.paused and self.held_bytes <= HOLD_BYTES // 2 and self.sock is not None:
             self.paused = False
             self.loop.add_reader(self.sock.fileno(), self._readable)
         if self.reader is not None:
-            self.reader.feed(stamp, data)
+            self.reader.feed(Stamp(t_ns, late_ns, held_more), data)
 
     def write(self, data: bytes) -> None:
         self.served += 1
