@@ -22,8 +22,8 @@ from harness.config.scenario import Timeouts
 from harness.core import aio
 from harness.wire import stamps
 from harness.wire.client import Exchange, StreamingClient
-from harness.wire.connection import WATCH_NS, Origin, Pool
-from harness.wire.turns import Turns
+from harness.wire.connection import Origin, Pool
+from harness.wire.turns import WATCH_NS, Turns
 from tests.conftest import arm_folders, kvbench, write_scenario
 from tests.servers import requests_on
 
@@ -213,7 +213,7 @@ def queued(sock: socket.socket, n: int) -> None:
 @pytest.mark.parametrize("watched", [True, False])
 def test_the_watch_reads_a_first_token_before_the_next_token_can_merge_with_it(watched: bool) -> None:
     """Linux merges a socket's queued segments, and a read takes the newest one's stamp. A
-    connection awaiting its first token is read whenever the pool's watch is asked (between the
+    connection awaiting its first token is read whenever its client's watch is asked (between the
     loop's other reads and its parsing), before the loop's own turn comes: its first token is read
     alone with its own stamp, and the token after it in a read of its own, stamped later.
     Unwatched, the loop reads both in one read, stamped as the second. The watch is asked at most
@@ -230,12 +230,12 @@ def test_the_watch_reads_a_first_token_before_the_next_token_can_merge_with_it(w
         with server:
             conn.await_first_token(watched)
             asked = time.perf_counter_ns()
-            pool.watch.check(asked)
+            pool.turns.watch.check(asked)
             server.sendall(b"first")
             queued(conn.sock, 5)
-            pool.watch.check(asked + WATCH_NS - 1)  # asked too soon after the last time: not read
+            pool.turns.watch.check(asked + WATCH_NS - 1)  # asked too soon after the last time: not read
             queued(conn.sock, 5)
-            pool.watch.check(asked + WATCH_NS)
+            pool.turns.watch.check(asked + WATCH_NS)
             server.sendall(b"second")
             queued(conn.sock, 6 if watched else 11)
             while sum(len(data) for _, data in feeds.reads) < 11:

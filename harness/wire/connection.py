@@ -21,9 +21,9 @@ does one that closes a kept-alive connection, unanswered, after a request was wr
 request is ever sent twice: a used connection the server has closed is dropped before anything
 is written on it (`closed_by_peer`), and a request written is the server's, whatever happens next.
 
-A connection whose exchange still awaits its first token is also watched apart (`FirstTokenWatch`),
-and read as soon as the loop, busy reading and parsing the others, next looks (every WATCH_NS at
-most): Linux merges a socket's queued segments, and a read carries the newest one's stamp, so a
+A connection whose exchange still awaits its first token is also in its client's
+`turns.FirstTokenWatch`, and read as soon as the loop, busy reading and parsing the others, next
+looks: Linux merges a socket's queued segments, and a read carries the newest one's stamp, so a
 first token read after the next token arrived would take that token's time.
 
 Once a request's last byte is with the kernel, the connection asks it to acknowledge what comes
@@ -63,8 +63,6 @@ KEEPALIVE_S = 4.0
 # A connection that stays open this long after a complete response proves the server keeps
 # connections alive; one closed sooner, that it closes each after its response.
 CLOSE_AFTER_RESPONSE_S = 0.05
-# How often, at most, a busy loop looks for first tokens between its other reads and its parsing
-WATCH_NS = 20_000
 # Linux's acknowledge-at-once flag (the module docstring says why); elsewhere none is asked for
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 # What poll says of a connection the server has closed or reset (Linux); elsewhere a peek tells
@@ -159,64 +157,13 @@ class Habit:
         return ONE_PER_REQUEST if self.closes_after_response else KEPT_ALIVE
 
 
-class FirstTokenWatch:
-    """The connections whose exchange awaits its first token, in an epoll of their own
-    (edge-triggered: each arrival is reported once) that the pool asks between the loop's other
-    reads and its parsing, every WATCH_NS at most; what it reports is read at once.
-
-    The loop reads every ready socket once a turn. With 256 streams and tokens 1 ms apart, a turn
-    of reads outlasts the gap, so a first token read in its turn had often been merged with the
-    next one by the kernel and took that one's stamp, a gap late (Linux has no per-segment stamp
-    once segments merge). Where there is no epoll (not Linux: no kernel stamps either), nothing
-    is watched."""
-
-    __slots__ = ("checked_ns", "conns", "epoll")
-
-    def __init__(self) -> None:
-        self.epoll = select.epoll() if hasattr(select, "epoll") else None
-        self.conns: dict[int, Connection] = {}
-        self.checked_ns = 0
-
-    def add(self, conn: Connection) -> None:
-        sock = conn.sock
-        if self.epoll is not None and sock is not None and sock.fileno() not in self.conns:
-            self.epoll.register(sock.fileno(), select.EPOLLIN | select.EPOLLET)
-            self.conns[sock.fileno()] = conn
-
-    def discard(self, conn: Connection) -> None:
-        sock = conn.sock
-        if sock is not None and self.conns.get(sock.fileno()) is conn:
-            del self.conns[sock.fileno()]
-            assert self.epoll is not None
-            self.epoll.unregister(sock.fileno())
-
-    def check(self, now_ns: int) -> None:
-        """Read the watched connections that data reached since the last look, if that was
-        WATCH_NS ago."""
-        if not self.conns or now_ns - self.checked_ns < WATCH_NS:
-            return
-        self.checked_ns = now_ns
-        assert self.epoll is not None
-        for fd, _ in self.epoll.poll(0, len(self.conns)):
-            conn = self.conns.get(fd)
-            if conn is not None and not conn.paused:
-                conn.read()
-
-    def close(self) -> None:
-        self.conns.clear()
-        if self.epoll is not None:
-            self.epoll.close()
-            self.epoll = None
-
-
 class Backlog:
     """Reads held by a pool's connections, released a read per connection in turn, for a slice
-    of time per loop turn, the watch asked between two."""
+    of time per loop turn, the first-token watch asked between two."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, turns: Turns, watch: FirstTokenWatch) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, turns: Turns) -> None:
         self.loop = loop
         self.turns = turns
-        self.watch = watch
         self.conns: deque[Connection] = deque()
         self.scheduled = False
 
@@ -237,7 +184,7 @@ class Backlog:
                 if conn.held:  # to the back: every connection gets its turn
                     conns.append(conn)
                 now = time.perf_counter_ns()
-                self.watch.check(now)
+                self.turns.watch.check(now)
         finally:  # a reader that broke must not stop the others
             self.scheduled = bool(conns)
             if self.scheduled:
@@ -330,8 +277,9 @@ class Connection:
         """The loop's reader: this read, then the watch's."""
         now = self.read()
         if now:
-            self.pool.turns.polled(now)
-            self.pool.watch.check(now)
+            turns = self.pool.turns
+            turns.polled(now)
+            turns.watch.check(now)
 
     def read(self) -> int:
         """Take what the socket holds, stamped; when it was read (0: nothing was)."""
@@ -362,12 +310,11 @@ class Connection:
         return now
 
     def await_first_token(self, on: bool) -> None:
-        """Whether the pool's watch reads this connection ahead of the loop's turn: its exchange
-        awaits its first token."""
-        if on:
-            self.pool.watch.add(self)
-        else:
-            self.pool.watch.discard(self)
+        """Whether the first-token watch reads this connection ahead of the loop's turn: its
+        exchange awaits its first token."""
+        if self.sock is not None:
+            watch = self.pool.turns.watch
+            (watch.add if on else watch.discard)(self.sock.fileno(), self)
 
     def _received(self, stamp: Stamp, data: bytes, held_more: bool) -> None:
         if self.reader is None and not self.held:  # bytes no request asked for: not reusable
@@ -395,7 +342,7 @@ class Connection:
         sock = self.sock
         if sock is None:
             return
-        self.pool.watch.discard(self)
+        self.pool.turns.watch.discard(sock.fileno(), self)
         self.loop.remove_reader(sock.fileno())
         if self.unsent:
             self.loop.remove_writer(sock.fileno())
@@ -527,8 +474,7 @@ class Pool:
         self.limit, self.connect_s = limit, connect_s
         self.loop = asyncio.get_running_loop()
         self.turns = turns
-        self.watch = FirstTokenWatch()
-        self.backlog = Backlog(self.loop, turns, self.watch)
+        self.backlog = Backlog(self.loop, turns)
         self.clocks = stamps.WallToMonotonic()  # the kernel's stamps onto the monotonic clock
         self.stamping = stamps.KernelStamping()  # the kernel's stamping kept on while the pool lives
         self.habit = Habit()
@@ -692,4 +638,4 @@ class Pool:
         self.probation.clear()
         for conn in list(self.conns):
             conn.close()
-        self.watch.close()
+        self.turns.watch.close()
