@@ -3,10 +3,12 @@ emulator on an ephemeral port (and llama.cpp in test_llamacpp.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import json
 import math
+import types
 import weakref
 from pathlib import Path
 
@@ -22,8 +24,8 @@ from harness.config.kinds.open_loop import OpenLoopConfig
 from harness.core import aio
 from harness.core.errors import InputError
 from harness.results import read_requests, read_run
-from harness.workloads import open_loop
-from harness.workloads.base import Timed
+from harness.workloads import closed_loop, open_loop
+from harness.workloads.base import Plan, Timed
 from tests.conftest import cli, kvbench, write_scenario
 
 BASE = """
@@ -487,6 +489,46 @@ def test_young_objects_are_frozen_while_an_open_loop_sends() -> None:
         assert gc.get_threshold() == usual
     finally:
         gc.unfreeze()
+
+
+class Allocating:
+    """What closed_loop.drive asks of a Sender, each request leaving `per_request` tracked objects
+    alive; each send notes the young count and threshold it starts with."""
+
+    def __init__(self, per_request: int) -> None:
+        self.spec = types.SimpleNamespace(connections=2, arm=types.SimpleNamespace(warm_from="active"))
+        self.stop = asyncio.Event()
+        self.per_request = per_request
+        self.kept: list[list[list[int]]] = []
+        self.seen: list[tuple[int, int]] = []
+
+    def lead_for(self, prompt: object) -> None:
+        return None
+
+    async def send(self, *args: object, **kwargs: object) -> None:
+        self.seen.append((gc.get_count()[0], gc.get_threshold()[0]))
+        self.kept.append([[] for _ in range(self.per_request)])
+        await asyncio.sleep(0)
+
+    def check_bust(self, record: object) -> None:
+        pass
+
+
+def test_young_objects_are_frozen_while_a_closed_loop_sends() -> None:
+    """A closed loop's requests, like an open loop's sends, find the young objects of the requests
+    before them frozen, not collected: a collection in the middle of a stream delays the read of
+    a first token arriving meanwhile, and the kernel then merges it with the next token under the
+    later stamp. Afterwards the thresholds are the usual ones."""
+    usual = gc.get_threshold()
+    sender = Allocating(2 * usual[0])
+    plan = Plan(12, (object(),), tuple((i, 0) for i in range(12)))  # type: ignore[arg-type]
+    try:
+        aio.run(closed_loop.drive(sender, plan))  # type: ignore[arg-type]
+    finally:
+        gc.unfreeze()
+    assert len(sender.seen) == 12 and all(threshold == aio.YOUNG_LIMIT for _, threshold in sender.seen)
+    assert all(young < usual[0] for young, _ in sender.seen[2:])  # each connection's earlier ones frozen
+    assert gc.get_threshold() == usual
 
 
 def test_the_connections_an_open_loop_opens_ahead() -> None:

@@ -65,21 +65,24 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-# While an open loop sends, the collector does not scan what the run allocates: a young collection
-# with ~200 requests in flight takes 1-5 ms, and a send that falls due during it is late by as much
-# (docs/performance.md, issue 13). Young objects are frozen instead (`gc.freeze`, which moves them
-# out of the collector's reach without looking at them). Reference counting still frees every
-# object that is not in a reference cycle; cycles are rare on the request path, and those made
-# while sending wait for the next `freeze_heap`, or for a collection of everything once the run's
-# frozen objects pass FROZEN_LIMIT (at the next gap of GAP_COLLECT_NS in the schedule), so memory
-# stays bounded. Automatic young collections wait for YOUNG_LIMIT allocations meanwhile.
+# While a loop sends, the collector does not scan what the run allocates: a young collection with
+# ~200 requests in flight takes 1-5 ms, and a send that falls due during it is late by as much
+# (docs/performance.md, issue 13); so is the read of a first token that arrives during it, and the
+# kernel then merges the token with the next one under the later stamp (at 256 connections, tokens
+# 1 ms apart, over https: p99 errors of 2-5 ms, 0.01-0.04 ms without; issue 52). Young objects
+# are frozen instead (`gc.freeze`, which moves them out of the collector's reach without looking
+# at them). Reference counting still frees every object that is not in a reference cycle; cycles
+# are rare on the request path, and those made while sending wait for the next `freeze_heap`, or
+# for a collection of everything once the run's frozen objects pass FROZEN_LIMIT (at the next gap
+# of GAP_COLLECT_NS in an open loop's schedule; a closed loop's next request), so memory stays
+# bounded. Automatic young collections wait for YOUNG_LIMIT allocations meanwhile.
 YOUNG_LIMIT = 50_000
 FROZEN_LIMIT = 1_000_000
 GAP_COLLECT_NS = 2_000_000
 
 
 class Collections:
-    """The collector's thresholds while an open loop sends (`collections_in_gaps`)."""
+    """The collector's thresholds while a loop sends (`collections_in_gaps`)."""
 
     def __init__(self) -> None:
         self.usual = gc.get_threshold()
@@ -87,8 +90,9 @@ class Collections:
         self.frozen_limit = FROZEN_LIMIT
 
     def in_gap(self, left_ns: int) -> None:
-        """With `left_ns` to the next send: freeze what a young collection would have scanned by
-        now; collect everything when too much has been frozen and the gap allows."""
+        """With `left_ns` to the next send (a closed loop, which has no schedule, passes
+        GAP_COLLECT_NS): freeze what a young collection would have scanned by now; collect
+        everything when too much has been frozen and the gap allows."""
         young = gc.get_count()[0]
         if young < self.usual[0]:
             return

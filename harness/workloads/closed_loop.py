@@ -50,10 +50,11 @@ async def drive(
         tier = tiers.adapter(sp.arm, sp.server, sp.base_url, sp.run_id, sender.client.session, "")
         await tier.check_slots(first + count)
 
-    async def connection(n: int) -> None:
+    async def connection(n: int, collector: aio.Collections) -> None:
         async for i, p in queue:
             if sender.stop.is_set():
                 return
+            collector.in_gap(aio.GAP_COLLECT_NS)  # (no schedule: any moment between requests is a gap)
             prompt = plan.prompts[p]
             lead = sender.lead_for(prompt)
             if tier is None:
@@ -66,7 +67,8 @@ async def drive(
                 await tier.after_cold(prompt.id, n)
 
     try:
-        await aio.together(*(connection(first + n) for n in range(count)))
+        with aio.collections_in_gaps() as collector:
+            await aio.together(*(connection(first + n, collector) for n in range(count)))
     finally:
         if tier is not None:
             sender.info["tiers"] = await tier.finish()
