@@ -1,6 +1,6 @@
 """Turns at parsing, so that the event loop polls the sockets at least every SLICE_NS, and a
-watch over the connections that await their first token, asked between the turns' pieces of work
-and read at once (`FirstTokenWatch`).
+watch over the connections that await their first token, asked between the loop's reads and
+between the reads it parses, and read at once (`FirstTokenWatch`).
 
 A response's bytes are stamped when the loop reads them (see connection.py), so a stamp is late
 by however long the loop went without polling. A stream that parses a 256-token burst in
@@ -33,8 +33,9 @@ from typing import Protocol
 SLICE_NS = 200_000  # parsing allowed between two polls of the sockets
 SEND_MARGIN_NS = 100_000  # parsing stops this long before a timed send falls due ...
 SEND_HOLD_NS = 2_000_000  # ... and until it is written, or at most this long after its time
-# How often, at most, a busy loop looks for first tokens between its other pieces of work
-WATCH_NS = 20_000
+# How often, at most, a busy loop looks for first tokens between its reads and its parsing: each
+# look is a system call, and what they cost the client's ceiling is in docs/performance.md
+WATCH_NS = 100_000
 
 # The time a timed send is due at, in the task that sends it (and the one aiohttp writes it from).
 DUE: ContextVar[int | None] = ContextVar("kvbench_due", default=None)
@@ -50,9 +51,8 @@ class Watched(Protocol):
 
 class FirstTokenWatch:
     """The connections whose exchange awaits its first token, in an epoll of their own
-    (edge-triggered: each arrival is reported once) that the client asks between its other pieces
-    of work (each socket read, each read parsed, each response recorded), every WATCH_NS at most;
-    what it reports is read at once.
+    (edge-triggered: each arrival is reported once) that the client asks between the loop's reads
+    and between the reads it parses, every WATCH_NS at most; what it reports is read at once.
 
     The loop reads every ready socket once a turn. With 256 streams and tokens 1 ms apart, a turn
     of reads outlasts the gap, so a first token read in its turn had often been merged with the
@@ -114,9 +114,7 @@ class Turns:
         self.start_ns = now_ns
 
     def spent(self) -> bool:
-        """Is this turn's budget spent? (First tokens are looked for meanwhile.)"""
         now = time.perf_counter_ns()
-        self.watch.check(now)
         return now - self.start_ns > SLICE_NS or self.send_near(now)
 
     def send_near(self, now_ns: int) -> bool:
