@@ -7,7 +7,7 @@ behind whatever CPU work stood in front of the read (parsing other streams, garb
 other processes on the core); the kernel's does not. Linux merges consecutive segments in a
 socket's receive queue, so a read that finds the first token and later data carries the later
 data's stamp: for a burst, microseconds later; for tokens paced apart and a client late by more
-than their gap, up to that lateness (connection.py's `FirstTokenWatch` reads first tokens ahead
+than their gap, up to that lateness (turns.py's `FirstTokenWatch` reads first tokens ahead
 of the loop's turn so that this is rare). Never later than a user-space stamp of the same read.
 
 The kernel's clock is converted to the monotonic one (`time.perf_counter_ns`, the clock of every
